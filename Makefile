@@ -1,0 +1,47 @@
+# Sluice — one command to run the demo, one to test.
+PY      ?= python3
+VENV    := .venv
+BIN     := $(VENV)/bin
+CACHE   := $(HOME)/.cache/sluice
+UV      := $(CACHE)/tools/bin/uv
+STAMP   := $(VENV)/.installed
+
+.PHONY: install demo test lint unit k8s-tools k8s-up k8s-down bench clean
+
+install: $(STAMP)
+
+$(UV):
+	mkdir -p $(CACHE)
+	$(PY) -m venv $(CACHE)/tools
+	$(CACHE)/tools/bin/pip install -q uv
+
+$(STAMP): pyproject.toml | $(UV)
+	test -x $(BIN)/python || $(UV) venv -q --seed --python $(PY) $(VENV)
+	$(UV) pip install -q --python $(BIN)/python -e '.[dev,torch]'
+	touch $(STAMP)
+
+demo: install
+	$(BIN)/python examples/demo.py
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check etl_runtime operator tests bench examples
+	$(BIN)/mypy
+
+k8s-tools:
+	bash scripts/k8s-tools.sh
+
+test: install k8s-tools lint
+	$(BIN)/pytest -q
+
+k8s-up: install k8s-tools
+	$(BIN)/python -m tests.k8s.cluster up
+
+k8s-down:
+	$(BIN)/python -m tests.k8s.cluster down
+
+bench: install
+	$(BIN)/python bench/get_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

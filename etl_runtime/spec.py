@@ -1,0 +1,164 @@
+"""The ETL specification: one schema shared by every part of Sluice.
+
+The same camelCase document is the ``spec`` of the ``ETL`` custom resource, the
+``spec`` of ``PUT /v1/etl`` on the gateway, the JSON the local cluster stores,
+and what a transformer receives in ``SLUICE_ETL_SPEC``. ``EtlSpec`` parses and
+validates it once; everything else passes ``EtlSpec`` objects around.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+MODES = ("object", "wds")
+ON_ERROR = ("fail", "skip")
+ARG_TYPES = ("", "fqn")
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?$")
+
+
+class InvalidSpec(ValueError):
+    """An ETL spec that cannot be used; the message says which field and why."""
+
+
+def runtime_python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.match(name):
+        raise InvalidSpec(
+            f"invalid ETL name {name!r}: use 1-53 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """User code: a cloudpickled callable (base64) or Python source + entrypoint."""
+
+    pickled: str | None = None
+    python_version: str | None = None
+    source: str | None = None
+    entrypoint: str = "transform"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"entrypoint": self.entrypoint}
+        if self.pickled is not None:
+            out["pickled"] = self.pickled
+            out["pythonVersion"] = self.python_version
+        if self.source is not None:
+            out["source"] = self.source
+        return out
+
+
+@dataclass(frozen=True)
+class EtlSpec:
+    mode: str = "object"
+    code: CodeSpec = field(default_factory=CodeSpec)
+    decode: str | None = None
+    on_error: str = "fail"
+    dependencies: tuple[str, ...] = ()
+    workers: int | None = None
+    arg_type: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    init_timeout_seconds: float = 300.0
+    request_timeout_seconds: float = 600.0
+    stopped: bool = False
+    # Kubernetes-only knobs, carried through untouched by the local cluster.
+    image: str | None = None
+    resources: dict[str, Any] | None = None
+    target_selector: dict[str, str] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EtlSpec:
+        if not isinstance(d, dict):
+            raise InvalidSpec("ETL spec must be a JSON object")
+        code_d = d.get("code") or {}
+        if not isinstance(code_d, dict):
+            raise InvalidSpec("spec.code must be an object with 'pickled' or 'source'")
+        code = CodeSpec(
+            pickled=code_d.get("pickled"),
+            python_version=code_d.get("pythonVersion"),
+            source=code_d.get("source"),
+            entrypoint=code_d.get("entrypoint") or "transform",
+        )
+        timeouts = d.get("timeouts") or {}
+        env = d.get("env") or {}
+        if isinstance(env, list):  # Kubernetes style [{name, value}]
+            env = {e["name"]: e.get("value", "") for e in env}
+        spec = cls(
+            mode=d.get("mode", "object"),
+            code=code,
+            decode=d.get("decode") or None,
+            on_error=d.get("onError", "fail"),
+            dependencies=tuple(d.get("dependencies") or ()),
+            workers=d.get("workers"),
+            arg_type=d.get("argType", "") or "",
+            env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
+            init_timeout_seconds=float(timeouts.get("initSeconds", 300.0)),
+            request_timeout_seconds=float(timeouts.get("requestSeconds", 600.0)),
+            stopped=bool(d.get("stopped", False)),
+            image=d.get("image"),
+            resources=d.get("resources"),
+            target_selector=d.get("targetSelector"),
+        )
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidSpec(f"spec.mode must be one of {MODES}, got {self.mode!r}")
+        if self.on_error not in ON_ERROR:
+            raise InvalidSpec(f"spec.onError must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.arg_type not in ARG_TYPES:
+            raise InvalidSpec(f"spec.argType must be one of {ARG_TYPES}, got {self.arg_type!r}")
+        has_pickle, has_source = self.code.pickled is not None, self.code.source is not None
+        if has_pickle == has_source:
+            raise InvalidSpec("spec.code needs exactly one of 'pickled' or 'source'")
+        if has_pickle and not self.code.python_version:
+            raise InvalidSpec("spec.code.pythonVersion is required with spec.code.pickled")
+        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
+            raise InvalidSpec(f"spec.workers must be a positive integer, got {self.workers!r}")
+        if any(not isinstance(r, str) or not r.strip() for r in self.dependencies):
+            raise InvalidSpec("spec.dependencies must be a list of pip requirement strings")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "code": self.code.to_dict(),
+            "onError": self.on_error,
+            "dependencies": list(self.dependencies),
+            "argType": self.arg_type,
+            "env": dict(self.env),
+            "timeouts": {
+                "initSeconds": self.init_timeout_seconds,
+                "requestSeconds": self.request_timeout_seconds,
+            },
+            "stopped": self.stopped,
+        }
+        for key, value in (
+            ("decode", self.decode),
+            ("workers", self.workers),
+            ("image", self.image),
+            ("resources", self.resources),
+            ("targetSelector", self.target_selector),
+        ):
+            if value is not None:
+                out[key] = value
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        """Hash of everything that shapes a running transformer (not ``stopped``)."""
+        d = self.to_dict()
+        d.pop("stopped", None)
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]

@@ -1,0 +1,1 @@
+"""Sluice Kubernetes operator: ETL custom resources -> transformer pods."""
