@@ -63,9 +63,7 @@ def is_config_error(t: ObservedTransformer) -> bool:
     return t.terminated and t.exit_code == EXIT_CONFIG_ERROR
 
 
-def plan(
-    spec: EtlSpec, targets: list[TargetInfo], existing: list[ObservedTransformer]
-) -> Plan:
+def plan(spec: EtlSpec, targets: list[TargetInfo], existing: list[ObservedTransformer]) -> Plan:
     """What to change so there is exactly one current transformer per live target.
 
     * stopped ETL: delete everything;

@@ -1,0 +1,1 @@
+"""Shared pytest fixtures; server helpers live in ``tests/servers.py``."""
