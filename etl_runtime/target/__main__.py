@@ -1,0 +1,94 @@
+"""``sluice-target`` / ``python -m etl_runtime.target``: run one storage target.
+
+Flags and environment variables are those of docs/architecture.md; flags win.
+The registry (where this target learns its transformers' addresses) is
+``file:DIR`` for the local cluster or ``kubernetes`` for ETL custom resources.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import uvicorn
+
+from etl_runtime import auth
+from etl_runtime.cluster import EtlRecord, EtlRegistry
+from etl_runtime.target.app import create_target_app
+
+
+class NoRegistry:
+    """A target without ETLs: every ``etl_name`` is unknown."""
+
+    def get(self, name: str) -> EtlRecord | None:
+        return None
+
+
+def make_registry(spec: str | None) -> EtlRegistry:
+    if not spec:
+        return NoRegistry()
+    if spec.startswith("file:"):
+        from etl_runtime.local.registry import FileRegistry
+
+        return FileRegistry(spec[len("file:") :])
+    if spec == "kubernetes":
+        from etl_runtime.kube.registry import KubeEtlRegistry
+
+        namespace = os.environ.get("SLUICE_NAMESPACE") or os.environ.get("POD_NAMESPACE")
+        return KubeEtlRegistry(namespace or "default")
+    raise SystemExit(f"sluice-target: bad --registry {spec!r}: use file:DIR or kubernetes")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="sluice-target", description=__doc__)
+    p.add_argument("--host", default=env("SLUICE_HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=int(env("SLUICE_PORT", "8080")))
+    p.add_argument(
+        "--id",
+        default=env("SLUICE_TARGET_ID") or env("POD_NAME") or socket.gethostname(),
+        help="stable target id (HRW placement, ETL status)",
+    )
+    p.add_argument("--data-dir", default=env("SLUICE_DATA_DIR"), help="object storage root")
+    p.add_argument("--token", default=env("SLUICE_TOKEN"), help="user token for mutating calls")
+    p.add_argument("--registry", default=env("SLUICE_REGISTRY"), help="file:DIR or kubernetes")
+    args = p.parse_args(argv)
+    if not args.data_dir:
+        p.error("--data-dir (or SLUICE_DATA_DIR) is required")
+    return args
+
+
+async def _serve(app: Any, registry: Any, host: str, port: int) -> None:
+    # Registries that watch something (Kubernetes) have a start/stop life of their own.
+    start, stop = getattr(registry, "start", None), getattr(registry, "stop", None)
+    if start is not None:
+        await start()
+    try:
+        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False)
+        await uvicorn.Server(config).serve()
+    finally:
+        if stop is not None:
+            await stop()
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    registry = make_registry(args.registry)
+    key = auth.cluster_key_from_env()
+    if args.token and not key:
+        print(
+            "sluice-target: SLUICE_CLUSTER_KEY is not set; redirects signed by the gateway "
+            "will be refused",
+            file=sys.stderr,
+        )
+    app = create_target_app(args.id, args.data_dir, registry, token=args.token, cluster_key=key)
+    asyncio.run(_serve(app, registry, args.host, args.port))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""What every request handler of one target needs: its id, store, registry, secrets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from etl_runtime.cluster import EtlRegistry
+from etl_runtime.target.etl_forward import EtlForwarder
+from etl_runtime.target.store import ObjectStore
+
+
+@dataclass
+class Target:
+    id: str
+    store: ObjectStore
+    registry: EtlRegistry
+    forwarder: EtlForwarder
+    token: str | None = None
+    cluster_key: str | None = None

@@ -1,0 +1,280 @@
+"""Forwarding an object to this target's transformer and streaming the answer back.
+
+``GET /v1/objects/B/O?etl_name=X`` on a target ends up here: find the
+transformer of ETL ``X`` that runs beside this target (``EtlRegistry``), send
+it the object with the hpush protocol (``PUT {endpoint}/B/O``, the object as
+body or ``etl_fqn=<path>`` for direct file access) and relay its answer.
+
+The one rule that matters: a client must never mistake a truncated result for
+a complete one. A transformer error *before* the first byte is passed on with
+its status and JSON body; a break *after* streaming began is re-raised inside
+the response generator, which makes uvicorn drop the connection without the
+final chunk, so the client sees an incomplete response.
+
+Failures only the target can see (transformer unreachable, stream broken) are
+counted here and reported by ``stats()`` next to the transformer's own counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote
+
+import anyio.to_thread
+import httpx
+from fastapi.responses import StreamingResponse
+
+from etl_runtime import auth
+from etl_runtime.cluster import EtlRecord, EtlRegistry, TransformerStatus
+from etl_runtime.target.errors import (
+    EtlNotFound,
+    EtlNotReady,
+    EtlStopped,
+    SluiceError,
+    TransformerError,
+)
+from etl_runtime.target.store import READ_CHUNK, ObjectStore
+
+log = logging.getLogger(__name__)
+
+INLINE_BODY_MAX = 4 << 20  # smaller objects go to the transformer in one piece
+ERROR_BODY_MAX = 64 << 10
+LAST_ERRORS = 20
+STAT_FIELDS = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out")
+
+
+class TransformerStreamBroken(Exception):
+    """The transformer's answer broke off after we started relaying it."""
+
+
+async def _file_chunks(f: IO[bytes]) -> AsyncIterator[bytes]:
+    try:
+        while chunk := await anyio.to_thread.run_sync(f.read, READ_CHUNK):
+            yield chunk
+    finally:
+        f.close()
+
+
+class EtlForwarder:
+    def __init__(
+        self,
+        target_id: str,
+        registry: EtlRegistry,
+        store: ObjectStore,
+        cluster_key: str | None,
+    ) -> None:
+        self.target_id = target_id
+        self.registry = registry
+        self.store = store
+        self.cluster_key = cluster_key or ""
+        self._http: httpx.AsyncClient | None = None
+        self._failures: dict[str, int] = collections.Counter()
+        self._last_errors: dict[str, collections.deque[dict[str, Any]]] = {}
+
+    async def start(self) -> None:
+        self._http = httpx.AsyncClient(
+            trust_env=False,
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+            timeout=httpx.Timeout(600.0, connect=10.0),
+        )
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise RuntimeError("EtlForwarder.start() was not called")
+        return self._http
+
+    # -- finding the transformer ----------------------------------------------
+
+    def record(self, name: str) -> EtlRecord:
+        record = self.registry.get(name)
+        if record is None:
+            raise EtlNotFound(
+                f"ETL {name!r} does not exist; create it with PUT /v1/etl "
+                "(or `sluice etl init`), list ETLs with GET /v1/etl",
+                etl=name,
+            )
+        return record
+
+    def transformer(self, record: EtlRecord) -> TransformerStatus:
+        name = record.name
+        if record.spec.stopped or record.phase == "Stopped":
+            raise EtlStopped(
+                f"ETL {name!r} is stopped; start it with POST /v1/etl/{name}/start "
+                f"(or `sluice etl start {name}`)",
+                etl=name,
+            )
+        tf = record.transformer_for(self.target_id)
+        if tf is None or not tf.ready or not tf.endpoint:
+            why = (tf.message if tf else None) or record.message or f"phase {record.phase}"
+            raise EtlNotReady(
+                f"ETL {name!r} has no ready transformer on target {self.target_id!r} yet "
+                f"({why}); retry shortly",
+                etl=name,
+                target=self.target_id,
+            )
+        return tf
+
+    def _headers(self, record: EtlRecord) -> dict[str, str]:
+        token = auth.transformer_token(self.cluster_key, record.name, record.uid)
+        return {"Authorization": f"Bearer {token}"}
+
+    def _fail(self, etl: str, obj: str | None, error: str) -> None:
+        self._failures[etl] += 1
+        errors = self._last_errors.setdefault(etl, collections.deque(maxlen=LAST_ERRORS))
+        errors.append({"time": time.time(), "object": obj, "sample": None, "error": error})
+        log.warning("ETL %r, object %r: %s", etl, obj, error)
+
+    # -- the data path ---------------------------------------------------------
+
+    async def transform(
+        self, bucket: str, name: str, etl_name: str, etl_args: str | None
+    ) -> StreamingResponse:
+        f, info = await anyio.to_thread.run_sync(self.store.open_object, bucket, name)
+        obj = f"{bucket}/{name}"
+        try:
+            record = self.record(etl_name)
+            tf = self.transformer(record)
+            params: dict[str, str] = {}
+            if etl_args is not None:
+                params["etl_args"] = etl_args
+            content: bytes | AsyncIterator[bytes]
+            if record.spec.arg_type == "fqn":
+                params["etl_fqn"] = str(Path(f.name).resolve())
+                content = b""
+                f.close()
+            elif info.size <= INLINE_BODY_MAX:
+                content = f.read()
+                f.close()
+            else:
+                content = _file_chunks(f)  # closes f
+        except BaseException:
+            f.close()
+            raise
+        assert tf.endpoint is not None
+        url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
+        request = self.http.build_request(
+            "PUT",
+            url,
+            params=params,
+            content=content,
+            headers=self._headers(record),
+            timeout=httpx.Timeout(record.spec.request_timeout_seconds, connect=10.0),
+        )
+        try:
+            response = await self.http.send(request, stream=True)
+        except httpx.HTTPError as e:
+            self._fail(etl_name, obj, f"transformer unreachable: {e!r}")
+            raise EtlNotReady(
+                f"the transformer of ETL {etl_name!r} on target {self.target_id!r} "
+                f"did not answer ({type(e).__name__}); retry shortly",
+                etl=etl_name,
+                bucket=bucket,
+                object=name,
+            ) from None
+        if response.status_code != 200:
+            raise await self._transformer_error(response, etl_name, bucket, name)
+        return StreamingResponse(
+            self._relay(response, etl_name, obj),
+            media_type=response.headers.get("content-type", "application/octet-stream"),
+            headers={"X-Sluice-Etl": etl_name},
+        )
+
+    async def _transformer_error(
+        self, response: httpx.Response, etl: str, bucket: str, name: str
+    ) -> SluiceError:
+        try:
+            body = b""
+            async for chunk in response.aiter_bytes():
+                body += chunk
+                if len(body) > ERROR_BODY_MAX:
+                    break
+        except httpx.HTTPError:
+            pass
+        finally:
+            await response.aclose()
+        try:
+            payload = httpx.Response(200, content=body).json()
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            text = body.decode(errors="replace").strip()[:500]
+            payload = {"error": f"transformer answered {response.status_code}: {text}"}
+        payload.setdefault("etl", etl)
+        return TransformerError(response.status_code, payload, bucket=bucket, object=name)
+
+    async def _relay(self, response: httpx.Response, etl: str, obj: str) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in response.aiter_raw():
+                yield chunk
+        except httpx.HTTPError as e:
+            self._fail(etl, obj, f"transformer stream broke off: {e!r}")
+            # Raising after the headers went out makes uvicorn drop the connection.
+            raise TransformerStreamBroken(f"ETL {etl!r}, object {obj!r}: {e!r}") from e
+        finally:
+            await response.aclose()
+
+    # -- internal observability API --------------------------------------------
+
+    async def stats(self, etl_name: str) -> dict[str, Any]:
+        """The transformer's ``/stats`` plus this target's own forwarding failures."""
+        record = self.record(etl_name)
+        out: dict[str, Any] = {f: 0 for f in STAT_FIELDS}
+        out.update(target=self.target_id, etl=etl_name, reachable=False, message=None)
+        last: list[dict[str, Any]] = []
+        tf = record.transformer_for(self.target_id)
+        if tf is not None and tf.endpoint:
+            try:
+                r = await self.http.get(
+                    f"{tf.endpoint.rstrip('/')}/stats", headers=self._headers(record), timeout=5.0
+                )
+                r.raise_for_status()
+                theirs = r.json()
+                for f in STAT_FIELDS:
+                    out[f] = int(theirs.get(f) or 0)
+                last.extend(theirs.get("last_errors") or [])
+                out["reachable"] = True
+            except (httpx.HTTPError, ValueError) as e:
+                out["message"] = f"transformer stats unavailable: {e!r}"
+        else:
+            out["message"] = f"no transformer on target {self.target_id!r}"
+        out["forward_errors"] = self._failures[etl_name]
+        out["errors"] += self._failures[etl_name]
+        last.extend(self._last_errors.get(etl_name, ()))
+        out["last_errors"] = last[-LAST_ERRORS:]
+        return out
+
+    async def logs(self, etl_name: str, tail: int) -> str:
+        record = self.record(etl_name)
+        tf = record.transformer_for(self.target_id)
+        if tf is None or not tf.endpoint:
+            raise EtlNotReady(
+                f"ETL {etl_name!r} has no transformer on target {self.target_id!r}",
+                etl=etl_name,
+                target=self.target_id,
+            )
+        try:
+            r = await self.http.get(
+                f"{tf.endpoint.rstrip('/')}/logs",
+                params={"tail": tail},
+                headers=self._headers(record),
+                timeout=5.0,
+            )
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            raise EtlNotReady(
+                f"logs of ETL {etl_name!r} on target {self.target_id!r} unavailable: {e!r}",
+                etl=etl_name,
+                target=self.target_id,
+            ) from None
+        return r.text

@@ -1,0 +1,53 @@
+"""Bucket and object name rules, shared by the gateway and the targets.
+
+An object name becomes a path under ``DATA/buckets/<bucket>/``, so anything
+that could escape that directory or alias another name is refused up front:
+``..`` and ``.`` segments, empty segments (``a//b``, a trailing ``/``),
+absolute paths and NUL bytes.
+"""
+
+from __future__ import annotations
+
+import re
+
+from etl_runtime.target.errors import InvalidName
+
+BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+MAX_OBJECT_NAME = 1024
+MAX_SEGMENT = 255
+
+
+def validate_bucket(bucket: str) -> str:
+    if not BUCKET_RE.match(bucket):
+        raise InvalidName(
+            f"invalid bucket name {bucket!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            bucket=bucket,
+        )
+    return bucket
+
+
+def validate_object(bucket: str, name: str) -> str:
+    def bad(why: str) -> InvalidName:
+        return InvalidName(f"invalid object name {name!r}: {why}", bucket=bucket, object=name)
+
+    if not name:
+        raise bad("the name is empty")
+    if "\x00" in name:
+        raise bad("it contains a NUL byte")
+    if len(name.encode()) > MAX_OBJECT_NAME:
+        raise bad(f"longer than {MAX_OBJECT_NAME} bytes")
+    if name.startswith("/"):
+        raise bad("absolute paths are not allowed")
+    for segment in name.split("/"):
+        if segment == "":
+            raise bad("empty path segment ('//' or a trailing '/')")
+        if segment in (".", ".."):
+            raise bad(f"'{segment}' path segments are not allowed")
+        if len(segment.encode()) > MAX_SEGMENT:
+            raise bad(f"a path segment is longer than {MAX_SEGMENT} bytes")
+    return name
+
+
+def validate_names(bucket: str, name: str) -> tuple[str, str]:
+    return validate_bucket(bucket), validate_object(bucket, name)

@@ -1,0 +1,135 @@
+"""The target's object and bucket HTTP API (the data-holding half of the public API).
+
+Handlers are thin: names are validated by ``names``, files handled by
+``ObjectStore``, transformed reads by ``EtlForwarder``; errors are raised as
+``SluiceError`` and rendered by the handlers in ``errors``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+from collections.abc import Iterator
+from typing import IO, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from etl_runtime.target.access import object_path, require_write
+from etl_runtime.target.context import Target
+from etl_runtime.target.errors import InvalidName, InvalidRequest
+from etl_runtime.target.names import validate_bucket, validate_names
+from etl_runtime.target.store import READ_CHUNK, ObjectInfo
+
+INLINE_GET_MAX = 1 << 20  # read small objects in one go, stream bigger ones
+
+
+def _object_headers(info: ObjectInfo) -> dict[str, str]:
+    return {
+        "Content-Length": str(info.size),
+        "ETag": f'"{info.etag}"',
+        "Last-Modified": email.utils.formatdate(info.mtime, usegmt=True),
+    }
+
+
+def _file_iter(f: IO[bytes]) -> Iterator[bytes]:
+    try:
+        while chunk := f.read(READ_CHUNK):
+            yield chunk
+    finally:
+        f.close()
+
+
+def _read_small(f: IO[bytes]) -> bytes:
+    with f:
+        return f.read()
+
+
+def object_router(target: Target) -> APIRouter:
+    store = target.store
+    router = APIRouter()
+
+    def require(request: Request, signed_path: str | None = None) -> None:
+        require_write(request, target.token, target.cluster_key, signed_path)
+
+    @router.get("/v1/buckets")
+    async def list_buckets() -> dict[str, Any]:
+        return {"buckets": await anyio.to_thread.run_sync(store.list_buckets)}
+
+    @router.post("/v1/buckets/{bucket}")
+    async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
+        validate_bucket(bucket)
+        require(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            body = None
+        action = body.get("action") if isinstance(body, dict) else None
+        if action != "create-bck":
+            raise InvalidRequest(
+                f'unknown bucket action {action!r}; send {{"action": "create-bck"}}',
+                bucket=bucket,
+            )
+        created = await anyio.to_thread.run_sync(store.create_bucket, bucket)
+        return {"bucket": bucket, "created": created}
+
+    @router.delete("/v1/buckets/{bucket}")
+    async def delete_bucket(bucket: str, request: Request) -> dict[str, Any]:
+        validate_bucket(bucket)
+        require(request)
+        await anyio.to_thread.run_sync(store.delete_bucket, bucket)
+        return {"bucket": bucket, "deleted": True}
+
+    @router.get("/v1/buckets/{bucket}")
+    async def list_objects(
+        bucket: str,
+        prefix: str = "",
+        start_after: str = "",
+        limit: int = Query(1000, ge=1, le=100_000),
+    ) -> dict[str, Any]:
+        page, nxt = await anyio.to_thread.run_sync(
+            store.list_objects, bucket, prefix, start_after, limit
+        )
+        return {"objects": [o.to_dict() for o in page], "next": nxt}
+
+    @router.api_route("/v1/objects/{bucket}", methods=["GET", "HEAD", "PUT", "DELETE"])
+    async def missing_object_name(bucket: str) -> None:
+        raise InvalidName(f"missing object name: use /v1/objects/{bucket}/<object>", bucket=bucket)
+
+    @router.put("/v1/objects/{bucket}/{name:path}")
+    async def put_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
+        validate_names(bucket, name)
+        require(request, object_path(bucket, name))
+        info = await store.write_object(bucket, name, request.stream())
+        return {"bucket": bucket, "object": name, "size": info.size, "etag": info.etag}
+
+    @router.get("/v1/objects/{bucket}/{name:path}")
+    async def get_object(
+        bucket: str, name: str, etl_name: str | None = None, etl_args: str | None = None
+    ) -> Response:
+        validate_names(bucket, name)
+        if etl_name:
+            return await target.forwarder.transform(bucket, name, etl_name, etl_args)
+        f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)
+        headers = _object_headers(info)
+        if info.size <= INLINE_GET_MAX:
+            data = await anyio.to_thread.run_sync(_read_small, f)
+            return Response(data, headers=headers, media_type="application/octet-stream")
+        return StreamingResponse(
+            _file_iter(f), headers=headers, media_type="application/octet-stream"
+        )
+
+    @router.head("/v1/objects/{bucket}/{name:path}")
+    async def head_object(bucket: str, name: str) -> Response:
+        validate_names(bucket, name)
+        info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)
+        return Response(headers=_object_headers(info), media_type="application/octet-stream")
+
+    @router.delete("/v1/objects/{bucket}/{name:path}")
+    async def delete_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
+        validate_names(bucket, name)
+        require(request, object_path(bucket, name))
+        await anyio.to_thread.run_sync(store.delete_object, bucket, name)
+        return {"bucket": bucket, "object": name, "deleted": True}
+
+    return router

@@ -1,0 +1,39 @@
+"""A real target server (uvicorn in a thread) over a temp data dir."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from etl_runtime.target import create_target_app
+from tests.servers import serve_in_thread
+from tests.target.fakes import CLUSTER_KEY, DictRegistry
+
+
+@dataclass
+class RunningTarget:
+    url: str
+    data_dir: Path
+    registry: DictRegistry
+    client: httpx.Client
+
+
+def _run(tmp_path: Path, token: str | None) -> Iterator[RunningTarget]:
+    registry = DictRegistry()
+    app = create_target_app("t0", tmp_path / "data", registry, token=token, cluster_key=CLUSTER_KEY)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+        yield RunningTarget(url, tmp_path / "data", registry, client)
+
+
+@pytest.fixture
+def target(tmp_path: Path) -> Iterator[RunningTarget]:
+    yield from _run(tmp_path, token=None)
+
+
+@pytest.fixture
+def secured_target(tmp_path: Path) -> Iterator[RunningTarget]:
+    yield from _run(tmp_path, token="s3cret")
