@@ -1,0 +1,54 @@
+"""The Sluice Python SDK: ``Client`` -> ``Bucket`` -> ``Object``, and ``Etl``.
+
+from etl_runtime import Client
+
+client = Client("http://127.0.0.1:8080")
+bucket = client.bucket("images").create()
+bucket.object("a.txt").put_content(b"hello")
+client.etl("upper").init_code(transform=lambda data: data.upper())
+bucket.object("a.txt").get_bytes(etl_name="upper")  # b"HELLO"
+"""
+
+from __future__ import annotations
+
+from etl_runtime.sdk.bucket import Bucket
+from etl_runtime.sdk.client import Client
+from etl_runtime.sdk.errors import (
+    BadRequest,
+    Conflict,
+    EtlError,
+    HTTPError,
+    NetworkError,
+    NotFound,
+    ServerError,
+    SluiceError,
+    StreamError,
+    TransformError,
+    Unauthorized,
+    Unavailable,
+)
+from etl_runtime.sdk.etl import Etl, EtlDetails, EtlSummary
+from etl_runtime.sdk.object import Object, ObjectInfo, ObjectReader
+
+__all__ = [
+    "BadRequest",
+    "Bucket",
+    "Client",
+    "Conflict",
+    "Etl",
+    "EtlDetails",
+    "EtlError",
+    "EtlSummary",
+    "HTTPError",
+    "NetworkError",
+    "NotFound",
+    "Object",
+    "ObjectInfo",
+    "ObjectReader",
+    "ServerError",
+    "SluiceError",
+    "StreamError",
+    "TransformError",
+    "Unauthorized",
+    "Unavailable",
+]

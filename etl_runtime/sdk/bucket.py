@@ -1,0 +1,107 @@
+"""``Bucket``: create, list (all pages, transparently), delete, and URLs for loaders.
+
+``object_urls()`` and ``list_urls()`` hand out plain HTTP GET URLs on the
+gateway, optionally through an ETL, so ``wds.WebDataset(urls)`` (or curl, or a
+browser) can read a transformed dataset without the SDK in the loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from braceexpand import braceexpand
+
+from etl_runtime.sdk.client import EtlArgs, quote_path
+from etl_runtime.sdk.errors import Conflict, NotFound
+from etl_runtime.sdk.object import Object, ObjectInfo
+
+if TYPE_CHECKING:
+    from etl_runtime.sdk.client import Client
+
+PAGE_SIZE = 1000
+
+
+class Bucket:
+    """A handle on one bucket; nothing is fetched until you call a method."""
+
+    def __init__(self, client: Client, name: str) -> None:
+        if not name:
+            raise ValueError("bucket name must not be empty")
+        self.client = client
+        self.name = name
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/buckets/{quote_path(self.name)}"
+
+    def create(self, exist_ok: bool = True) -> Bucket:
+        """Create the bucket; with ``exist_ok=False`` an existing one raises ``Conflict``."""
+        data = self.client.request_json(
+            "POST",
+            self._path,
+            json_body={"action": "create-bck"},
+            context={"bucket": self.name},
+        )
+        if not exist_ok and data.get("created") is False:
+            raise Conflict(f"bucket {self.name!r} already exists", status=409, bucket=self.name)
+        return self
+
+    def delete(self, missing_ok: bool = False) -> None:
+        """Delete the bucket and every object in it."""
+        try:
+            self.client.request("DELETE", self._path, context={"bucket": self.name})
+        except NotFound:
+            if not missing_ok:
+                raise
+
+    def exists(self) -> bool:
+        try:
+            self.client.request(
+                "GET", self._path, params={"limit": "1"}, context={"bucket": self.name}
+            )
+        except NotFound:
+            return False
+        return True
+
+    def object(self, name: str) -> Object:
+        return Object(self, name)
+
+    def list_objects(self, prefix: str = "", page_size: int = PAGE_SIZE) -> Iterator[ObjectInfo]:
+        """Every object whose name starts with ``prefix``, sorted by name.
+
+        Pages are fetched lazily as you iterate; a missing bucket raises
+        ``NotFound`` on the first step.
+        """
+        start_after: str | None = None
+        while True:
+            params = {"prefix": prefix, "limit": str(page_size)}
+            if start_after is not None:
+                params["start_after"] = start_after
+            data = self.client.request_json(
+                "GET", self._path, params=params, context={"bucket": self.name}
+            )
+            for entry in data.get("objects", []):
+                yield ObjectInfo.from_dict(entry)
+            start_after = data.get("next")
+            if not start_after:
+                return
+
+    def object_urls(
+        self, pattern: str, etl_name: str | None = None, etl_args: EtlArgs = None
+    ) -> list[str]:
+        """GET URLs for ``pattern`` brace-expanded exactly as webdataset does.
+
+        ``bucket.object_urls("shard-{000..099}.tar", etl_name="resize")`` gives
+        100 URLs. The objects are not checked for existence.
+        """
+        return [self.object(name).url(etl_name, etl_args) for name in braceexpand(pattern)]
+
+    def list_urls(
+        self, prefix: str = "", etl_name: str | None = None, etl_args: EtlArgs = None
+    ) -> list[str]:
+        """GET URLs for every object listed under ``prefix`` (sorted by name)."""
+        return [self.object(o.name).url(etl_name, etl_args) for o in self.list_objects(prefix)]
+
+    def __repr__(self) -> str:
+        return f"Bucket({self.name!r})"

@@ -1,0 +1,229 @@
+"""``Client``: one connection pool to a Sluice gateway, and the entry point of the SDK.
+
+``Client`` knows how to talk HTTP to the cluster (auth header, timeouts, error
+mapping, following the gateway's 307 to the owning target); ``Bucket``,
+``Object`` and ``Etl`` are thin handles that build requests and parse answers.
+
+Object calls follow redirects by hand instead of letting httpx do it: httpx
+drops ``Authorization`` when a redirect changes port, and cannot re-send a
+streamed file body. We send the first request to the gateway without a body,
+then send the real request to the target named in ``Location`` with the same
+headers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import urllib.parse
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from etl_runtime.sdk import errors
+from etl_runtime.sdk.errors import SluiceError
+
+if TYPE_CHECKING:
+    from etl_runtime.sdk.bucket import Bucket
+    from etl_runtime.sdk.etl import Etl, EtlSummary
+
+DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
+REDIRECTS = (301, 302, 303, 307, 308)
+MAX_REDIRECTS = 5
+
+EtlArgs = str | Mapping[str, Any] | None
+
+
+def encode_etl_args(etl_args: EtlArgs) -> str | None:
+    """``etl_args`` as sent on the wire: strings as-is, mappings as compact JSON."""
+    if etl_args is None:
+        return None
+    if isinstance(etl_args, str):
+        return etl_args
+    return json.dumps(dict(etl_args), separators=(",", ":"))
+
+
+def etl_params(etl_name: str | None, etl_args: EtlArgs) -> dict[str, str]:
+    params: dict[str, str] = {}
+    if etl_name:
+        params["etl_name"] = etl_name
+    args = encode_etl_args(etl_args)
+    if args is not None:
+        params["etl_args"] = args
+    return params
+
+
+def quote_path(name: str) -> str:
+    """Percent-encode a bucket/object name for a URL path, keeping ``/`` separators.
+
+    ``.`` and ``..`` segments are encoded too: URL libraries would otherwise
+    resolve them on the client side and silently address another object, while
+    the server rejects them with a clear 400.
+    """
+    parts = []
+    for seg in name.split("/"):
+        if seg in (".", ".."):
+            parts.append(seg.replace(".", "%2E"))
+        else:
+            parts.append(urllib.parse.quote(seg, safe=""))
+    return "/".join(parts)
+
+
+class Client:
+    """A connection to a Sluice cluster.
+
+    ``endpoint`` defaults to ``$SLUICE_ENDPOINT`` (else ``http://127.0.0.1:8080``),
+    ``token`` to ``$SLUICE_TOKEN``. ``timeout`` (seconds) bounds connecting and
+    each read, not a whole transfer. Use it as a context manager, or ``close()``.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        endpoint = endpoint or os.environ.get("SLUICE_ENDPOINT") or DEFAULT_ENDPOINT
+        if "://" not in endpoint:
+            endpoint = f"http://{endpoint}"
+        self.endpoint = endpoint.rstrip("/")
+        self.token = token if token is not None else (os.environ.get("SLUICE_TOKEN") or None)
+        self.timeout = timeout
+        headers = {"User-Agent": "sluice-sdk"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout))
+
+    # -- handles ---------------------------------------------------------------
+
+    def bucket(self, name: str) -> Bucket:
+        from etl_runtime.sdk.bucket import Bucket
+
+        return Bucket(self, name)
+
+    def etl(self, name: str) -> Etl:
+        from etl_runtime.sdk.etl import Etl
+
+        return Etl(self, name)
+
+    def list_buckets(self) -> list[str]:
+        return list(self.request_json("GET", "/v1/buckets")["buckets"])
+
+    def list_etls(self) -> list[EtlSummary]:
+        from etl_runtime.sdk.etl import EtlSummary
+
+        data = self.request_json("GET", "/v1/etl")
+        return [EtlSummary.from_dict(d) for d in data.get("etls", [])]
+
+    def health(self) -> dict[str, Any]:
+        return self.request_json("GET", "/v1/health")
+
+    def cluster(self) -> dict[str, Any]:
+        """The targets the gateway knows: ``{"targets": [{"id","url","node","alive"}]}``."""
+        return self.request_json("GET", "/v1/cluster")
+
+    # -- plumbing shared by the handles -----------------------------------------
+
+    def url(self, path: str, params: Mapping[str, str] | None = None) -> str:
+        url = f"{self.endpoint}{path}"
+        if params:
+            url += "?" + urllib.parse.urlencode(params, quote_via=urllib.parse.quote)
+        return url
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json_body: Any = None,
+        context: Mapping[str, str | None] | None = None,
+    ) -> httpx.Response:
+        """A non-object API call to the gateway; raises the typed error on 4xx/5xx."""
+        what = f"{method} {path}"
+        try:
+            response = self._http.request(
+                method, self.endpoint + path, params=params, json=json_body
+            )
+        except httpx.TransportError as exc:
+            raise errors.from_transport(exc, f"{what} on {self.endpoint}") from exc
+        if response.status_code >= 400:
+            raise errors.from_response(response, **dict(context or {}))
+        return response
+
+    def request_json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        data = self.request(method, path, **kwargs).json()
+        return data if isinstance(data, dict) else {"value": data}
+
+    @contextlib.contextmanager
+    def object_request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        content: Any = None,
+        headers: Mapping[str, str] | None = None,
+        context: Mapping[str, str | None] | None = None,
+    ) -> Iterator[httpx.Response]:
+        """An object call, redirects followed by hand; yields the open (streamed) response.
+
+        ``content`` (bytes, or a callable returning a fresh iterable/file for each
+        attempt) is only sent once we know the final URL, with ``headers``.
+        """
+        ctx = dict(context or {})
+        url = self.endpoint + path
+        what = f"{method} {ctx.get('bucket')}/{ctx.get('object')}"
+
+        def send(url: str, params: Mapping[str, str] | None, body: Any) -> httpx.Response:
+            extra = headers if body is not None and body != b"" else None
+            try:
+                request = self._http.build_request(
+                    method, url, params=params, content=body, headers=extra
+                )
+                return self._http.send(request, stream=True)
+            except httpx.TransportError as exc:
+                raise errors.from_transport(exc, what) from exc
+
+        def fresh_body() -> Any:
+            return content() if callable(content) else content
+
+        # First hop: no body (the gateway only redirects); later hops carry it.
+        response = send(url, params, b"" if content is not None else None)
+        if content is not None and response.status_code < 300:
+            # The endpoint is a target, not a gateway: the probe was the real call.
+            response.close()
+            response = send(url, params, fresh_body())
+        hops = 0
+        while response.status_code in REDIRECTS and "location" in response.headers:
+            hops += 1
+            response.close()
+            if hops > MAX_REDIRECTS:
+                raise SluiceError(f"{what}: more than {MAX_REDIRECTS} redirects")
+            # The Location carries the whole query (and a signature); don't re-add params.
+            url = str(response.url.join(response.headers["location"]))
+            response = send(url, None, fresh_body() if content is not None else None)
+        try:
+            if response.status_code >= 400:
+                try:
+                    response.read()
+                except httpx.TransportError:
+                    pass
+                raise errors.from_response(response, **ctx)
+            yield response
+        finally:
+            response.close()
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.endpoint!r})"

@@ -1,0 +1,181 @@
+"""Every exception the Sluice SDK raises, and the one place HTTP statuses map to them.
+
+Hierarchy::
+
+    SluiceError                      anything the SDK raises on purpose
+    ├── HTTPError                    the cluster answered with an error status
+    │   ├── BadRequest               400: bad bucket/object name, invalid ETL spec
+    │   ├── Unauthorized             401: missing or wrong token
+    │   ├── NotFound                 404: no such bucket, object or ETL
+    │   ├── Conflict                 409: ETL stopped, name clash, bucket exists
+    │   ├── Unavailable              503: ETL not ready yet, no live targets
+    │   └── ServerError              other 5xx
+    │       └── TransformError       a transform failed (also an EtlError)
+    ├── EtlError                     an ETL went to phase Error or never became Running
+    │   └── TransformError
+    └── NetworkError                 could not reach the cluster / timed out
+        └── StreamError              the connection broke in the middle of a body
+
+Every error carries ``message`` (the server's own words when there are any),
+``status`` (HTTP status or ``None``), ``kind`` (the server's error kind) and the
+context the server or the call knew: ``bucket``, ``object``, ``etl``, ``sample``
+and ``detail`` (a traceback tail from a failing transform).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+CONTEXT_FIELDS = ("bucket", "object", "etl", "sample", "detail")
+
+
+class SluiceError(Exception):
+    """Base class: a message a user can act on, plus whatever context is known."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        kind: str | None = None,
+        bucket: str | None = None,
+        object: str | None = None,  # noqa: A002 - the domain word, as in the JSON
+        etl: str | None = None,
+        sample: str | None = None,
+        detail: str | None = None,
+        phase: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.kind = kind
+        self.bucket = bucket
+        self.object = object
+        self.etl = etl
+        self.sample = sample
+        self.detail = detail
+        self.phase = phase
+
+    def __str__(self) -> str:
+        return self.message if self.status is None else f"{self.message} (HTTP {self.status})"
+
+
+class HTTPError(SluiceError):
+    """The cluster answered with a 4xx/5xx status."""
+
+
+class BadRequest(HTTPError):
+    """400: the request names something invalid (the message says what)."""
+
+
+class Unauthorized(HTTPError):
+    """401: the cluster has a token and the request did not carry it."""
+
+
+class NotFound(HTTPError):
+    """404: no such bucket, object or ETL."""
+
+
+class Conflict(HTTPError):
+    """409: the thing exists in a state that forbids the call (e.g. ETL stopped)."""
+
+
+class Unavailable(HTTPError):
+    """503: try again later (ETL still initializing, no live targets)."""
+
+
+class ServerError(HTTPError):
+    """A 5xx other than 503."""
+
+
+class EtlError(SluiceError):
+    """An ETL is in phase Error, did not become Running in time, or failed a transform."""
+
+
+class TransformError(ServerError, EtlError):
+    """The user's transform raised while serving an object (names the sample if any)."""
+
+
+class NetworkError(SluiceError):
+    """The cluster could not be reached, or did not answer in time."""
+
+
+class StreamError(NetworkError):
+    """A body stopped before its end: the data received so far is incomplete."""
+
+
+_BY_STATUS: dict[int, type[HTTPError]] = {
+    400: BadRequest,
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    503: Unavailable,
+}
+
+
+def error_class(status: int, body: dict[str, Any]) -> type[HTTPError]:
+    if status in _BY_STATUS:
+        return _BY_STATUS[status]
+    if status >= 500:
+        # A transformer's failure comes back with the ETL (and maybe sample) named.
+        if body.get("etl") and ("sample" in body or "detail" in body):
+            return TransformError
+        return ServerError
+    return HTTPError
+
+
+def _body_of(response: httpx.Response) -> dict[str, Any]:
+    try:
+        data = json.loads(response.content) if response.content else {}
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        return data
+    text = response.content.decode(errors="replace").strip()
+    return {"error": text[:500]} if text else {}
+
+
+def from_response(response: httpx.Response, **context: str | None) -> HTTPError:
+    """Build the typed error for an error response (its body must have been read).
+
+    ``context`` is what the caller knows (bucket, object, etl); the server's JSON
+    wins where it says more.
+    """
+    body = _body_of(response)
+    fields: dict[str, Any] = {k: v for k, v in context.items() if v is not None}
+    for key in CONTEXT_FIELDS:
+        if body.get(key) is not None:
+            fields[key] = str(body[key])
+    message = body.get("error") or body.get("message") or body.get("detail")
+    if not isinstance(message, str) or not message:
+        message = _default_message(response.status_code, fields)
+    cls = error_class(response.status_code, body)
+    return cls(message, status=response.status_code, kind=body.get("kind"), **fields)
+
+
+def _default_message(status: int, fields: dict[str, Any]) -> str:
+    """A message for bodiless answers (HEAD, proxies): name what was asked for."""
+    what = ""
+    if fields.get("etl"):
+        what = f"ETL {fields['etl']!r}"
+    if fields.get("bucket"):
+        name = fields["bucket"] + (f"/{fields['object']}" if fields.get("object") else "")
+        what = f"{'object' if fields.get('object') else 'bucket'} {name!r}" + (
+            f" via {what}" if what else ""
+        )
+    reason = httpx.codes.get_reason_phrase(status) or "error"
+    if status == 404 and what:
+        return f"{what} not found"
+    return f"{reason}: {what}" if what else f"HTTP {status} {reason}"
+
+
+def from_transport(exc: httpx.TransportError, what: str) -> NetworkError:
+    """Wrap httpx's connection/timeout/protocol errors; ``what`` names the call."""
+    if isinstance(exc, httpx.RemoteProtocolError | httpx.ReadError):
+        return StreamError(f"{what}: connection broke before the whole body arrived ({exc})")
+    if isinstance(exc, httpx.TimeoutException):
+        return NetworkError(f"{what}: timed out ({type(exc).__name__})")
+    return NetworkError(f"{what}: {exc or type(exc).__name__}")

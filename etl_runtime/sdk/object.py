@@ -1,0 +1,229 @@
+"""``Object``: one object in a bucket — put, get (optionally through an ETL), head, delete.
+
+Reads come in two shapes: ``get_bytes()`` for small objects and ``open()`` for a
+streaming, file-like ``ObjectReader`` that raises ``StreamError`` instead of
+returning a silently short result when the connection breaks mid-body.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from etl_runtime.sdk import errors
+from etl_runtime.sdk.client import EtlArgs, etl_params, quote_path
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from etl_runtime.sdk.bucket import Bucket
+
+CHUNK = 1 << 20
+
+
+def clean_etag(etag: str | None) -> str | None:
+    """``W/"abc"`` / ``"abc"`` -> ``abc``, so HEAD and listing etags compare equal."""
+    if etag is None:
+        return None
+    etag = etag.strip()
+    if etag.startswith("W/"):
+        etag = etag[2:]
+    return etag.strip('"')
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """What the cluster knows about a stored object."""
+
+    name: str
+    size: int
+    etag: str | None = None
+    mtime: float | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], name: str | None = None) -> ObjectInfo:
+        mtime = d.get("mtime")
+        return cls(
+            name=str(d.get("name") or d.get("object") or name or ""),
+            size=int(d.get("size") or 0),
+            etag=clean_etag(d.get("etag")),
+            mtime=float(mtime) if isinstance(mtime, int | float) else None,
+        )
+
+
+class Object:
+    """A handle on ``bucket/name``; nothing is fetched until you call a method."""
+
+    def __init__(self, bucket: Bucket, name: str) -> None:
+        if not name:
+            raise ValueError("object name must not be empty")
+        self.bucket = bucket
+        self.name = name
+
+    @property
+    def _path(self) -> str:
+        return f"/v1/objects/{quote_path(self.bucket.name)}/{quote_path(self.name)}"
+
+    @property
+    def _context(self) -> dict[str, str | None]:
+        return {"bucket": self.bucket.name, "object": self.name}
+
+    def url(self, etl_name: str | None = None, etl_args: EtlArgs = None) -> str:
+        """A plain GET URL on the gateway (curl -L, webdataset, a browser)."""
+        return self.bucket.client.url(self._path, etl_params(etl_name, etl_args))
+
+    # -- writes ------------------------------------------------------------------
+
+    def put_content(self, data: bytes) -> ObjectInfo:
+        """Store ``data`` (atomically replacing any previous version)."""
+        return self._put(bytes(data), {"Content-Length": str(len(data))})
+
+    def put_file(self, path: str | os.PathLike[str]) -> ObjectInfo:
+        """Store a file, streamed from disk (never read into memory whole)."""
+        path = os.fspath(path)
+        size = os.path.getsize(path)
+
+        def chunks() -> Iterator[bytes]:
+            with open(path, "rb") as f:
+                while chunk := f.read(CHUNK):
+                    yield chunk
+
+        return self._put(chunks, {"Content-Length": str(size)})
+
+    def _put(self, content: Any, headers: dict[str, str]) -> ObjectInfo:
+        client = self.bucket.client
+        with client.object_request(
+            "PUT", self._path, content=content, headers=headers, context=self._context
+        ) as response:
+            response.read()
+        try:
+            return ObjectInfo.from_dict(response.json(), name=self.name)
+        except ValueError:
+            return ObjectInfo(self.name, int(headers["Content-Length"]), None)
+
+    def delete(self) -> None:
+        with self.bucket.client.object_request("DELETE", self._path, context=self._context) as r:
+            r.read()
+
+    # -- reads -------------------------------------------------------------------
+
+    def head(self) -> ObjectInfo:
+        with self.bucket.client.object_request("HEAD", self._path, context=self._context) as r:
+            mtime = None
+            if "last-modified" in r.headers:
+                try:
+                    mtime = parsedate_to_datetime(r.headers["last-modified"]).timestamp()
+                except (TypeError, ValueError):
+                    mtime = None
+            return ObjectInfo(
+                name=self.name,
+                size=int(r.headers.get("content-length", 0)),
+                etag=clean_etag(r.headers.get("etag")),
+                mtime=mtime,
+            )
+
+    def exists(self) -> bool:
+        try:
+            self.head()
+        except errors.NotFound:
+            return False
+        return True
+
+    def get_bytes(self, etl_name: str | None = None, etl_args: EtlArgs = None) -> bytes:
+        """The whole object (transformed by ``etl_name`` if given) in memory."""
+        with self.open(etl_name=etl_name, etl_args=etl_args) as reader:
+            return reader.read()
+
+    def open(self, etl_name: str | None = None, etl_args: EtlArgs = None) -> ObjectReader:
+        """A streaming reader; use it as a context manager so the connection is freed."""
+        ctx = dict(self._context, etl=etl_name)
+        cm = self.bucket.client.object_request(
+            "GET", self._path, params=etl_params(etl_name, etl_args), context=ctx
+        )
+        response = cm.__enter__()
+        return ObjectReader(response, cm, f"{self.bucket.name}/{self.name}")
+
+    def __repr__(self) -> str:
+        return f"Object({self.bucket.name!r}, {self.name!r})"
+
+
+class ObjectReader(io.RawIOBase):
+    """A read-only binary stream over one GET response.
+
+    Raises ``StreamError`` if the connection breaks or the body ends before its
+    announced ``Content-Length``: a short read is never mistaken for the end.
+    """
+
+    def __init__(
+        self, response: httpx.Response, cm: AbstractContextManager[Any], what: str
+    ) -> None:
+        super().__init__()
+        self.response = response
+        self._cm = cm
+        self._what = what
+        self._chunks = response.iter_raw(CHUNK)
+        self._pending = memoryview(b"")
+        self._received = 0
+        self._eof = False
+        length = response.headers.get("content-length")
+        self.size: int | None = int(length) if length and length.isdigit() else None
+        self.etag = clean_etag(response.headers.get("etag"))
+
+    def readable(self) -> bool:
+        return True
+
+    def _next_chunk(self) -> bool:
+        try:
+            chunk = next(self._chunks)
+        except StopIteration:
+            self._eof = True
+            if self.size is not None and self._received < self.size:
+                raise errors.StreamError(
+                    f"GET {self._what}: body ended after {self._received} of {self.size} bytes"
+                ) from None
+            return False
+        except httpx.TransportError as exc:
+            raise errors.from_transport(exc, f"GET {self._what}") from exc
+        self._received += len(chunk)
+        self._pending = memoryview(chunk)
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.closed:
+            raise ValueError("I/O operation on closed ObjectReader")
+        while not self._pending:
+            if self._eof or not self._next_chunk():
+                return 0
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def readall(self) -> bytes:
+        parts = [bytes(self._pending)]
+        self._pending = memoryview(b"")
+        while not self._eof and self._next_chunk():
+            parts.append(bytes(self._pending))
+            self._pending = memoryview(b"")
+        return b"".join(parts)
+
+    def read(self, size: int | None = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        return super().read(size) or b""
+
+    def close(self) -> None:
+        if not self.closed:
+            try:
+                self._cm.__exit__(None, None, None)
+            finally:
+                super().close()
+
+    def __enter__(self) -> ObjectReader:
+        return self
