@@ -1,0 +1,178 @@
+{{/*
+Names, labels and shared pod fragments for every Sluice component.
+Components: "operator", "target", "gateway".
+*/}}
+
+{{- define "sluice.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Release-qualified base name, <= 42 chars so "<base>-target-<ordinal>" stays a valid label. */}}
+{{- define "sluice.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 42 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 42 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 42 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Labels on every object. Call with (dict "ctx" $ "component" "target"). */}}
+{{- define "sluice.labels" -}}
+helm.sh/chart: {{ include "sluice.chart" .ctx }}
+{{ include "sluice.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: sluice
+{{- end -}}
+
+{{/* Immutable selector labels. Call with (dict "ctx" $ "component" "target"). */}}
+{{- define "sluice.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sluice.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+{{- if .component }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+{{- end -}}
+
+{{- define "sluice.componentName" -}}
+{{- printf "%s-%s" (include "sluice.fullname" .ctx) .component -}}
+{{- end -}}
+
+{{- define "sluice.clusterKeySecretName" -}}
+{{- default (printf "%s-cluster-key" (include "sluice.fullname" .)) .Values.clusterKey.existingSecret -}}
+{{- end -}}
+
+{{- define "sluice.tokenSecretName" -}}
+{{- default (printf "%s-token" (include "sluice.fullname" .)) .Values.auth.existingSecret -}}
+{{- end -}}
+
+{{/* True (non-empty) when servers must check a user token. */}}
+{{- define "sluice.tokenEnabled" -}}
+{{- if or .Values.auth.token .Values.auth.existingSecret -}}true{{- end -}}
+{{- end -}}
+
+{{/* Kopf peering is needed as soon as two operator replicas could both handle an ETL. */}}
+{{- define "sluice.peeringEnabled" -}}
+{{- if or .Values.operator.peering.enabled (gt (int .Values.operator.replicas) 1) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Image reference. Call with (dict "ctx" $ "image" .Values.images.server). */}}
+{{- define "sluice.image" -}}
+{{- $tag := .image.tag | default .ctx.Values.images.tag | default .ctx.Chart.AppVersion -}}
+{{- $repo := .image.repository -}}
+{{- with .ctx.Values.images.registry -}}
+{{- $repo = printf "%s/%s" (trimSuffix "/" .) $repo -}}
+{{- end -}}
+{{- if .image.digest -}}
+{{- printf "%s@%s" $repo .image.digest -}}
+{{- else -}}
+{{- printf "%s:%s" $repo (toString $tag) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "sluice.imagePullSecrets" -}}
+{{- with .Values.images.pullSecrets }}
+imagePullSecrets:
+{{- range . }}
+  - name: {{ . }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* Environment shared by targets and the gateway: who am I, the cluster key, the user token. */}}
+{{- define "sluice.serverEnv" -}}
+- name: POD_IP
+  valueFrom:
+    fieldRef:
+      fieldPath: status.podIP
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: SLUICE_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+- name: SLUICE_CLUSTER_KEY
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sluice.clusterKeySecretName" . }}
+      key: cluster-key
+{{- if include "sluice.tokenEnabled" . }}
+- name: SLUICE_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sluice.tokenSecretName" . }}
+      key: {{ .Values.auth.existingSecretKey | default "token" }}
+{{- end }}
+- name: PYTHONUNBUFFERED
+  value: "1"
+{{- end -}}
+
+{{/* Pod-level security context shared by every component. */}}
+{{- define "sluice.podSecurityContext" -}}
+{{- toYaml .Values.podSecurityContext -}}
+{{- end -}}
+
+{{- define "sluice.containerSecurityContext" -}}
+{{- toYaml .Values.containerSecurityContext -}}
+{{- end -}}
+
+{{/*
+Soft or hard anti-affinity that spreads a component's pods across nodes.
+Call with (dict "ctx" $ "component" "target" "preset" "soft").
+*/}}
+{{- define "sluice.antiAffinity" -}}
+{{- if eq .preset "hard" }}
+podAntiAffinity:
+  requiredDuringSchedulingIgnoredDuringExecution:
+    - topologyKey: kubernetes.io/hostname
+      labelSelector:
+        matchLabels:
+          {{- include "sluice.selectorLabels" . | nindent 10 }}
+{{- else if eq .preset "soft" }}
+podAntiAffinity:
+  preferredDuringSchedulingIgnoredDuringExecution:
+    - weight: 100
+      podAffinityTerm:
+        topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- include "sluice.selectorLabels" . | nindent 12 }}
+{{- end }}
+{{- end -}}
+
+{{/* nodeSelector / tolerations / affinity block. Call with (dict "ctx" $ "component" "target" "values" .Values.target). */}}
+{{- define "sluice.scheduling" -}}
+{{- with .values.nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- if .values.affinity }}
+affinity:
+  {{- toYaml .values.affinity | nindent 2 }}
+{{- else if and .values.podAntiAffinity (ne .values.podAntiAffinity "none") }}
+affinity:
+  {{- include "sluice.antiAffinity" (dict "ctx" .ctx "component" .component "preset" .values.podAntiAffinity) | nindent 2 }}
+{{- end }}
+{{- with .values.priorityClassName }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- end -}}
