@@ -1,0 +1,385 @@
+"""The local ETL controller: the gateway's ``EtlBackend`` when there is no Kubernetes.
+
+It plays the kopf operator's part on a laptop. ETL specs live as JSON records
+in the state directory (``FileRegistry``), where the targets read them; the
+controller keeps, for every ETL, one ``python -m etl_runtime.webserver`` child
+process per live target and writes what it observes (phase, message, per-target
+endpoint and readiness) back into the record.
+
+Each reconcile pass, run on every change and about once a second:
+
+1. observe: poll every transformer process for exit and probe ``GET /health``;
+2. decide: ``etl_operator.reconcile.plan()`` -- the very function the operator
+   uses for pods -- says which transformers to create and which to delete;
+3. act: spawn processes (in a thread, never blocking the event loop) and stop
+   others in the background, with two local refinements a kubelet/Deployment
+   would provide on Kubernetes:
+   * restart backoff: a transformer that crashed stays visible (and counted)
+     for 1, 2, 4 ... 30 s before it is replaced, so a crash loop does not spin;
+   * rolling replace: on a spec change the old transformer of a target keeps
+     serving until its replacement answers ``/health`` (or fails);
+4. report: ``reconcile.summarize()`` -> phase and message, written to the record
+   only when something changed, so targets' caches stay warm.
+
+Exit code 2 of a transformer is a permanent configuration error: the process
+is left dead and its last stderr line becomes the ETL's message (phase Error);
+it is not restarted until the spec changes or the ETL is stopped and started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+
+import httpx
+from etl_operator import reconcile
+
+from etl_runtime import auth
+from etl_runtime.cluster import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
+from etl_runtime.local import processes
+from etl_runtime.local.processes import TransformerProcess
+from etl_runtime.local.registry import FileRegistry
+from etl_runtime.spec import EtlSpec, validate_name
+
+log = logging.getLogger(__name__)
+
+# A ready transformer is declared unready only after this many failed probes
+# in a row, so one slow answer under load does not bounce traffic.
+PROBE_FAILURES_TO_UNREADY = 3
+MAX_BACKOFF_SECONDS = 30.0
+# The transformer runtime; ``--host``/``--port`` are appended.
+TRANSFORMER_COMMAND = (sys.executable, "-m", "etl_runtime.webserver")
+
+
+def restart_backoff(restarts: int) -> float:
+    return min(MAX_BACKOFF_SECONDS, 2.0 ** min(restarts, 5))
+
+
+class LocalEtlBackend:
+    """``EtlBackend`` that runs transformers as local child processes."""
+
+    def __init__(
+        self,
+        state_dir: Path | str,
+        discovery: TargetDiscovery,
+        cluster_key: str,
+        *,
+        interval: float = 1.0,
+        grace: float = 10.0,
+        probe_timeout: float = 2.0,
+        command: Sequence[str] = TRANSFORMER_COMMAND,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.registry = FileRegistry(self.state_dir)
+        self.discovery = discovery
+        self.cluster_key = cluster_key
+        self.interval = interval
+        self.grace = grace
+        self.probe_timeout = probe_timeout
+        self.command = tuple(command)
+        self._records: dict[str, EtlRecord] = {}
+        self._procs: dict[str, list[TransformerProcess]] = {}
+        # (etl, target) -> (spec hash, crashes so far): carried into the replacement.
+        self._restarts: dict[tuple[str, str], tuple[str, int]] = {}
+        self._stopping: set[asyncio.Task[None]] = set()
+        self._lock = asyncio.Lock()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    # -- lifecycle ------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Load persisted ETLs, adopt surviving transformers, start reconciling."""
+        if self._task is not None:
+            return
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._records = {r.name: r for r in await asyncio.to_thread(self.registry.list)}
+        self._adopt()
+        self._client = httpx.AsyncClient(timeout=self.probe_timeout, trust_env=False)
+        self._task = asyncio.create_task(self._loop(), name="sluice-local-etl-controller")
+
+    async def stop(self) -> None:
+        """Stop reconciling and terminate every transformer this controller runs."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        async with self._lock:
+            everything = [p for procs in self._procs.values() for p in procs]
+            self._procs.clear()
+            for p in everything:
+                self._stop_in_background(p)
+            if self._stopping:
+                await asyncio.gather(*self._stopping, return_exceptions=True)
+            for rec in list(self._records.values()):
+                if not rec.spec.stopped and rec.transformers:
+                    idle = dataclasses.replace(
+                        rec, phase="Initializing", message="local cluster is down", transformers=()
+                    )
+                    await self._save(idle)
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def _adopt(self) -> None:
+        """Take over transformers left running by a controller that died."""
+        for path, data in processes.read_pid_files(self.state_dir):
+            proc = TransformerProcess.adopt(data)
+            if proc is None:
+                path.unlink(missing_ok=True)
+            elif proc.etl in self._records:
+                log.info("adopting transformer %s (pid %d)", proc.name, proc.pid)
+                self._procs.setdefault(proc.etl, []).append(proc)
+            else:
+                self._stop_in_background(proc)
+
+    # -- EtlBackend -------------------------------------------------------------
+
+    async def init(self, name: str, spec: EtlSpec) -> EtlRecord:
+        validate_name(name)
+        spec.validate()
+        async with self._lock:
+            old = self._records.get(name)
+            if old is None:
+                record = EtlRecord(name=name, uid=uuid.uuid4().hex, spec=spec)
+            elif (
+                old.spec.content_hash() == spec.content_hash() and old.spec.stopped == spec.stopped
+            ):
+                record = dataclasses.replace(old, spec=spec)
+            else:
+                # Keep the old transformers listed: they serve until replaced.
+                record = dataclasses.replace(old, spec=spec, phase="Initializing", message=None)
+            if spec.stopped:
+                record = dataclasses.replace(
+                    record, phase="Stopped", message="stopped by user", transformers=()
+                )
+            await self._save(record)
+        self._wake.set()
+        return record
+
+    async def list(self) -> list[EtlRecord]:
+        return [self._records[n] for n in sorted(self._records)]
+
+    async def get(self, name: str) -> EtlRecord | None:
+        return self._records.get(name)
+
+    async def set_stopped(self, name: str, stopped: bool) -> EtlRecord:
+        async with self._lock:
+            old = self._records.get(name)
+            if old is None:
+                raise KeyError(name)
+            if old.spec.stopped == stopped:
+                return old
+            spec = dataclasses.replace(old.spec, stopped=stopped)
+            if stopped:
+                record = dataclasses.replace(
+                    old, spec=spec, phase="Stopped", message="stopped by user", transformers=()
+                )
+            else:
+                record = dataclasses.replace(old, spec=spec, phase="Initializing", message=None)
+                for key in [k for k in self._restarts if k[0] == name]:
+                    del self._restarts[key]  # a fresh start gets a fresh crash budget
+            await self._save(record)
+        self._wake.set()
+        return record
+
+    async def delete(self, name: str) -> None:
+        """Remove the record (targets stop routing), then its transformers."""
+        async with self._lock:
+            if name not in self._records:
+                raise KeyError(name)
+            del self._records[name]
+            with contextlib.suppress(KeyError):
+                await asyncio.to_thread(self.registry.delete, name)
+            stops = [self._stop_in_background(p) for p in self._procs.pop(name, [])]
+            for key in [k for k in self._restarts if k[0] == name]:
+                del self._restarts[key]
+        await asyncio.gather(*stops, return_exceptions=True)
+        await asyncio.to_thread(self._remove_deps, name)
+
+    # -- reconcile ---------------------------------------------------------------
+
+    def kick(self) -> None:
+        """Ask for a reconcile pass now (e.g. the target set changed)."""
+        self._wake.set()
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.reconcile()
+            except Exception:
+                log.exception("local ETL reconcile pass failed")
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.interval)
+            self._wake.clear()
+
+    async def reconcile(self) -> None:
+        """One pass over every ETL: observe, plan, act, report."""
+        snapshot = [p for procs in self._procs.values() for p in procs]
+        await asyncio.gather(*(self._probe(p) for p in snapshot))  # no lock: slow-ish
+        async with self._lock:
+            targets = self.discovery.targets()
+            for name in sorted(self._records):
+                await self._reconcile_one(self._records[name], targets)
+
+    async def _probe(self, p: TransformerProcess) -> None:
+        if p.poll() or self._client is None:
+            return
+        try:
+            r = await self._client.get(f"{p.endpoint}/health")
+            ok, why = r.status_code == 200, f"not ready: /health answered {r.status_code}"
+        except httpx.HTTPError as e:
+            ok, why = False, f"not ready: {type(e).__name__}"
+        if ok:
+            p.ready, p.probe_failures, p.message = True, 0, None
+            return
+        p.probe_failures += 1
+        if not p.ready:
+            p.message = "starting" if why.endswith("ConnectError") else why
+        elif p.probe_failures >= PROBE_FAILURES_TO_UNREADY:
+            p.ready, p.message = False, f"health check failing ({why})"
+
+    async def _reconcile_one(self, rec: EtlRecord, targets: builtins.list[TargetInfo]) -> None:
+        spec, want = rec.spec, rec.spec.content_hash()
+        procs = self._procs.setdefault(rec.name, [])
+        now = time.monotonic()
+        for p in procs:
+            late = now - p.started > spec.init_timeout_seconds
+            if late and p.kill_reason is None and not p.poll() and not p.ready:
+                p.kill_reason = f"not ready after {spec.init_timeout_seconds:g}s (initSeconds)"
+                p.message = p.kill_reason
+                self._stop_in_background(p, keep_listed=True)
+        observed = [p.observed() for p in procs]
+        by_obs = {id(o): p for o, p in zip(observed, procs, strict=True)}
+        todo = reconcile.plan(spec, targets, observed)
+
+        victims = [by_obs[id(o)] for o in todo.delete]
+        backing_off = {
+            p.target
+            for p in victims
+            if self._is_transient(p, spec, want)
+            and now < p.exited_at_or(now) + restart_backoff(p.restarts)
+        }
+        for p in victims:
+            if self._is_transient(p, spec, want) and p.target not in backing_off:
+                self._restarts[(rec.name, p.target)] = (want, p.restarts + 1)
+        for target in todo.create:
+            if target.id not in backing_off:
+                procs.append(await self._spawn(rec, target))
+        pending = {p.target for p in procs if p.spec_hash == want and not p.terminated}
+        for p in victims:
+            if p.target in backing_off and self._is_transient(p, spec, want):
+                continue  # stays visible (and counted) until its backoff ends
+            if not p.terminated and p.ready and p.spec_hash != want and p.target in pending:
+                continue  # rolling replace: serve until the new one is ready
+            procs.remove(p)
+            self._stop_in_background(p)
+
+        summary = reconcile.summarize(spec, targets, [p.observed() for p in procs])
+        status = tuple(self._status(t, procs, want) for t in targets) if not spec.stopped else ()
+        new = dataclasses.replace(
+            rec, phase=summary.phase, message=summary.message, transformers=status
+        )
+        if new != rec:
+            await self._save(new)
+
+    @staticmethod
+    def _is_transient(p: TransformerProcess, spec: EtlSpec, want: str) -> bool:
+        """A crash of a current transformer that a restart may fix."""
+        return (
+            p.terminated
+            and p.exit_code != reconcile.EXIT_CONFIG_ERROR
+            and p.spec_hash == want
+            and not spec.stopped
+        )
+
+    @staticmethod
+    def _status(
+        target: TargetInfo, procs: builtins.list[TransformerProcess], want: str
+    ) -> TransformerStatus:
+        mine = [p for p in procs if p.target == target.id]
+
+        def rank(p: TransformerProcess) -> tuple[bool, bool, bool]:
+            return (not p.ready, p.spec_hash != want, p.terminated)
+
+        if not mine:
+            return TransformerStatus(
+                target=target.id, endpoint=None, ready=False, message="pending"
+            )
+        best = min(mine, key=rank)
+        return TransformerStatus(
+            target=target.id,
+            endpoint=best.endpoint,
+            ready=best.ready,
+            pod=best.name,
+            node=target.node,
+            message=None if best.ready else best.message,
+        )
+
+    # -- actuation ----------------------------------------------------------------
+
+    async def _spawn(self, rec: EtlRecord, target: TargetInfo) -> TransformerProcess:
+        name = reconcile.transformer_name(rec.name, target.id)
+        want = rec.spec.content_hash()
+        prev_hash, restarts = self._restarts.get((rec.name, target.id), (want, 0))
+        if prev_hash != want:
+            restarts = 0
+        deps = self.state_dir / "deps" / rec.name / target.id
+        env = processes.transformer_env(
+            dict(os.environ),
+            rec.spec.env,
+            {
+                "SLUICE_ETL_NAME": rec.name,
+                "SLUICE_ETL_SPEC": rec.spec.to_json(),
+                "SLUICE_ETL_TOKEN": auth.transformer_token(self.cluster_key, rec.name, rec.uid),
+                "SLUICE_DEPS_DIR": str(deps),
+                "PYTHONUNBUFFERED": "1",
+            },
+        )
+        proc = await asyncio.to_thread(
+            processes.spawn,
+            etl=rec.name,
+            target=target.id,
+            name=name,
+            spec_hash=want,
+            env=env,
+            state_dir=self.state_dir,
+            restarts=restarts,
+            command=self.command,
+        )
+        log.info("started transformer %s (pid %d, port %d)", name, proc.pid, proc.port)
+        return proc
+
+    def _stop_in_background(
+        self, p: TransformerProcess, keep_listed: bool = False
+    ) -> asyncio.Task[None]:
+        """Terminate ``p`` without blocking the pass; ``stop()`` awaits these."""
+
+        async def run() -> None:
+            await p.terminate(self.grace)
+            if not keep_listed:
+                processes.remove_pid_file(self.state_dir, p)
+
+        task = asyncio.create_task(run(), name=f"stop-{p.name}-{p.pid}")
+        self._stopping.add(task)
+        task.add_done_callback(self._stopping.discard)
+        return task
+
+    async def _save(self, record: EtlRecord) -> None:
+        await asyncio.to_thread(self.registry.write, record)
+        self._records[record.name] = record
+
+    def _remove_deps(self, etl: str) -> None:
+        shutil.rmtree(self.state_dir / "deps" / etl, ignore_errors=True)

@@ -1,0 +1,315 @@
+"""Transformer processes: the local cluster's equivalent of transformer pods.
+
+The local ETL controller decides *what* should run (``etl_operator.reconcile``);
+this module is the actuator underneath it. A ``TransformerProcess`` is one
+``python -m etl_runtime.webserver`` child on ``127.0.0.1:<free port>``:
+
+* it runs in its own session/process group, so a Ctrl-C in the terminal goes
+  to ``sluice up`` (which stops things in order) and a kill of the group also
+  takes the transformer's worker processes with it;
+* its stdout and stderr go to ``logs/<transformer name>.log`` (appended; the
+  offset at start is remembered so the termination message, the last line the
+  transformer printed, comes from this run only);
+* a small ``run/<transformer name>.json`` pid file lets a restarted controller
+  adopt transformers that outlived a crashed gateway instead of duplicating them.
+
+Spawning forks a process, so callers run ``spawn`` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etl_operator.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
+
+LOG_TAIL_BYTES = 16 * 1024
+LOG_ROTATE_BYTES = 10 * 1024 * 1024
+# Inherited variables that must not leak into user code (secrets) or confuse
+# the transformer (another server's flags).
+_STRIPPED_ENV_PREFIX = "SLUICE_"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def process_start_time(pid: int) -> str | None:
+    """Kernel start time of ``pid`` (Linux ``/proc``), to tell a reused pid apart."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return None if fields[0] == "Z" else fields[19]  # state, ..., starttime
+
+
+def pid_alive(pid: int, start_time: str | None = None) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if Path("/proc").is_dir():
+        now = process_start_time(pid)
+        if now is None or (start_time is not None and now != start_time):
+            return False  # a zombie, or the pid now belongs to someone else
+    return True
+
+
+def last_line(path: Path, offset: int) -> str | None:
+    """The last line printed since ``offset``; a ``sluice: ...`` line wins."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - LOG_TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if line.startswith("sluice: "):
+            return line[:1000]
+    return lines[-1][:1000] if lines else None
+
+
+def describe_exit(code: int | None, line: str | None) -> str:
+    if code is None:
+        why = "exited (exit code unknown: adopted from an earlier controller)"
+    elif code < 0:
+        try:
+            why = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            why = f"killed by signal {-code}"
+    else:
+        why = f"exited with code {code}"
+    if code == EXIT_CONFIG_ERROR and line:
+        return line
+    return f"{why}: {line}" if line else why
+
+
+@dataclass
+class TransformerProcess:
+    """One transformer process beside one target (spawned or adopted)."""
+
+    etl: str
+    target: str
+    name: str
+    spec_hash: str
+    port: int
+    pid: int
+    log_path: Path
+    log_offset: int = 0
+    start_time: str | None = None
+    restarts: int = 0
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    started: float = field(default_factory=time.monotonic)
+    ready: bool = False
+    probe_failures: int = 0
+    terminated: bool = False
+    exit_code: int | None = None
+    exited_at: float | None = None
+    message: str | None = "starting"
+    kill_reason: str | None = None  # why we killed it, shown instead of the exit
+
+    def exited_at_or(self, default: float) -> float:
+        return self.exited_at if self.exited_at is not None else default
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def poll(self) -> bool:
+        """Refresh ``terminated``/``exit_code``/``message``; True once it has exited."""
+        if self.terminated:
+            return True
+        if self.popen is not None:
+            code = self.popen.poll()
+            if code is None:
+                return False
+        elif pid_alive(self.pid, self.start_time):
+            return False
+        else:
+            code = None
+        self.terminated, self.exit_code, self.ready = True, code, False
+        self.exited_at = time.monotonic()
+        self.message = self.kill_reason or describe_exit(
+            code, last_line(self.log_path, self.log_offset)
+        )
+        return True
+
+    def observed(self) -> ObservedTransformer:
+        return ObservedTransformer(
+            name=self.name,
+            target=self.target,
+            spec_hash=self.spec_hash,
+            endpoint=self.endpoint,
+            ready=self.ready,
+            terminated=self.terminated,
+            exit_code=self.exit_code,
+            restarts=self.restarts,
+            message=None if self.ready else self.message,
+        )
+
+    # -- pid files ------------------------------------------------------------
+
+    def pid_record(self) -> dict[str, Any]:
+        return {
+            "etl": self.etl,
+            "target": self.target,
+            "name": self.name,
+            "specHash": self.spec_hash,
+            "port": self.port,
+            "pid": self.pid,
+            "startTime": self.start_time,
+            "restarts": self.restarts,
+            "log": str(self.log_path),
+        }
+
+    @classmethod
+    def adopt(cls, d: dict[str, Any]) -> TransformerProcess | None:
+        """The process a pid file describes, if it is still that very process."""
+        try:
+            p = cls(
+                etl=d["etl"],
+                target=d["target"],
+                name=d["name"],
+                spec_hash=d["specHash"],
+                port=int(d["port"]),
+                pid=int(d["pid"]),
+                log_path=Path(d["log"]),
+                start_time=d.get("startTime"),
+                restarts=int(d.get("restarts", 0)),
+            )
+        except (KeyError, TypeError, ValueError):
+            return None
+        if not pid_alive(p.pid, p.start_time):
+            return None
+        with contextlib.suppress(OSError):
+            p.log_offset = p.log_path.stat().st_size
+        return p
+
+    # -- stopping ---------------------------------------------------------------
+
+    def _signal(self, sig: int, group: bool) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(self.pid, sig)  # session leader: pgid == pid
+            elif not self.poll():
+                os.kill(self.pid, sig)
+
+    async def terminate(self, grace: float = 10.0) -> None:
+        """SIGTERM, then SIGKILL to the whole group after ``grace`` seconds."""
+        if not self.poll():
+            self._signal(signal.SIGTERM, group=False)
+            deadline = time.monotonic() + grace
+            while not self.poll() and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        # Also sweeps worker processes left behind by a leader that died hard.
+        self._signal(signal.SIGKILL, group=True)
+        deadline = time.monotonic() + 5
+        while not self.poll() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+
+def transformer_env(
+    base: dict[str, str], spec_env: tuple[tuple[str, str], ...], ours: dict[str, str]
+) -> dict[str, str]:
+    """The environment of a transformer: no inherited SLUICE_*, then spec.env, then ours."""
+    env = {k: v for k, v in base.items() if not k.startswith(_STRIPPED_ENV_PREFIX)}
+    env.update(dict(spec_env))
+    env.update(ours)
+    return env
+
+
+def spawn(
+    *,
+    etl: str,
+    target: str,
+    name: str,
+    spec_hash: str,
+    env: dict[str, str],
+    state_dir: Path,
+    restarts: int = 0,
+    command: Sequence[str] = (sys.executable, "-m", "etl_runtime.webserver"),
+) -> TransformerProcess:
+    """Start ``command --host 127.0.0.1 --port P`` for one target (blocking: use a thread)."""
+    logs = state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    log_path = logs / f"{name}.log"
+    with contextlib.suppress(FileNotFoundError):
+        if log_path.stat().st_size > LOG_ROTATE_BYTES:
+            os.replace(log_path, log_path.with_suffix(".log.1"))
+    port = free_port()
+    with open(log_path, "ab") as log:
+        offset = log.seek(0, os.SEEK_END)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        log.write(f"--- {stamp} sluice: starting {name} on port {port} ---\n".encode())
+        log.flush()
+        offset = log.tell()
+        popen = subprocess.Popen(
+            [*command, "--host", "127.0.0.1", "--port", str(port)],
+            env=env,
+            cwd=state_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    proc = TransformerProcess(
+        etl=etl,
+        target=target,
+        name=name,
+        spec_hash=spec_hash,
+        port=port,
+        pid=popen.pid,
+        log_path=log_path,
+        log_offset=offset,
+        start_time=process_start_time(popen.pid),
+        restarts=restarts,
+        popen=popen,
+    )
+    write_pid_file(state_dir, proc)
+    return proc
+
+
+def pid_dir(state_dir: Path) -> Path:
+    return state_dir / "run"
+
+
+def write_pid_file(state_dir: Path, proc: TransformerProcess) -> None:
+    d = pid_dir(state_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    tmp = d / f".{proc.name}.{proc.pid}.tmp"
+    tmp.write_text(json.dumps(proc.pid_record()))
+    os.replace(tmp, d / f"{proc.name}.{proc.pid}.json")
+
+
+def remove_pid_file(state_dir: Path, proc: TransformerProcess) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(pid_dir(state_dir) / f"{proc.name}.{proc.pid}.json")
+
+
+def read_pid_files(state_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
+    out = []
+    for path in sorted(pid_dir(state_dir).glob("*.json")):
+        try:
+            out.append((path, json.loads(path.read_text())))
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                path.unlink()
+    return out

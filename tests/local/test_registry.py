@@ -1,0 +1,100 @@
+"""FileRegistry: the record files targets read on every transformed request."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from etl_runtime.cluster import EtlRecord, TransformerStatus
+from etl_runtime.local import registry as registry_mod
+from etl_runtime.local.registry import FileRegistry
+from etl_runtime.spec import CodeSpec, EtlSpec
+
+
+def record(name: str = "upper", phase: str = "Running", port: int = 9000) -> EtlRecord:
+    spec = EtlSpec(code=CodeSpec(source="def transform(b):\n    return b.upper()\n"))
+    ts = TransformerStatus(target="t0", endpoint=f"http://127.0.0.1:{port}", ready=True)
+    return EtlRecord(name=name, uid="u1", spec=spec, phase=phase, transformers=(ts,))
+
+
+def test_write_then_get_roundtrips_and_is_private(tmp_path: Path) -> None:
+    reg = FileRegistry(tmp_path / "etl")
+    rec = record()
+    reg.write(rec)
+    assert reg.get("upper") == rec
+    assert FileRegistry(tmp_path / "etl").get("upper") == rec  # another process's view
+    mode = stat.S_IMODE(os.stat(tmp_path / "etl" / "upper.json").st_mode)
+    assert mode == 0o600  # the spec may carry env secrets
+    assert [p.name for p in (tmp_path / "etl").iterdir()] == ["upper.json"]  # no temp left
+
+
+def test_missing_and_hostile_names_are_none(tmp_path: Path) -> None:
+    reg = FileRegistry(tmp_path)
+    (tmp_path.parent / "evil.json").write_text("{}")
+    assert reg.get("nope") is None
+    assert reg.get("../evil") is None
+    assert reg.get("") is None
+
+
+def test_unchanged_file_is_served_from_cache(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(registry_mod, "RACY_SECONDS", 0.0)
+    reg = FileRegistry(tmp_path)
+    reg.write(record())
+    first = reg.get("upper")
+    assert reg.get("upper") is first
+    reg.write(record(phase="Error"))
+    again = reg.get("upper")
+    assert again is not None and again.phase == "Error"
+
+
+def test_rapid_same_size_rewrite_is_seen(tmp_path: Path) -> None:
+    # Same size, probably same mtime tick, maybe a reused inode: still re-read.
+    reg = FileRegistry(tmp_path)
+    reader = FileRegistry(tmp_path)
+    for port in range(9000, 9050):
+        reg.write(record(port=port))
+        got = reader.get("upper")
+        assert got is not None and got.transformers[0].endpoint == f"http://127.0.0.1:{port}"
+
+
+def test_delete_and_list(tmp_path: Path) -> None:
+    reg = FileRegistry(tmp_path)
+    for name in ("b", "a", "c"):
+        reg.write(record(name))
+    (tmp_path / "junk.json").write_text("not json")
+    assert [r.name for r in reg.list()] == ["a", "b", "c"]
+    reg.delete("b")
+    assert reg.get("b") is None
+    assert [r.name for r in reg.list()] == ["a", "c"]
+    with pytest.raises(KeyError):
+        reg.delete("b")
+
+
+def test_readers_never_see_a_torn_file(tmp_path: Path) -> None:
+    reg = FileRegistry(tmp_path)
+    reg.write(record())
+    stop = threading.Event()
+    bad: list[object] = []
+
+    def read() -> None:
+        reader = FileRegistry(tmp_path)
+        while not stop.is_set():
+            got = reader.get("upper")
+            if got is None or got.name != "upper":
+                bad.append(got)
+
+    threads = [threading.Thread(target=read) for _ in range(2)]
+    for t in threads:
+        t.start()
+    base = record()
+    for i in range(200):
+        reg.write(dataclasses.replace(base, message="x" * (i % 7)))
+    stop.set()
+    for t in threads:
+        t.join()
+    assert bad == []
