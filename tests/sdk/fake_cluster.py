@@ -133,8 +133,15 @@ def target_app(state: State) -> FastAPI:
         if etl == "echo-args":
             return Response(request.query_params.get("etl_args", "").encode())
         if etl == "fails":
-            return error(500, "transform raised ValueError: bad", "TransformError",
-                         etl=etl, sample="s-007", detail="Traceback ...", **ctx)  # fmt: skip
+            return error(
+                500,
+                "transform raised ValueError: bad",
+                "TransformError",
+                etl=etl,
+                sample="s-007",
+                detail="Traceback ...",
+                **ctx,
+            )
         if etl == "stopped":
             return error(409, f"ETL {etl!r} is stopped", "Conflict", etl=etl, **ctx)
         if etl is not None:

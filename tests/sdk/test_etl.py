@@ -37,9 +37,13 @@ def test_init_code_sends_a_pickled_closure_and_waits_for_running(client, cluster
         return data * factor
 
     details = client.etl("rep").init_code(
-        transform=repeat, on_error="skip", dependencies=["six==1.16.0"], workers=2,
-        env={"A": "1"}, timeout=10,
-    )  # fmt: skip
+        transform=repeat,
+        on_error="skip",
+        dependencies=["six==1.16.0"],
+        workers=2,
+        env={"A": "1"},
+        timeout=10,
+    )
     assert details.phase == "Running" and (details.ready, details.total) == (3, 3)
     assert state.polls["rep"] == 3  # polled through Initializing
 
@@ -96,8 +100,12 @@ def test_functions_from_local_modules_are_pickled_by_value(tmp_path) -> None:
     )
     out = subprocess.run(
         [sys.executable, "-I", "-c", script],  # -I: no cwd/PYTHONPATH on sys.path
-        input=blob, capture_output=True, text=True, cwd=tmp_path, check=True,
-    )  # fmt: skip
+        input=blob,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=True,
+    )
     assert out.stdout == "HI!"
     # Registration is temporary: the module is pickled by reference again afterwards.
     assert not cloudpickle.cloudpickle._is_registered_pickle_by_value(transforms_helper)
