@@ -1,0 +1,105 @@
+"""``sluice-transformer`` / ``python -m etl_runtime.webserver``: serve one ETL.
+
+Flags win over environment variables (see docs/architecture.md, "Transformer").
+A permanent configuration error ends the process with exit code 2 and, as the
+last line on stderr, ``sluice: ETL '<name>': <reason>`` (the pod's termination
+message on Kubernetes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+
+import uvicorn
+
+from etl_runtime.spec import EtlSpec, InvalidSpec
+from etl_runtime.webserver.app import create_app
+from etl_runtime.webserver.errors import EXIT_CONFIG_ERROR, StartupError
+from etl_runtime.webserver.transformer import preflight
+
+
+def _parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="sluice-transformer", description=__doc__)
+    p.add_argument("--host", default=env("SLUICE_HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=int(env("SLUICE_PORT", "8000")))
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=int(env("SLUICE_WORKERS", "0")) or None,
+        help="worker processes (default: spec.workers, else CPU count)",
+    )
+    p.add_argument(
+        "--spec-file", default=None, help="ETL spec JSON file (default: $SLUICE_ETL_SPEC text)"
+    )
+    return p
+
+
+def _fail(name: str, reason: str) -> int:
+    sys.stderr.flush()
+    print(f"sluice: ETL '{name}': {reason}", file=sys.stderr, flush=True)
+    return EXIT_CONFIG_ERROR
+
+
+def _load_spec(spec_file: str | None) -> EtlSpec:
+    if spec_file:
+        try:
+            with open(spec_file, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            raise InvalidSpec(f"cannot read --spec-file {spec_file!r}: {e}") from e
+    else:
+        text = os.environ.get("SLUICE_ETL_SPEC", "")
+        if not text.strip():
+            raise InvalidSpec("no spec: set SLUICE_ETL_SPEC to the spec JSON or pass --spec-file")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InvalidSpec(f"spec is not valid JSON: {e}") from e
+    return EtlSpec.from_dict(data)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    name = os.environ.get("SLUICE_ETL_NAME") or "unnamed"
+    logging.basicConfig(
+        level=logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        spec = _load_spec(args.spec_file)
+        preflight(spec)
+    except (InvalidSpec, StartupError) as e:
+        return _fail(name, str(e))
+    if args.workers is not None and args.workers < 1:
+        return _fail(name, f"--workers must be at least 1, got {args.workers}")
+
+    app = create_app(
+        name,
+        spec,
+        workers=args.workers,
+        token=os.environ.get("SLUICE_ETL_TOKEN"),
+        deps_dir=os.environ.get("SLUICE_DEPS_DIR"),
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
+    )
+    transformer = app.state.transformer
+
+    def stop(reason: str) -> None:
+        server.should_exit = True
+
+    transformer.on_fatal = stop
+    server.run()
+    if transformer.fatal:
+        return _fail(name, transformer.fatal)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

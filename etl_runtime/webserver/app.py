@@ -1,0 +1,105 @@
+"""The FastAPI app of a transformer: the hpush protocol plus health, stats, logs.
+
+``create_app(name, spec, workers, token)`` builds it; the app's lifespan starts
+the ``Transformer`` in the background and stops its workers on shutdown. Routes
+stay thin: object mode lives in ``objects``, WebDataset mode in ``shards``, and
+every ``TransformerError`` becomes its JSON body and status in one handler.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
+
+from etl_runtime.auth import bearer_ok
+from etl_runtime.spec import EtlSpec
+from etl_runtime.webserver.errors import BadRequest, NotReady, TransformerError, Unauthorized
+from etl_runtime.webserver.objects import transform_object
+from etl_runtime.webserver.shards import transform_shard
+from etl_runtime.webserver.transformer import Transformer
+
+LOGGERS = ("sluice", "uvicorn.error")
+
+
+def create_app(
+    name: str,
+    spec: EtlSpec,
+    workers: int | None = None,
+    token: str | None = None,
+    deps_dir: str | None = None,
+) -> FastAPI:
+    """The transformer app; ``app.state.transformer`` is its ``Transformer``."""
+    transformer = Transformer(name, spec, workers=workers, token=token, deps_dir=deps_dir)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        for logger in LOGGERS:
+            logging.getLogger(logger).addHandler(transformer.logs)
+        starting = asyncio.create_task(transformer.start())
+        try:
+            yield
+        finally:
+            starting.cancel()
+            with contextlib.suppress(BaseException):
+                await starting
+            await transformer.stop()
+            for logger in LOGGERS:
+                logging.getLogger(logger).removeHandler(transformer.logs)
+
+    app = FastAPI(title=f"sluice transformer {name}", lifespan=lifespan)
+    app.state.transformer = transformer
+
+    def authorized(request: Request) -> None:
+        if not bearer_ok(request.headers.get("authorization"), transformer.token):
+            raise Unauthorized(
+                "missing or wrong bearer token: send 'Authorization: Bearer <ETL token>'"
+            )
+
+    @app.exception_handler(TransformerError)
+    async def transformer_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, TransformerError)
+        obj = request.path_params.get("bucket"), request.path_params.get("object")
+        body = exc.body(name, "/".join(obj) if all(obj) else None)  # type: ignore[arg-type]
+        return JSONResponse(body, status_code=exc.status)
+
+    @app.get("/health")
+    async def health() -> JSONResponse:
+        body: dict[str, Any] = {
+            "status": "ok" if transformer.ready else "starting",
+            "etl": name,
+            "mode": spec.mode,
+            "workers": transformer.workers,
+        }
+        if transformer.fatal:
+            body.update(status="error", error=transformer.fatal)
+        return JSONResponse(body, status_code=200 if transformer.ready else 503)
+
+    @app.get("/stats", dependencies=[Depends(authorized)])
+    async def stats() -> dict[str, Any]:
+        return transformer.stats.to_dict()
+
+    @app.get("/logs", dependencies=[Depends(authorized)])
+    async def logs(tail: int = 200) -> PlainTextResponse:
+        return PlainTextResponse(transformer.logs.tail(tail))
+
+    @app.put("/{bucket}/{object:path}", dependencies=[Depends(authorized)])
+    async def hpush(request: Request, bucket: str, object: str) -> Response:
+        if not transformer.ready:
+            raise NotReady(transformer.fatal or f"ETL {name!r} is still starting; retry shortly")
+        obj = f"{bucket}/{object}"
+        args = request.query_params.get("etl_args")
+        fqn = request.query_params.get("etl_fqn") or None
+        if fqn is not None and not os.path.isabs(fqn):
+            raise BadRequest(f"etl_fqn must be an absolute path, got {fqn!r}")
+        if spec.mode == "wds":
+            return await transform_shard(transformer, request, obj, args, fqn)
+        return await transform_object(transformer.pool, transformer.stats, request, obj, args, fqn)
+
+    return app

@@ -1,0 +1,81 @@
+"""The framed protocol between the server and its worker processes.
+
+Each worker owns one end of a Unix socket pair. Everything on it is a frame:
+a 9-byte header (kind, payload length) followed by the payload. Data payloads
+(object bytes, result chunks, encoded samples) travel raw, never pickled;
+control payloads are small pickles. The socket buffer gives backpressure for
+free: a worker producing chunks faster than the client reads blocks in
+``send`` until the server has forwarded what it already has.
+
+Server → worker::
+
+    OBJECT  pickle((etl_args, fqn))   then, when fqn is None:
+    DATA*   raw object bytes          streamed as the request body arrives
+    DATA_END
+    SAMPLE  pickle(sample dict)       one WebDataset sample
+
+Worker → server::
+
+    READY   pickle(pid) / LOAD_ERROR pickle(message)    once, after loading code
+    CHUNK*  raw bytes, then END       object mode result, streamed
+    RESULT  raw tar bytes of a sample (empty: dropped)
+    ERROR   pickle(error dict)         ends the current task
+    LOG     utf-8 text                 anything the user code printed
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import threading
+
+HEADER = struct.Struct("!BQ")
+
+OBJECT, DATA, DATA_END, SAMPLE = 1, 2, 3, 4
+READY, LOAD_ERROR, CHUNK, END, RESULT, ERROR, LOG = 10, 11, 12, 13, 14, 15, 16
+
+# Results are cut into frames of at most this size, so neither side ever
+# buffers a whole large object just to move it across the socket.
+MAX_CHUNK = 1 << 20
+
+
+class FrameSocket:
+    """Blocking, thread-safe frame I/O on the worker's end of the socket."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._rfile = sock.makefile("rb", buffering=1 << 16)
+        self._send_lock = threading.Lock()
+
+    def send(self, kind: int, payload: bytes | bytearray | memoryview = b"") -> None:
+        with self._send_lock:
+            self.sock.sendall(HEADER.pack(kind, len(payload)))
+            if payload:
+                self.sock.sendall(payload)
+
+    def recv(self) -> tuple[int, bytes]:
+        """Next frame; ``EOFError`` when the server closed its end."""
+        header = self._rfile.read(HEADER.size)
+        if len(header) < HEADER.size:
+            raise EOFError("server closed the worker socket")
+        kind, size = HEADER.unpack(header)
+        payload = self._rfile.read(size) if size else b""
+        if len(payload) < size:
+            raise EOFError("server closed the worker socket mid-frame")
+        return kind, payload
+
+
+async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+    """Next frame from a worker; ``asyncio.IncompleteReadError`` on EOF."""
+    kind, size = HEADER.unpack(await reader.readexactly(HEADER.size))
+    payload = await reader.readexactly(size) if size else b""
+    return kind, payload
+
+
+def write_frame(
+    writer: asyncio.StreamWriter, kind: int, payload: bytes | bytearray | memoryview = b""
+) -> None:
+    writer.write(HEADER.pack(kind, len(payload)))
+    if payload:
+        writer.write(payload)

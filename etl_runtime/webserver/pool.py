@@ -1,0 +1,296 @@
+"""The pool of worker processes that run user code, and how tasks reach them.
+
+User code never runs in the server process: ``WorkerPool`` starts N workers
+(``forkserver``: safe next to threads and the event loop, and each worker forks
+from a process that already imported webdataset/numpy/PIL), waits until each
+has loaded the code, and hands tasks to them over their own socket (``ipc``).
+
+A request ``acquire``s a ``Task`` on a worker with spare capacity, sends its
+frames, then reads reply frames from the task's bounded ``Channel``. One reader
+coroutine per worker routes the worker's frames to the task at the head of its
+queue; when a channel is full it stops reading, the socket fills and the worker
+blocks: backpressure all the way to the user's generator. Object tasks take an
+idle worker; sample tasks may queue one more behind a running sample so a
+worker never waits for the server between samples. A worker that dies fails
+its tasks with ``WorkerDied`` and is replaced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import pickle
+import socket
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+from etl_runtime.spec import EtlSpec
+from etl_runtime.webserver import ipc
+from etl_runtime.webserver.errors import (
+    CodeLoadError,
+    TransformerError,
+    TransformTimeout,
+    WorkerDied,
+    from_wire,
+)
+from etl_runtime.webserver.worker import worker_main
+
+log = logging.getLogger("sluice.transformer")
+
+OBJECT_TASK, SAMPLE_TASK = "object", "sample"
+SAMPLES_PER_WORKER = 2  # running + one queued in the worker's socket
+CHANNEL_FRAMES = 8  # result frames (<= 1 MiB each) buffered per task
+
+
+class Channel:
+    """A bounded frame queue from a worker's reader to one task; abandonable."""
+
+    def __init__(self, maxsize: int = CHANNEL_FRAMES) -> None:
+        self.items: deque[tuple[int, Any]] = deque()
+        self.maxsize = maxsize
+        self.abandoned = False
+        self._data = asyncio.Event()
+        self._space = asyncio.Event()
+
+    async def put(self, item: tuple[int, Any]) -> None:
+        while len(self.items) >= self.maxsize and not self.abandoned:
+            self._space.clear()
+            await self._space.wait()
+        if not self.abandoned:
+            self.items.append(item)
+            self._data.set()
+
+    def put_final(self, item: tuple[int, Any]) -> None:
+        if not self.abandoned:
+            self.items.append(item)
+            self._data.set()
+
+    async def get(self) -> tuple[int, Any]:
+        while not self.items:
+            self._data.clear()
+            await self._data.wait()
+        self._space.set()
+        return self.items.popleft()
+
+    def abandon(self) -> None:
+        self.abandoned = True
+        self.items.clear()
+        self._space.set()
+
+
+class Task:
+    """One unit of work on one worker: send frames, then read reply frames."""
+
+    def __init__(self, pool: WorkerPool, worker: Worker, kind: str) -> None:
+        self.pool = pool
+        self.worker = worker
+        self.kind = kind
+        self.channel = Channel()
+        self.finished = False
+
+    async def send(self, kind: int, payload: bytes | bytearray | memoryview = b"") -> None:
+        ipc.write_frame(self.worker.writer, kind, payload)
+        await self.worker.writer.drain()
+
+    async def next_frame(self) -> tuple[int, bytes]:
+        """Next reply: (CHUNK, bytes), (END, b""), (RESULT, bytes); raises on ERROR."""
+        try:
+            kind, payload = await asyncio.wait_for(
+                self.channel.get(), timeout=self.pool.request_timeout
+            )
+        except TimeoutError:
+            self.worker.kill()
+            raise TransformTimeout(
+                f"transform took longer than {self.pool.request_timeout:.0f}s "
+                "(spec.timeouts.requestSeconds); its worker was restarted"
+            ) from None
+        if kind in (ipc.END, ipc.RESULT, ipc.ERROR):
+            self.finished = True
+        if kind == ipc.ERROR:
+            raise payload if isinstance(payload, TransformerError) else from_wire(payload)
+        return kind, payload
+
+    def release(self) -> None:
+        """Stop listening; replies still on their way are discarded."""
+        if not self.finished:
+            self.channel.abandon()
+
+
+class Worker:
+    """One worker process and the server's end of its socket."""
+
+    def __init__(self, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+        self.process = process
+        self.reader = reader
+        self.writer = writer
+        self.pid: int = process.pid
+        self.pending: deque[Task] = deque()
+        self.alive = True
+
+    def capacity_for(self, kind: str) -> bool:
+        if not self.alive:
+            return False
+        if kind == OBJECT_TASK:
+            return not self.pending
+        return len(self.pending) < SAMPLES_PER_WORKER and all(
+            t.kind == SAMPLE_TASK for t in self.pending
+        )
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+
+
+class WorkerPool:
+    """N worker processes with the user's code loaded; see the module docstring."""
+
+    def __init__(
+        self,
+        spec: EtlSpec,
+        size: int,
+        deps_dir: str | None = None,
+        on_log: Callable[[int, str], None] | None = None,
+        on_fatal: Callable[[str], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.size = size
+        self.deps_dir = deps_dir
+        self.request_timeout = spec.request_timeout_seconds
+        self.on_log = on_log or (lambda pid, text: None)
+        self.on_fatal = on_fatal or (lambda reason: None)
+        self.workers: list[Worker] = []
+        self.closing = False
+        self._changed = asyncio.Condition()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._ctx = multiprocessing.get_context("forkserver")
+        preload = ["etl_runtime.webserver.worker"]
+        if spec.mode == "wds":
+            preload.append("etl_runtime.webserver.samples")  # webdataset + torch: seconds
+        self._ctx.set_forkserver_preload(preload)
+
+    @property
+    def pids(self) -> list[int]:
+        return [w.pid for w in self.workers if w.alive]
+
+    async def start(self) -> None:
+        """Start every worker and wait until all loaded the code (``CodeLoadError``)."""
+        results = await asyncio.gather(
+            *(self._spawn() for _ in range(self.size)), return_exceptions=True
+        )
+        errors = [r for r in results if isinstance(r, BaseException)]
+        for r in results:
+            if isinstance(r, Worker):
+                self._adopt(r)
+        if errors:
+            raise errors[0]
+
+    async def _spawn(self) -> Worker:
+        ours, theirs = socket.socketpair()
+        process = self._ctx.Process(
+            target=worker_main,
+            args=(theirs, self.spec.to_json(), self.deps_dir),
+            daemon=True,
+            name="sluice-worker",
+        )
+        await asyncio.to_thread(process.start)
+        theirs.close()
+        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=ipc.MAX_CHUNK)
+        worker = Worker(process, reader, writer)
+        try:
+            while True:
+                kind, payload = await asyncio.wait_for(
+                    ipc.read_frame(reader), timeout=self.spec.init_timeout_seconds
+                )
+                if kind == ipc.LOG:
+                    self.on_log(worker.pid, payload.decode("utf-8", "replace"))
+                    continue
+                break
+        except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as e:
+            worker.kill()
+            writer.close()
+            raise CodeLoadError(
+                f"worker process exited while loading the code (exit code "
+                f"{process.exitcode}): {type(e).__name__}"
+            ) from e
+        if kind == ipc.LOAD_ERROR:
+            writer.close()
+            await asyncio.to_thread(process.join, 5)
+            raise CodeLoadError(pickle.loads(payload))
+        return worker
+
+    def _adopt(self, worker: Worker) -> None:
+        self.workers.append(worker)
+        reader_task = asyncio.create_task(self._read_replies(worker))
+        self._background.add(reader_task)
+        reader_task.add_done_callback(self._background.discard)
+
+    async def _read_replies(self, worker: Worker) -> None:
+        try:
+            while True:
+                kind, payload = await ipc.read_frame(worker.reader)
+                if kind == ipc.LOG:
+                    self.on_log(worker.pid, payload.decode("utf-8", "replace"))
+                    continue
+                task = worker.pending[0]
+                if kind == ipc.CHUNK:
+                    await task.channel.put((kind, payload))
+                    continue
+                worker.pending.popleft()
+                if kind == ipc.ERROR:
+                    task.channel.put_final((kind, pickle.loads(payload)))
+                else:
+                    task.channel.put_final((kind, payload))
+                async with self._changed:
+                    self._changed.notify_all()
+        except (asyncio.IncompleteReadError, ConnectionError, IndexError):
+            pass
+        await self._lost(worker)
+
+    async def _lost(self, worker: Worker) -> None:
+        worker.alive = False
+        worker.writer.close()
+        await asyncio.to_thread(worker.process.join, 5)
+        code = worker.process.exitcode
+        died = WorkerDied(f"worker process {worker.pid} died while transforming (exit code {code})")
+        while worker.pending:
+            worker.pending.popleft().channel.put_final((ipc.ERROR, died))
+        self.workers.remove(worker)
+        if self.closing:
+            return
+        log.warning("worker %d exited with code %s; starting a replacement", worker.pid, code)
+        try:
+            self._adopt(await self._spawn())
+        except Exception as e:  # the code loaded once; if it no longer does, give up
+            self.on_fatal(f"replacement worker failed to start: {e}")
+            return
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def acquire(self, kind: str) -> Task:
+        """A task on the least busy worker with room for ``kind``; waits for one."""
+        async with self._changed:
+            while True:
+                candidates = [w for w in self.workers if w.capacity_for(kind)]
+                if candidates:
+                    worker = min(candidates, key=lambda w: len(w.pending))
+                    task = Task(self, worker, kind)
+                    worker.pending.append(task)
+                    return task
+                await self._changed.wait()
+
+    async def close(self) -> None:
+        self.closing = True
+        for worker in list(self.workers):
+            worker.writer.close()
+        for worker in list(self.workers):
+            await asyncio.to_thread(worker.process.join, 3)
+            worker.kill()
+        for task in list(self._background):
+            task.cancel()
+
+    @staticmethod
+    def default_size(spec: EtlSpec, override: int | None) -> int:
+        return override or spec.workers or os.cpu_count() or 1

@@ -1,0 +1,236 @@
+"""WebDataset mode: a tar shard in, the transformed shard streamed out.
+
+Three stages run at once for each shard:
+
+1. a parser thread reads the tar as it arrives (``RequestBodyFile``, or the
+   ``etl_fqn`` file) and groups members into samples with webdataset's own
+   ``tar_file_expander`` + ``group_by_keys``, so samples are exactly what
+   ``wds.WebDataset`` would see;
+2. ``_dispatch`` sends each sample to the worker pool (decode, user function,
+   encode all happen in workers), at most ``window`` samples in flight;
+3. the response generator awaits results in input order and forwards each
+   sample's tar members, then the end-of-archive blocks.
+
+Memory is bounded by the window whatever the shard size, and output starts as
+soon as the first sample is done. With ``onError: skip`` a failing sample is
+dropped and counted; with ``fail`` the object fails naming the sample: a JSON
+error if nothing was sent yet, otherwise the connection is aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import pickle
+import tarfile
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import IO, Any
+
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+
+from etl_runtime.webserver import ipc
+from etl_runtime.webserver.bodyfile import BodyClosed, RequestBodyFile
+from etl_runtime.webserver.errors import (
+    BadRequest,
+    NotATar,
+    ObjectNotFound,
+    TransformerError,
+)
+from etl_runtime.webserver.pool import SAMPLE_TASK, Task
+from etl_runtime.webserver.transformer import Transformer
+
+log = logging.getLogger("sluice.transformer")
+
+MEDIA_TYPE = "application/x-tar"
+WINDOW_PER_WORKER = 3
+_END = object()
+END_OF_ARCHIVE = tarfile.NUL * (2 * tarfile.BLOCKSIZE)
+
+
+def end_of_archive(written: int) -> bytes:
+    """Two zero blocks, padded to a full record, as ``tarfile`` closes an archive."""
+    size = written + len(END_OF_ARCHIVE)
+    return END_OF_ARCHIVE + tarfile.NUL * (-size % tarfile.RECORDSIZE)
+
+
+def iter_samples(fileobj: IO[bytes], url: str) -> Iterator[dict[str, Any]]:
+    """Samples of a tar stream, grouped exactly as ``wds.WebDataset`` groups them."""
+    from webdataset import tariterators  # imported on first use: it pulls in torch
+
+    files = tariterators.tar_file_expander([{"url": url, "stream": fileobj}])
+    return tariterators.group_by_keys(files)
+
+
+class ShardParser:
+    """Runs ``iter_samples`` in a thread, handing samples to the event loop."""
+
+    def __init__(
+        self, fileobj: IO[bytes], obj: str, loop: asyncio.AbstractEventLoop, window: int
+    ) -> None:
+        self.fileobj = fileobj
+        self.obj = obj
+        self.loop = loop
+        self.queue: asyncio.Queue[Any] = asyncio.Queue()
+        self.room = threading.Semaphore(window)
+        self.stopped = False
+        self.thread = threading.Thread(target=self._run, name=f"shard {obj}", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        last_key: str | None = None
+        try:
+            for sample in iter_samples(self.fileobj, self.obj):
+                self.room.acquire()
+                if self.stopped:
+                    return
+                last_key = sample["__key__"]
+                self.loop.call_soon_threadsafe(self.queue.put_nowait, sample)
+            item: Any = _END
+        except BodyClosed:
+            return
+        except Exception as e:
+            item = self._error(e, last_key)
+        finally:
+            if isinstance(self.fileobj, RequestBodyFile) is False:
+                with contextlib.suppress(Exception):
+                    self.fileobj.close()
+        if not self.stopped:
+            self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
+
+    def _error(self, e: Exception, last_key: str | None) -> TransformerError:
+        reason = f"{type(e).__name__}: {e.args[0] if e.args else e}"
+        if isinstance(e, tarfile.TarError) and last_key is None:
+            return NotATar(
+                f"object {self.obj!r} is not a tar shard ({reason}); wds mode needs a "
+                "WebDataset .tar (or .tar.gz)"
+            )
+        after = f" after sample {last_key!r}" if last_key else ""
+        return BadRequest(f"object {self.obj!r}: bad tar shard{after}: {reason}", sample=None)
+
+    def taken(self) -> None:
+        self.room.release()
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.room.release(1 << 16)
+        if isinstance(self.fileobj, RequestBodyFile):
+            self.fileobj.abandon()
+
+
+async def transform_shard(
+    transformer: Transformer, request: Request, obj: str, args: str | None, fqn: str | None
+) -> Response:
+    stats = transformer.stats
+    loop = asyncio.get_running_loop()
+    window = max(4, WINDOW_PER_WORKER * transformer.workers)
+    fileobj: IO[bytes]
+    if fqn is not None:
+        try:
+            fileobj = open(fqn, "rb")  # noqa: SIM115 - closed by the parser thread
+        except FileNotFoundError:
+            raise ObjectNotFound(f"etl_fqn {fqn!r}: no such file") from None
+        except OSError as e:
+            raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from e
+        stats.bytes_in += os.fstat(fileobj.fileno()).st_size
+    else:
+
+        def count(n: int) -> None:
+            stats.bytes_in += n
+
+        fileobj = RequestBodyFile(request.stream(), loop, on_bytes=count)  # type: ignore[assignment]
+    parser = ShardParser(fileobj, obj, loop, window)
+    stream = _shard_stream(transformer, parser, obj, args)
+    try:
+        first = await anext(stream)
+    except TransformerError as e:
+        stats.error(obj, e.sample, e.message)
+        raise
+    return StreamingResponse(_continue(first, stream, transformer, obj), media_type=MEDIA_TYPE)
+
+
+async def _continue(
+    first: bytes, rest: AsyncIterator[bytes], transformer: Transformer, obj: str
+) -> AsyncIterator[bytes]:
+    stats = transformer.stats
+    try:
+        stats.bytes_out += len(first)
+        yield first
+        async for chunk in rest:
+            stats.bytes_out += len(chunk)
+            yield chunk
+    except TransformerError as e:
+        stats.error(obj, e.sample, e.message)
+        log.error("ETL failed on %s after streaming began (connection aborted): %s", obj, e)
+        raise
+    finally:
+        await rest.aclose()  # type: ignore[attr-defined]
+
+
+async def _shard_stream(
+    transformer: Transformer, parser: ShardParser, obj: str, args: str | None
+) -> AsyncIterator[bytes]:
+    """The output tar, sample by sample, in input order."""
+    stats = transformer.stats
+    skip = transformer.spec.on_error == "skip"
+    in_flight: asyncio.Queue[Any] = asyncio.Queue()
+    parser.start()
+    dispatch = asyncio.create_task(_dispatch(transformer, parser, args, in_flight))
+    written = 0
+    try:
+        while True:
+            item = await in_flight.get()
+            if item is _END:
+                break
+            if isinstance(item, TransformerError):
+                raise item
+            key, task = item
+            try:
+                _, data = await task.next_frame()
+            except TransformerError as e:
+                if not skip or not isinstance(e, TransformerError):
+                    raise
+                stats.skipped += 1
+                stats.error(obj, e.sample or key, e.message)
+                continue
+            finally:
+                task.release()
+                parser.taken()
+            stats.samples += 1
+            if data:
+                written += len(data)
+                yield data
+        stats.objects += 1
+        yield end_of_archive(written)
+    finally:
+        parser.stop()
+        dispatch.cancel()
+        with contextlib.suppress(BaseException):
+            await dispatch
+        while not in_flight.empty():
+            item = in_flight.get_nowait()
+            if isinstance(item, tuple):
+                item[1].release()
+
+
+async def _dispatch(
+    transformer: Transformer, parser: ShardParser, args: str | None, in_flight: asyncio.Queue[Any]
+) -> None:
+    """Hand parsed samples to workers in order; ``_END`` or an error closes the queue."""
+    pool = transformer.pool
+    while True:
+        sample = await parser.queue.get()
+        if sample is _END or isinstance(sample, TransformerError):
+            in_flight.put_nowait(sample)
+            return
+        task: Task = await pool.acquire(SAMPLE_TASK)
+        try:
+            await task.send(ipc.SAMPLE, pickle.dumps((sample, args), protocol=5))
+        except ConnectionError:
+            pass  # the worker died: the task fails with WorkerDied when read
+        in_flight.put_nowait((sample["__key__"], task))

@@ -1,0 +1,91 @@
+"""``Transformer``: the state of one running transformer, and how it starts.
+
+Start-up runs in the background so ``GET /health`` can answer 503 meanwhile:
+check the code can be loaded by this Python, pip-install ``spec.dependencies``,
+start the worker pool (every worker loads the code). A ``StartupError`` on the
+way is permanent: ``fatal`` holds the reason and ``on_fatal`` is called (the
+command line stops the server and exits with code 2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import tempfile
+from collections.abc import Callable
+
+from etl_runtime.spec import EtlSpec
+from etl_runtime.webserver.code import check_code, install_dependencies
+from etl_runtime.webserver.errors import StartupError
+from etl_runtime.webserver.pool import WorkerPool
+from etl_runtime.webserver.stats import LogBuffer, Stats
+
+log = logging.getLogger("sluice.transformer")
+
+
+def preflight(spec: EtlSpec) -> None:
+    """The start-up checks that need no worker (``StartupError`` if one fails)."""
+    check_code(spec)
+    if spec.mode == "wds":
+        from etl_runtime.webserver.samples import make_decoder  # webdataset: wds mode only
+
+        make_decoder(spec.decode)
+
+
+class Transformer:
+    """One ETL's transformer: spec, worker pool, counters, logs, readiness."""
+
+    def __init__(
+        self,
+        name: str,
+        spec: EtlSpec,
+        workers: int | None = None,
+        token: str | None = None,
+        deps_dir: str | None = None,
+    ) -> None:
+        self.name = name
+        self.spec = spec
+        self.token = token or None
+        self.deps_dir = deps_dir
+        self.stats = Stats()
+        self.logs = LogBuffer()
+        self.pool = WorkerPool(
+            spec,
+            WorkerPool.default_size(spec, workers),
+            on_log=self.logs.worker_output,
+            on_fatal=self.fail,
+        )
+        self.ready = False
+        self.fatal: str | None = None
+        self.on_fatal: Callable[[str], None] = lambda reason: None
+
+    @property
+    def workers(self) -> int:
+        return self.pool.size
+
+    async def start(self) -> None:
+        try:
+            preflight(self.spec)
+            if self.spec.dependencies:
+                self.deps_dir = self.deps_dir or tempfile.mkdtemp(prefix="sluice-deps-")
+                deps = list(self.spec.dependencies)
+                log.info("installing dependencies %s into %s", deps, self.deps_dir)
+                await asyncio.to_thread(install_dependencies, self.spec, self.deps_dir)
+            self.pool.deps_dir = self.deps_dir
+            log.info("starting %d workers (mode %s)", self.pool.size, self.spec.mode)
+            await self.pool.start()
+        except StartupError as e:
+            self.fail(str(e))
+            return
+        self.ready = True
+        log.info("ETL %r ready: workers %s", self.name, self.pool.pids)
+
+    def fail(self, reason: str) -> None:
+        self.ready = False
+        self.fatal = reason
+        log.error("ETL %r cannot start: %s", self.name, reason)
+        self.on_fatal(reason)
+
+    async def stop(self) -> None:
+        self.ready = False
+        await self.pool.close()

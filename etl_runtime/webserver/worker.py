@@ -1,0 +1,183 @@
+"""The worker process: loads the user's code once, then serves tasks forever.
+
+``worker_main`` is the process target. It applies ``spec.env``, puts the
+dependencies directory on ``sys.path``, loads the code and answers READY (or
+LOAD_ERROR), then handles one task at a time from its socket (see ``ipc``):
+an object (result streamed back chunk by chunk as the user's iterable produces
+it) or one WebDataset sample. Whatever the user code prints is sent to the
+server as LOG frames, so it shows in ``GET /logs``. The worker exits when the
+server closes the socket.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import signal
+import socket
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from etl_runtime.spec import EtlSpec
+from etl_runtime.webserver import ipc
+from etl_runtime.webserver.code import load_transform, takes_args
+from etl_runtime.webserver.errors import (
+    BadRequest,
+    BadResult,
+    ObjectNotFound,
+    StartupError,
+    TransformerError,
+    TransformError,
+    traceback_tail,
+)
+
+
+class _LogStream(io.TextIOBase):
+    """``sys.stdout``/``sys.stderr`` replacement: complete lines become LOG frames."""
+
+    def __init__(self, frames: ipc.FrameSocket) -> None:
+        self.frames = frames
+        self.buf = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.buf += s
+        if "\n" in self.buf:
+            lines, _, self.buf = self.buf.rpartition("\n")
+            self._send(lines + "\n")
+        return len(s)
+
+    def _send(self, text: str) -> None:
+        try:
+            self.frames.send(ipc.LOG, text.encode("utf-8", "replace"))
+        except OSError:  # the server is gone; nobody is listening any more
+            pass
+
+    def flush(self) -> None:
+        if self.buf:
+            text, self.buf = self.buf, ""
+            self._send(text + "\n")
+
+
+def worker_main(sock: socket.socket, spec_json: str, deps_dir: str | None) -> None:
+    # The server decides when we stop (by closing the socket): a Ctrl-C or a
+    # SIGTERM sent to the whole process group must not kill workers under it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    frames = ipc.FrameSocket(sock)
+    spec = EtlSpec.from_dict(__import__("json").loads(spec_json))
+    os.environ.update(dict(spec.env))
+    if deps_dir:
+        sys.path.insert(0, deps_dir)
+    sys.stdout = sys.stderr = _LogStream(frames)
+    try:
+        fn = load_transform(spec)
+        sample_transform = None
+        if spec.mode == "wds":
+            # Imported here: webdataset pulls in torch, which object mode never needs.
+            from etl_runtime.webserver.samples import SampleTransform
+
+            sample_transform = SampleTransform(fn, takes_args(fn), spec.decode)
+    except StartupError as e:
+        frames.send(ipc.LOAD_ERROR, pickle.dumps(str(e)))
+        return
+    except BaseException as e:  # anything the user's module does on import
+        frames.send(ipc.LOAD_ERROR, pickle.dumps(f"code failed to load: {type(e).__name__}: {e}"))
+        return
+    frames.send(ipc.READY, pickle.dumps(os.getpid()))
+    with_args = takes_args(fn)
+    try:
+        while True:
+            kind, payload = frames.recv()
+            if kind == ipc.OBJECT:
+                _object_task(frames, fn, with_args, payload)
+            elif kind == ipc.SAMPLE and sample_transform is not None:
+                _sample_task(frames, sample_transform, payload)
+            else:
+                raise RuntimeError(f"unexpected frame kind {kind}")
+            sys.stdout.flush()
+    except (EOFError, BrokenPipeError, ConnectionResetError):
+        return
+
+
+def _send_error(frames: ipc.FrameSocket, err: TransformerError) -> None:
+    frames.send(ipc.ERROR, pickle.dumps(err.to_wire()))
+
+
+def _object_task(
+    frames: ipc.FrameSocket, fn: Callable[..., Any], with_args: bool, payload: bytes
+) -> None:
+    args, fqn = pickle.loads(payload)
+    if fqn is None:
+        parts = []
+        while True:
+            kind, chunk = frames.recv()
+            if kind == ipc.DATA_END:
+                break
+            parts.append(chunk)
+        data = b"".join(parts)
+        del parts
+    else:
+        try:
+            with open(fqn, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return _send_error(frames, ObjectNotFound(f"etl_fqn {fqn!r}: no such file"))
+        except OSError as e:
+            return _send_error(frames, BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}"))
+    try:
+        result = fn(data, args) if with_args else fn(data)
+        del data
+        if isinstance(result, str):
+            result = result.encode("utf-8")
+        if isinstance(result, bytes | bytearray | memoryview):
+            _send_chunked(frames, result)
+        elif result is None or isinstance(result, dict) or not hasattr(result, "__iter__"):
+            raise BadResult(
+                f"transform returned {type(result).__name__}; return bytes, str, "
+                "or an iterable of bytes chunks"
+            )
+        else:
+            for item in result:
+                if isinstance(item, str):
+                    item = item.encode("utf-8")
+                if not isinstance(item, bytes | bytearray | memoryview):
+                    raise BadResult(
+                        f"transform yielded a {type(item).__name__}; yield bytes or str chunks"
+                    )
+                _send_chunked(frames, item)
+    except TransformerError as e:
+        return _send_error(frames, e)
+    except Exception as e:
+        return _send_error(
+            frames,
+            TransformError(f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e)),
+        )
+    frames.send(ipc.END)
+
+
+def _send_chunked(frames: ipc.FrameSocket, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    for start in range(0, len(view), ipc.MAX_CHUNK):
+        frames.send(ipc.CHUNK, view[start : start + ipc.MAX_CHUNK])
+
+
+def _sample_task(frames: ipc.FrameSocket, transform: Any, payload: bytes) -> None:
+    sample, args = pickle.loads(payload)
+    try:
+        out = transform(sample, args)
+    except TransformerError as e:
+        return _send_error(frames, e)
+    except Exception as e:  # a bug outside the user's function; still name the sample
+        key = str(sample.get("__key__"))
+        return _send_error(
+            frames,
+            TransformError(
+                f"sample {key!r}: {type(e).__name__}: {e}", sample=key, detail=traceback_tail(e)
+            ),
+        )
+    frames.send(ipc.RESULT, out)
