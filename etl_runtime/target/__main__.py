@@ -8,18 +8,15 @@ The registry (where this target learns its transformers' addresses) is
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import socket
 import sys
 from collections.abc import Sequence
-from typing import Any
-
-import uvicorn
 
 from etl_runtime import auth
 from etl_runtime.cluster import EtlRecord, EtlRegistry
 from etl_runtime.target.app import create_target_app
+from etl_runtime.target.serving import noop, run_server
 
 
 class NoRegistry:
@@ -40,7 +37,7 @@ def make_registry(spec: str | None) -> EtlRegistry:
         from etl_runtime.kube.registry import KubeEtlRegistry
 
         namespace = os.environ.get("SLUICE_NAMESPACE") or os.environ.get("POD_NAMESPACE")
-        return KubeEtlRegistry(namespace or "default")
+        return KubeEtlRegistry(namespace or None)  # its watch starts at construction
     raise SystemExit(f"sluice-target: bad --registry {spec!r}: use file:DIR or kubernetes")
 
 
@@ -63,19 +60,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return args
 
 
-async def _serve(app: Any, registry: Any, host: str, port: int) -> None:
-    # Registries that watch something (Kubernetes) have a start/stop life of their own.
-    start, stop = getattr(registry, "start", None), getattr(registry, "stop", None)
-    if start is not None:
-        await start()
-    try:
-        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False)
-        await uvicorn.Server(config).serve()
-    finally:
-        if stop is not None:
-            await stop()
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     registry = make_registry(args.registry)
@@ -87,7 +71,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
     app = create_target_app(args.id, args.data_dir, registry, token=args.token, cluster_key=key)
-    asyncio.run(_serve(app, registry, args.host, args.port))
+    close = getattr(registry, "close", None)  # the Kubernetes registry's watch
+    run_server(app, args.host, args.port, on_start=[noop], on_stop=[close or noop])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,92 @@
+"""``sluice-gateway`` / ``python -m etl_runtime.gateway``: run the gateway.
+
+Local mode (``--targets t0=URL,...``): a ``StaticTargets`` health loop and the
+local ETL controller (transformers as child processes, state in
+``--state-dir``). Kubernetes mode (``--kubernetes``): target pods by label and
+ETL custom resources. Flags and env vars as in docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from etl_runtime import auth
+from etl_runtime.gateway.app import create_gateway_app
+from etl_runtime.target.serving import Hook, noop, run_server
+
+TARGET_SELECTOR = "sluice.dev/role=target"
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="sluice-gateway", description=__doc__)
+    p.add_argument("--host", default=env("SLUICE_HOST", "0.0.0.0"))
+    p.add_argument("--port", type=int, default=int(env("SLUICE_PORT", "8080")))
+    p.add_argument("--token", default=env("SLUICE_TOKEN"), help="user token for mutating calls")
+    p.add_argument("--targets", default=env("SLUICE_TARGETS"), help="t0=http://host:port,...")
+    p.add_argument(
+        "--kubernetes",
+        action="store_true",
+        default=env("SLUICE_KUBERNETES", "") not in ("", "0", "false"),
+        help="discover target pods and use ETL custom resources",
+    )
+    p.add_argument("--state-dir", default=env("SLUICE_STATE_DIR"), help="local ETL state dir")
+    args = p.parse_args(argv)
+    if not args.kubernetes and not args.targets:
+        p.error("give --targets t0=URL,... (or SLUICE_TARGETS), or --kubernetes")
+    if not args.kubernetes and not args.state_dir:
+        p.error("--state-dir (or SLUICE_STATE_DIR) is required with --targets")
+    return args
+
+
+def local_parts(args: argparse.Namespace, key: str) -> tuple[Any, Any, list[Hook], list[Hook]]:
+    from etl_runtime.cluster import TargetInfo
+    from etl_runtime.local.controller import LocalEtlBackend
+    from etl_runtime.local.discovery import StaticTargets
+
+    targets = []
+    for item in args.targets.split(","):
+        tid, sep, url = item.strip().partition("=")
+        if not sep or not tid or not url:
+            raise SystemExit(f"sluice-gateway: bad --targets item {item!r}: expected ID=URL")
+        targets.append(TargetInfo(id=tid.strip(), url=url.strip().rstrip("/")))
+    discovery = StaticTargets(targets)
+    backend = LocalEtlBackend(Path(args.state_dir), discovery, key)
+    return discovery, backend, [discovery.start, backend.start], [discovery.stop, backend.stop]
+
+
+def kube_parts() -> tuple[Any, Any, list[Hook], list[Hook]]:
+    from etl_runtime.kube.backend import KubeEtlBackend
+    from etl_runtime.kube.discovery import KubeTargetDiscovery
+
+    namespace = os.environ.get("SLUICE_NAMESPACE") or os.environ.get("POD_NAMESPACE") or None
+    discovery = KubeTargetDiscovery(namespace, TARGET_SELECTOR)  # its watch starts here
+    backend = KubeEtlBackend(namespace)
+    return discovery, backend, [noop], [getattr(discovery, "close", noop)]
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    key = auth.cluster_key_from_env()
+    if not key:
+        key = auth.new_key()
+        print(
+            "sluice-gateway: SLUICE_CLUSTER_KEY is not set; using a random key, so targets "
+            "will refuse signed redirects and transformer tokens will not match",
+            file=sys.stderr,
+        )
+    if args.kubernetes:
+        discovery, backend, on_start, on_stop = kube_parts()
+    else:
+        discovery, backend, on_start, on_stop = local_parts(args, key)
+    app = create_gateway_app(discovery, backend, token=args.token, cluster_key=key)
+    run_server(app, args.host, args.port, on_start=on_start, on_stop=on_stop)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,90 @@
+"""The gateway's collaborators and its fan-out to targets.
+
+``Gateway`` holds what every handler needs — live targets (``TargetDiscovery``),
+the ETL write side (``EtlBackend``), secrets, one pooled HTTP client — and
+``fanout`` calls the same internal path on every live target at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from fastapi import Request
+
+from etl_runtime import auth
+from etl_runtime.cluster import EtlBackend, TargetDiscovery, TargetInfo
+from etl_runtime.gateway.errors import NoTargets, Unauthorized
+
+FANOUT_TIMEOUT = 15.0
+
+
+@dataclass
+class Gateway:
+    discovery: TargetDiscovery
+    backend: EtlBackend
+    token: str | None = None
+    cluster_key: str | None = None
+    _http: httpx.AsyncClient | None = field(default=None, repr=False)
+
+    async def start(self) -> None:
+        self._http = httpx.AsyncClient(
+            trust_env=False,
+            timeout=FANOUT_TIMEOUT,
+            limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
+        )
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise RuntimeError("Gateway.start() was not called")
+        return self._http
+
+    # -- who may do what -------------------------------------------------------
+
+    def caller_has_token(self, request: Request) -> bool:
+        return auth.bearer_ok(request.headers.get("authorization"), self.token)
+
+    def require_write(self, request: Request) -> None:
+        if not self.caller_has_token(request):
+            raise Unauthorized()
+
+    def target_headers(self) -> dict[str, str]:
+        """Headers for the gateway's own calls to targets (it holds the user token)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    # -- targets ---------------------------------------------------------------
+
+    def live_targets(self) -> list[TargetInfo]:
+        targets = self.discovery.targets()
+        if not targets:
+            raise NoTargets("no storage target is alive; check `GET /v1/cluster` and retry")
+        return targets
+
+    async def fanout(
+        self, method: str, path: str, **kwargs: Any
+    ) -> list[tuple[TargetInfo, httpx.Response | httpx.HTTPError]]:
+        """``method path`` on every live target; each answer or the error it raised."""
+        targets = self.live_targets()
+        headers = {**self.target_headers(), **kwargs.pop("headers", {})}
+
+        async def one(t: TargetInfo) -> httpx.Response | httpx.HTTPError:
+            try:
+                return await self.http.request(method, t.url + path, headers=headers, **kwargs)
+            except httpx.HTTPError as e:
+                return e
+
+        answers = await asyncio.gather(*(one(t) for t in targets))
+        return list(zip(targets, answers, strict=True))
+
+
+def unreachable(target: TargetInfo, err: httpx.HTTPError | httpx.Response) -> NoTargets:
+    what = f"answered {err.status_code}" if isinstance(err, httpx.Response) else repr(err)
+    return NoTargets(f"target {target.id!r} ({target.url}) {what}; retry shortly", target=target.id)

@@ -1,0 +1,184 @@
+"""The ``/v1/etl`` API: init, list, details, stop/start, delete, logs.
+
+Writes go to the injected ``EtlBackend`` (local controller or ETL custom
+resources); the gateway adds what only the data plane knows — transform counts
+and recent errors, gathered from every target's internal
+``/v1/_etl/{name}/stats`` (each target asks its own transformer), and logs from
+``/v1/_etl/{name}/logs``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import httpx
+from fastapi import APIRouter, Query, Request
+
+from etl_runtime import spec as etl_spec
+from etl_runtime.cluster import EtlRecord
+from etl_runtime.gateway.context import Gateway
+from etl_runtime.gateway.errors import EtlNotFound, InvalidSpec
+from etl_runtime.target.etl_forward import STAT_FIELDS
+
+LAST_ERRORS = 20
+
+
+def _not_found(name: str) -> EtlNotFound:
+    return EtlNotFound(f"ETL {name!r} does not exist; list ETLs with GET /v1/etl", etl=name)
+
+
+def public_spec(spec: etl_spec.EtlSpec) -> dict[str, Any]:
+    """The spec without code bodies (they can be large and are nobody's business)."""
+    d = spec.to_dict()
+    code = dict(d.get("code") or {})
+    for body in ("pickled", "source"):
+        if body in code:
+            code[body] = f"<{len(code[body])} characters>"
+    d["code"] = code
+    return d
+
+
+def summary(record: EtlRecord) -> dict[str, Any]:
+    return {
+        "name": record.name,
+        "phase": record.phase,
+        "mode": record.spec.mode,
+        "ready": record.ready_count,
+        "total": len(record.transformers),
+    }
+
+
+def _time_key(entry: dict[str, Any]) -> float:
+    t = entry.get("time")
+    if isinstance(t, int | float):
+        return float(t)
+    if isinstance(t, str):
+        try:
+            return datetime.datetime.fromisoformat(t.replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            return 0.0
+    return 0.0
+
+
+async def gather_stats(gw: Gateway, name: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    stats = {f: 0 for f in STAT_FIELDS}
+    errors: list[dict[str, Any]] = []
+    if not gw.discovery.targets():
+        return stats, errors
+    for t, r in await gw.fanout("GET", f"/v1/_etl/{name}/stats", timeout=10.0):
+        if not isinstance(r, httpx.Response) or r.status_code != 200:
+            continue  # stats are best effort: a missing target just counts nothing
+        body = r.json()
+        for f in STAT_FIELDS:
+            stats[f] += int(body.get(f) or 0)
+        for e in body.get("last_errors") or []:
+            errors.append(
+                {
+                    "time": e.get("time"),
+                    "target": t.id,
+                    "object": e.get("object"),
+                    "sample": e.get("sample"),
+                    "error": e.get("error"),
+                }
+            )
+    errors.sort(key=_time_key)
+    return stats, errors[-LAST_ERRORS:]
+
+
+async def details(gw: Gateway, record: EtlRecord) -> dict[str, Any]:
+    stats, last_errors = await gather_stats(gw, record.name)
+    return {
+        **summary(record),
+        "uid": record.uid,
+        "message": record.message,
+        "spec": public_spec(record.spec),
+        "transformers": [t.to_dict() for t in record.transformers],
+        "stats": stats,
+        "last_errors": last_errors,
+    }
+
+
+def etl_router(gw: Gateway) -> APIRouter:
+    router = APIRouter()
+    backend = gw.backend
+
+    async def existing(name: str) -> EtlRecord:
+        record = await backend.get(name)
+        if record is None:
+            raise _not_found(name)
+        return record
+
+    @router.put("/v1/etl")
+    async def init(request: Request) -> dict[str, Any]:
+        gw.require_write(request)
+        try:
+            body = await request.json()
+        except ValueError:
+            raise InvalidSpec('body must be JSON: {"name": ..., "spec": {...}}') from None
+        if not isinstance(body, dict):
+            raise InvalidSpec('body must be a JSON object: {"name": ..., "spec": {...}}')
+        name = body.get("name")
+        try:
+            etl_spec.validate_name(name)  # type: ignore[arg-type]
+            spec = etl_spec.EtlSpec.from_dict(body.get("spec"))  # type: ignore[arg-type]
+        except etl_spec.InvalidSpec as e:
+            raise InvalidSpec(str(e), etl=name if isinstance(name, str) else None) from None
+        except (TypeError, ValueError, KeyError) as e:
+            raise InvalidSpec(f"invalid ETL spec: {e}", etl=name) from None
+        record = await backend.init(name, spec)  # type: ignore[arg-type]
+        return await details(gw, record)
+
+    @router.get("/v1/etl")
+    async def list_etls() -> dict[str, Any]:
+        return {"etls": [summary(r) for r in await backend.list()]}
+
+    @router.get("/v1/etl/{name}")
+    async def get_etl(name: str) -> dict[str, Any]:
+        return await details(gw, await existing(name))
+
+    async def set_stopped(name: str, request: Request, stopped: bool) -> dict[str, Any]:
+        gw.require_write(request)
+        try:
+            record = await backend.set_stopped(name, stopped)
+        except KeyError:
+            raise _not_found(name) from None
+        return await details(gw, record)
+
+    @router.post("/v1/etl/{name}/stop")
+    async def stop(name: str, request: Request) -> dict[str, Any]:
+        return await set_stopped(name, request, True)
+
+    @router.post("/v1/etl/{name}/start")
+    async def start(name: str, request: Request) -> dict[str, Any]:
+        return await set_stopped(name, request, False)
+
+    @router.delete("/v1/etl/{name}")
+    async def delete(name: str, request: Request) -> dict[str, Any]:
+        gw.require_write(request)
+        try:
+            await backend.delete(name)
+        except KeyError:
+            raise _not_found(name) from None
+        return {"name": name, "deleted": True}
+
+    @router.get("/v1/etl/{name}/logs")
+    async def logs(name: str, tail: int = Query(200, ge=1, le=100_000)) -> dict[str, Any]:
+        await existing(name)
+        out: dict[str, str] = {}
+        if gw.discovery.targets():
+            answers = await gw.fanout("GET", f"/v1/_etl/{name}/logs", params={"tail": tail})
+            for t, r in answers:
+                if isinstance(r, httpx.Response) and r.status_code == 200:
+                    out[t.id] = r.text
+                elif isinstance(r, httpx.Response):
+                    try:
+                        why = r.json().get("error", r.text)
+                    except ValueError:
+                        why = r.text
+                    out[t.id] = f"<logs unavailable: {why}>"
+                else:
+                    out[t.id] = f"<logs unavailable: target did not answer: {r!r}>"
+        return {"logs": out}
+
+    return router

@@ -1,0 +1,48 @@
+"""HRW placement: even spread, and only a leaving target's objects move."""
+
+from __future__ import annotations
+
+import collections
+
+import pytest
+
+from etl_runtime.cluster import TargetInfo
+from etl_runtime.gateway.hrw import hrw_owner
+
+TARGETS = [TargetInfo(id=f"t{i}", url=f"http://t{i}") for i in range(5)]
+KEYS = [f"bucket/shard-{i:06d}.tar" for i in range(20_000)]
+
+
+def test_spread_is_even() -> None:
+    counts = collections.Counter(hrw_owner(TARGETS, k).id for k in KEYS)
+    expected = len(KEYS) / len(TARGETS)
+    assert set(counts) == {t.id for t in TARGETS}
+    assert all(abs(c - expected) < 0.06 * expected for c in counts.values()), counts
+
+
+def test_owner_is_independent_of_list_order() -> None:
+    shuffled = list(reversed(TARGETS))
+    assert all(hrw_owner(TARGETS, k) == hrw_owner(shuffled, k) for k in KEYS[:2000])
+
+
+def test_leaving_target_moves_only_its_objects() -> None:
+    before = {k: hrw_owner(TARGETS, k).id for k in KEYS}
+    remaining = [t for t in TARGETS if t.id != "t2"]
+    after = {k: hrw_owner(remaining, k).id for k in KEYS}
+    moved = [k for k in KEYS if before[k] != after[k]]
+    assert moved and all(before[k] == "t2" for k in moved)
+    assert len(moved) == sum(1 for v in before.values() if v == "t2")
+    # and they spread over the survivors instead of piling onto one
+    assert len({after[k] for k in moved}) == len(remaining)
+
+
+def test_joining_target_takes_objects_only_for_itself() -> None:
+    bigger = [*TARGETS, TargetInfo(id="t9", url="http://t9")]
+    before = {k: hrw_owner(TARGETS, k).id for k in KEYS}
+    moved = [k for k in KEYS if hrw_owner(bigger, k).id != before[k]]
+    assert moved and all(hrw_owner(bigger, k).id == "t9" for k in moved)
+
+
+def test_no_targets() -> None:
+    with pytest.raises(ValueError):
+        hrw_owner([], "b/o")
