@@ -290,7 +290,7 @@ def test_images_come_from_the_configured_registry_and_tags(combo: tuple[dict, Ma
     )
     operator = container(m.component("Deployment", "operator"))
     assert operator["image"] == f"{prefix}sluice/operator:{tag}"
-    runtime = env_of(operator)["SLUICE_RUNTIME_IMAGE"]["value"]
+    runtime = env_of(operator)["SLUICE_TRANSFORMER_IMAGE"]["value"]
     if "images.runtime.digest" in values:
         assert runtime == f"{prefix}sluice/runtime@{values['images.runtime.digest']}"
     else:

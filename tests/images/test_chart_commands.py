@@ -40,6 +40,31 @@ def test_chart_commands_are_the_images_console_scripts() -> None:
 def test_default_transformer_image_runs_the_transformer() -> None:
     images = all_images()
     operator = container(render().component("Deployment", "operator"))
-    runtime = env_of(operator)["SLUICE_RUNTIME_IMAGE"]["value"]
+    runtime = env_of(operator)["SLUICE_TRANSFORMER_IMAGE"]["value"]
     assert image_dir(runtime) == "runtime"
     assert images["runtime"].final.exec_form("ENTRYPOINT") == ["sluice-transformer"]
+
+
+def test_operator_transformer_pods_fit_the_runtime_image() -> None:
+    """The operator's transformer pod runs a script the runtime image has, as its UID."""
+    from etl_operator.pods import EtlRef, transformer_pod
+
+    from etl_runtime.cluster import TargetInfo
+    from etl_runtime.spec import EtlSpec
+
+    runtime = all_images()["runtime"]
+    spec = EtlSpec.from_dict({"mode": "wds", "code": {"source": "def transform(s):\n  return s\n"}})
+    pod = transformer_pod(
+        EtlRef(name="resize", namespace="data", uid="u-1"),
+        spec,
+        TargetInfo(id="sl-sluice-target-0", url="http://10.0.0.5:8080", node="n1"),
+        image="sluice/runtime:0.1.0",
+        with_token=True,
+    )
+    (c,) = pod["spec"]["containers"]
+    assert c["command"][0] in commands_of(runtime)
+    user = runtime.final.last("USER")
+    assert user is not None
+    assert str(pod["spec"]["securityContext"]["runAsUser"]) == user.split(":")[0]
+    port = c["ports"][0]["containerPort"]
+    assert f"EXPOSE {port}" in runtime.path.read_text()
