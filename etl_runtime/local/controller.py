@@ -278,7 +278,8 @@ class LocalEtlBackend:
         for target in todo.create:
             if target.id not in backing_off:
                 procs.append(await self._spawn(rec, target))
-        pending = {p.target for p in procs if p.spec_hash == want and not p.terminated}
+        current = [p for p in procs if p.spec_hash == want and not p.terminated]
+        pending = {p.target for p in current} - {p.target for p in current if p.ready}
         for p in victims:
             if p.target in backing_off and self._is_transient(p, spec, want):
                 continue  # stays visible (and counted) until its backoff ends

@@ -1,0 +1,252 @@
+"""LocalEtlBackend: ETL records in, transformer processes out, status back.
+
+Runs real transformer processes (``python -m etl_runtime.webserver`` once it
+exists, else a stand-in speaking the same start-up contract) and checks what
+a user of the gateway or a target would see: phases, endpoints in the record
+file, processes that appear and disappear.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from etl_runtime import auth
+from etl_runtime.cluster import EtlRecord
+from etl_runtime.local.controller import LocalEtlBackend
+from etl_runtime.local.registry import FileRegistry
+from etl_runtime.spec import CodeSpec, EtlSpec
+from tests.local.conftest import STANDIN, FakeTargets, pid_gone, transformer_pids, wait_until
+
+KEY = "k" * 64
+
+
+def spec(source: str = "def transform(data):\n    return data.upper()\n", **kw) -> EtlSpec:
+    return EtlSpec(code=CodeSpec(source=source), workers=1, **kw)
+
+
+@contextlib.asynccontextmanager
+async def running(
+    state: Path, targets: FakeTargets, command: tuple[str, ...]
+) -> AsyncIterator[LocalEtlBackend]:
+    backend = LocalEtlBackend(state, targets, KEY, interval=0.2, grace=5.0, command=command)
+    await backend.start()
+    try:
+        yield backend
+    finally:
+        await backend.stop()
+
+
+def on_disk(state: Path, name: str) -> EtlRecord | None:
+    return FileRegistry(state).get(name)
+
+
+async def phase_is(state: Path, name: str, phase: str, ready: int | None = None) -> None:
+    def check() -> bool:
+        rec = on_disk(state, name)
+        if rec is None or rec.phase != phase:
+            return False
+        return ready is None or rec.ready_count == ready
+
+    try:
+        await wait_until(check, timeout=90, what=f"{name} {phase}")
+    except AssertionError:
+        rec = on_disk(state, name)
+        raise AssertionError(f"{name} not {phase}: {rec and rec.to_dict()}") from None
+
+
+def endpoints(state: Path, name: str) -> dict[str, str | None]:
+    rec = on_disk(state, name)
+    assert rec is not None
+    return {t.target: t.endpoint for t in rec.transformers}
+
+
+async def health(endpoint: str) -> int:
+    async with httpx.AsyncClient(timeout=5) as c:
+        return (await c.get(f"{endpoint}/health")).status_code
+
+
+def test_lifecycle_init_change_stop_start_delete(tmp_path: Path, transformer_command) -> None:
+    async def scenario() -> None:
+        state = tmp_path / "etl"
+        async with running(state, FakeTargets(["t0", "t1"]), transformer_command) as be:
+            rec = await be.init("upper", spec())
+            assert rec.phase == "Initializing" and len(rec.uid) == 32
+            await phase_is(state, "upper", "Running", ready=2)
+            first = endpoints(state, "upper")
+            assert sorted(first) == ["t0", "t1"]
+            assert all(ep and ep.startswith("http://127.0.0.1:") for ep in first.values())
+            assert {await health(ep) for ep in first.values() if ep} == {200}
+            pids = transformer_pids("upper")
+            assert len(pids) == 2
+            assert (state / "logs" / "etl-upper-t0.log").exists()
+
+            # A spec change replaces every transformer; the uid (and so the token) stays.
+            rec2 = await be.init("upper", spec("def transform(data):\n    return data[::-1]\n"))
+            assert rec2.uid == rec.uid
+            await wait_until(lambda: transformer_pids("upper").isdisjoint(pids), what="old gone")
+            await phase_is(state, "upper", "Running", ready=2)
+            second = endpoints(state, "upper")
+            assert set(second.values()).isdisjoint(first.values())
+            assert len(transformer_pids("upper")) == 2
+
+            # Stop: phase Stopped at once, processes gone soon after.
+            stopped = await be.set_stopped("upper", True)
+            assert stopped.phase == "Stopped" and on_disk(state, "upper").phase == "Stopped"
+            await wait_until(lambda: not transformer_pids("upper"), what="stopped processes gone")
+            assert on_disk(state, "upper").transformers == ()
+
+            await be.set_stopped("upper", False)
+            await phase_is(state, "upper", "Running", ready=2)
+            assert len(transformer_pids("upper")) == 2
+
+            live = transformer_pids("upper")
+            await be.delete("upper")
+            assert not (state / "upper.json").exists()
+            assert all(pid_gone(p) for p in live)
+            assert await be.get("upper") is None and await be.list() == []
+            with pytest.raises(KeyError):
+                await be.delete("upper")
+            with pytest.raises(KeyError):
+                await be.set_stopped("upper", True)
+
+    asyncio.run(scenario())
+
+
+def test_killed_transformer_is_recreated(tmp_path: Path, transformer_command) -> None:
+    async def scenario() -> None:
+        state = tmp_path / "etl"
+        async with running(state, FakeTargets(["t0", "t1"]), transformer_command) as be:
+            await be.init("upper", spec())
+            await phase_is(state, "upper", "Running", ready=2)
+            before = endpoints(state, "upper")
+            victim = next(
+                p
+                for p in transformer_pids("upper")
+                if f":{before['t0']}".endswith(f":{_port_of(p)}")
+            )
+            os.kill(victim, signal.SIGKILL)
+            await wait_until(
+                lambda: (
+                    endpoints(state, "upper")["t0"] != before["t0"]
+                    and on_disk(state, "upper").phase == "Running"
+                ),
+                timeout=90,
+                what="t0 transformer recreated",
+            )
+            after = endpoints(state, "upper")
+            assert after["t1"] == before["t1"]  # the healthy one was left alone
+            assert len(transformer_pids("upper")) == 2
+            assert not transformer_pids(leaders_only=False) & {victim}
+
+    asyncio.run(scenario())
+
+
+def _port_of(pid: int) -> int:
+    import psutil
+
+    cmd = psutil.Process(pid).cmdline()
+    return int(cmd[cmd.index("--port") + 1])
+
+
+def test_bad_code_is_error_without_crash_loop(tmp_path: Path, transformer_command) -> None:
+    async def scenario() -> None:
+        state = tmp_path / "etl"
+        async with running(state, FakeTargets(["t0", "t1"]), transformer_command) as be:
+            await be.init("bad", spec("raise RuntimeError('boom')\n"))
+            await phase_is(state, "bad", "Error")
+            rec = on_disk(state, "bad")
+            assert rec is not None and rec.message is not None
+            assert "sluice: ETL 'bad'" in rec.message, rec.message
+            assert rec.ready_count == 0
+            await asyncio.sleep(3)  # several reconcile passes
+            log = (state / "logs" / "etl-bad-t0.log").read_text()
+            assert log.count("sluice: starting") == 1, log
+            assert on_disk(state, "bad").phase == "Error"
+
+            # Fixing the code recovers.
+            await be.init("bad", spec())
+            await phase_is(state, "bad", "Running", ready=2)
+
+    asyncio.run(scenario())
+
+
+def test_restarted_controller_adopts_or_recreates_without_duplicates(
+    tmp_path: Path, transformer_command
+) -> None:
+    async def scenario() -> None:
+        state = tmp_path / "etl"
+        targets = FakeTargets(["t0", "t1"])
+        # 1. Graceful restart: transformers stop with the controller, come back after.
+        async with running(state, targets, transformer_command) as be:
+            await be.init("upper", spec())
+            await be.init("paused", spec(stopped=True))
+            await phase_is(state, "upper", "Running", ready=2)
+        assert not transformer_pids()
+        assert on_disk(state, "upper").transformers == ()
+        async with running(state, targets, transformer_command) as be:
+            await phase_is(state, "upper", "Running", ready=2)
+            assert len(transformer_pids("upper")) == 2
+            assert not transformer_pids("paused")
+            assert [r.name for r in await be.list()] == ["paused", "upper"]
+            kept = transformer_pids("upper")
+            # 2. Crash: the controller vanishes without stopping its children.
+            assert be._task is not None
+            be._task.cancel()
+            be._procs.clear()
+        # (the context's stop() had nothing left to stop)
+        assert transformer_pids("upper") == kept
+        async with running(state, targets, transformer_command) as be:
+            await phase_is(state, "upper", "Running", ready=2)
+            await asyncio.sleep(1.0)
+            assert transformer_pids("upper") == kept  # adopted, not duplicated
+        assert all(pid_gone(p) for p in kept)
+
+    asyncio.run(scenario())
+
+
+def test_target_set_changes(tmp_path: Path, transformer_command) -> None:
+    async def scenario() -> None:
+        state = tmp_path / "etl"
+        targets = FakeTargets(["t0", "t1"])
+        async with running(state, targets, transformer_command) as be:
+            await be.init("upper", spec())
+            await phase_is(state, "upper", "Running", ready=2)
+            gone = targets.live.pop()
+            be.kick()
+            await phase_is(state, "upper", "Running", ready=1)
+            assert sorted(endpoints(state, "upper")) == ["t0"]
+            await wait_until(lambda: len(transformer_pids("upper")) == 1, what="t1 stopped")
+            targets.live.append(gone)
+            await phase_is(state, "upper", "Running", ready=2)
+
+    asyncio.run(scenario())
+
+
+def test_environment_carries_token_not_cluster_secrets(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("SLUICE_CLUSTER_KEY", KEY)
+    monkeypatch.setenv("SLUICE_TOKEN", "user-secret")
+
+    async def scenario() -> None:
+        state = tmp_path / "etl"
+        async with running(state, FakeTargets(["t0"]), STANDIN) as be:
+            rec = await be.init("envy", spec(env=(("USER_GREETING", "hi"),)))
+            await phase_is(state, "envy", "Running", ready=1)
+            ep = endpoints(state, "envy")["t0"]
+            async with httpx.AsyncClient() as c:
+                env = (await c.get(f"{ep}/env")).json()
+        assert env["SLUICE_ETL_TOKEN"] == auth.transformer_token(KEY, "envy", rec.uid)
+        assert env["SLUICE_CLUSTER_KEY"] is None
+        assert env["USER_GREETING"] == "hi"
+        assert env["SLUICE_DEPS_DIR"].startswith(str(state))
+        assert json.loads((state / "envy.json").read_text())["uid"] == rec.uid
+
+    asyncio.run(scenario())
