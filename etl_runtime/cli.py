@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import datetime
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -202,8 +203,17 @@ def format_details(d: EtlDetails) -> str:
         where = e.get("object") or "-"
         if e.get("sample"):
             where += f" sample {e['sample']}"
-        lines.append(f"  {e.get('time', '')} {e.get('target', '')} {where}: {e.get('error')}")
+        when = _when(e.get("time"))
+        lines.append(f"  {when} {e.get('target') or '-'} {where}: {e.get('error')}")
     return "\n".join(lines)
+
+
+def _when(value: Any) -> str:
+    """Error times come as epoch seconds or ISO text; show both as UTC ISO."""
+    if isinstance(value, int | float):
+        stamp = datetime.datetime.fromtimestamp(value, tz=datetime.UTC)
+        return stamp.isoformat(timespec="seconds").replace("+00:00", "Z")
+    return str(value or "-")
 
 
 # -- the parser --------------------------------------------------------------
