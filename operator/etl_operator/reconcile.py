@@ -63,6 +63,15 @@ def is_config_error(t: ObservedTransformer) -> bool:
     return t.terminated and t.exit_code == EXIT_CONFIG_ERROR
 
 
+def gave_up(t: ObservedTransformer) -> bool:
+    """Terminated for good: a config error, or a transient failure once too often.
+
+    Such a transformer is kept (not recreated) so its message stays visible and
+    nothing crash-loops; a spec change (new hash) replaces it.
+    """
+    return is_config_error(t) or (t.terminated and t.restarts >= MAX_RESTARTS)
+
+
 def plan(spec: EtlSpec, targets: list[TargetInfo], existing: list[ObservedTransformer]) -> Plan:
     """What to change so there is exactly one current transformer per live target.
 
@@ -70,8 +79,9 @@ def plan(spec: EtlSpec, targets: list[TargetInfo], existing: list[ObservedTransf
     * a transformer for a target that is gone, moved node, has an old spec
       hash, or a duplicate: delete;
     * a transformer that terminated with a transient failure: delete (and so
-      recreate); one that failed with a config error is kept, so its message
-      stays visible and we do not crash-loop;
+      recreate); one that failed with a config error, or has already been
+      restarted ``MAX_RESTARTS`` times, is kept, so its message stays visible
+      and we do not crash-loop;
     * a live target without a kept transformer: create.
     """
     out = Plan()
@@ -88,7 +98,7 @@ def plan(spec: EtlSpec, targets: list[TargetInfo], existing: list[ObservedTransf
             or t.spec_hash != want_hash
             or (target.node is not None and t.node is not None and t.node != target.node)
             or t.target in kept
-            or (t.terminated and not is_config_error(t))
+            or (t.terminated and not gave_up(t))
         )
         if stale:
             out.delete.append(t)

@@ -1,0 +1,68 @@
+"""``sluice-operator`` / ``python -m etl_operator``: run the kopf operator.
+
+Equivalent to ``kopf run -m etl_operator.handlers`` with Sluice's defaults:
+standalone (one replica; see docs/operator.md), the namespace from
+``--namespace`` / ``SLUICE_NAMESPACE`` or every namespace with ``--all-namespaces``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import kopf
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="sluice-operator", description=__doc__)
+    p.add_argument(
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="namespace to serve (repeatable; glob patterns allowed; default $SLUICE_NAMESPACE)",
+    )
+    p.add_argument("-A", "--all-namespaces", action="store_true", help="serve every namespace")
+    p.add_argument(
+        "--peering",
+        default=os.environ.get("SLUICE_PEERING") or None,
+        help="kopf peering name for several replicas (needs crds/kopf-peering.yaml); "
+        "default: standalone",
+    )
+    p.add_argument(
+        "--liveness",
+        default=os.environ.get("SLUICE_LIVENESS") or None,
+        help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--debug", action="store_true")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    namespaces = args.namespace or (
+        [os.environ["SLUICE_NAMESPACE"]] if os.environ.get("SLUICE_NAMESPACE") else []
+    )
+    if not args.all_namespaces and not namespaces:
+        print(
+            "sluice-operator: give --namespace NS (or SLUICE_NAMESPACE) or --all-namespaces",
+            file=sys.stderr,
+        )
+        return 2
+    kopf.configure(verbose=args.verbose, debug=args.debug)
+    import etl_operator.handlers  # noqa: F401  (registers the handlers)
+
+    kopf.run(
+        clusterwide=args.all_namespaces,
+        namespaces=[] if args.all_namespaces else namespaces,
+        standalone=args.peering is None,
+        peering_name=args.peering,
+        liveness_endpoint=args.liveness,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,251 @@
+"""Reconcile one ETL: read the world, ``reconcile.plan()``, act, report.
+
+Level-triggered and idempotent: every call looks at the ETL, its target pods
+and its transformer pods as they are now and converges them, whatever event
+(or none: the periodic resync) caused it. Runs in a worker thread; the kopf
+handlers only decide *which* ETL to reconcile (see ``handlers.py``).
+
+Rollout: a spec change gets new pod names (the spec hash is part of them),
+so the new transformer starts while the old one keeps serving; the old one
+is deleted once its replacement is ready, or once the replacement failed for
+good (the ETL then reports Error rather than quietly serving old code).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from etl_operator import pods as manifests
+from etl_operator.actuator import FINALIZER, KubeActuator
+from etl_operator.reconcile import ObservedTransformer, Plan, plan, summarize
+from etl_operator.status import (
+    error_status,
+    etl_status,
+    observe,
+    status_changed,
+    transformer_statuses,
+)
+from etl_runtime.auth import transformer_token
+from etl_runtime.cluster import TargetInfo
+from etl_runtime.kube.records import DEFAULT_TARGET_LABELS
+from etl_runtime.spec import EtlSpec, InvalidSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Operator-wide settings, from the environment (see docs/operator.md)."""
+
+    image: str = manifests.DEFAULT_IMAGE
+    cluster_key: str | None = None
+    resync_seconds: float = 30.0
+
+    @classmethod
+    def from_env(cls) -> OperatorConfig:
+        return cls(
+            image=os.environ.get("SLUICE_TRANSFORMER_IMAGE") or manifests.DEFAULT_IMAGE,
+            cluster_key=os.environ.get("SLUICE_CLUSTER_KEY") or None,
+            resync_seconds=float(os.environ.get("SLUICE_RESYNC_SECONDS") or 30.0),
+        )
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a reconcile did; ``settled`` means nothing is left to wait for."""
+
+    phase: str | None
+    created: int = 0
+    deleted: int = 0
+    settled: bool = True
+
+
+def live_targets(target_pods: list[dict[str, Any]]) -> list[TargetInfo]:
+    """Target pods that can host a transformer: scheduled, not finished, not being deleted."""
+    out = []
+    for pod in target_pods:
+        meta, spec, status = pod["metadata"], pod.get("spec") or {}, pod.get("status") or {}
+        if meta.get("deletionTimestamp") or status.get("phase") in ("Succeeded", "Failed"):
+            continue
+        if not spec.get("nodeName"):
+            continue  # not scheduled yet: no node to pin the transformer to
+        ip = status.get("podIP")
+        url = f"http://{ip}:8080" if ip else ""
+        out.append(TargetInfo(id=meta["name"], url=url, node=spec["nodeName"]))
+    return sorted(out, key=lambda t: t.id)
+
+
+def hold_for_rollout(
+    p: Plan, existing: list[ObservedTransformer], targets: list[TargetInfo], want_hash: str
+) -> Plan:
+    """Keep old-spec transformers that still serve until their replacement is ready.
+
+    Only a transformer that is stale *just* because of its spec hash is held:
+    one whose target left or moved goes at once, and so does one whose
+    replacement has terminated (failed for good).
+    """
+    nodes = {t.id: t.node for t in targets}
+    current = {t.target: t for t in existing if t.spec_hash == want_hash}
+    held: list[ObservedTransformer] = []
+    for t in p.delete:
+        new = current.get(t.target)
+        if (
+            t.ready
+            and t.spec_hash != want_hash
+            and t.target in nodes
+            and (t.node is None or nodes[t.target] in (None, t.node))
+            and (new is None or (not new.ready and not new.terminated))
+            and not any(h.target == t.target for h in held)
+        ):
+            held.append(t)
+    return Plan(create=p.create, delete=[t for t in p.delete if t not in held])
+
+
+def restarts_for(target: str, deleted: list[ObservedTransformer], want_hash: str) -> int:
+    """Restart count for a new transformer replacing one that failed transiently."""
+    for t in deleted:
+        if t.target == target and t.spec_hash == want_hash and t.terminated:
+            return t.restarts + 1
+    return 0
+
+
+class Controller:
+    """Converges ETLs; one instance per operator process (holds the actuator and config)."""
+
+    def __init__(self, kube: KubeActuator, config: OperatorConfig) -> None:
+        self.kube = kube
+        self.config = config
+
+    def reconcile(self, namespace: str, name: str) -> Outcome:
+        etl = self.kube.get_etl(namespace, name)
+        if etl is None:
+            # Gone (e.g. deleted while we were down): collect anything left behind.
+            self.cleanup(namespace, name)
+            return Outcome(phase=None)
+        meta = etl["metadata"]
+        if meta.get("deletionTimestamp"):
+            return self.finalize(etl)
+        if FINALIZER not in (meta.get("finalizers") or ()):
+            self.kube.set_finalizer(etl, present=True)
+        previous = etl.get("status") or {}
+        generation = meta.get("generation")
+        try:
+            spec = EtlSpec.from_dict(etl.get("spec") or {})
+        except InvalidSpec as e:
+            for pod in self.kube.transformer_pods(namespace, name):
+                self.kube.delete_pod(namespace, pod["metadata"]["name"])
+            status = error_status(f"invalid spec: {e}", generation, previous)
+            if status_changed(previous, status):
+                self.kube.patch_status(namespace, name, status)
+            return Outcome(phase="Error")
+        return self.converge(etl, spec)
+
+    def converge(self, etl: dict[str, Any], spec: EtlSpec) -> Outcome:
+        meta = etl["metadata"]
+        namespace, name, uid = meta["namespace"], meta["name"], meta["uid"]
+        ref = manifests.EtlRef(name=name, namespace=namespace, uid=uid)
+        with_token = self.ensure_token(ref)
+        selector = spec.target_selector or DEFAULT_TARGET_LABELS
+        target_pods = {
+            p["metadata"]["name"]: p for p in self.kube.list_pods(namespace, dict(selector))
+        }
+        targets = live_targets(list(target_pods.values()))
+
+        observed: list[ObservedTransformer] = []
+        for pod in self.kube.transformer_pods(namespace, name):
+            owners = pod["metadata"].get("ownerReferences") or ()
+            if any(o.get("uid") != uid for o in owners if o.get("kind") == "ETL"):
+                # Left over from an earlier ETL of the same name.
+                self.kube.delete_pod(namespace, pod["metadata"]["name"])
+                continue
+            observed.append(observe(pod))
+
+        want_hash = spec.content_hash()
+        todo = hold_for_rollout(plan(spec, targets, observed), observed, targets, want_hash)
+        for t in todo.delete:
+            log.info("ETL %s/%s: deleting transformer %s", namespace, name, t.name)
+            self.kube.delete_pod(namespace, t.name)
+        after = [t for t in observed if t not in todo.delete]
+        created = 0
+        for target in todo.create:
+            pod = manifests.transformer_pod(
+                ref,
+                spec,
+                target,
+                image=self.config.image,
+                with_token=with_token,
+                restarts=restarts_for(target.id, todo.delete, want_hash),
+                target_pod=target_pods.get(target.id),
+            )
+            if self.kube.create_pod(pod):
+                created += 1
+                log.info(
+                    "ETL %s/%s: created %s on %s",
+                    namespace,
+                    name,
+                    pod["metadata"]["name"],
+                    target.node,
+                )
+            after.append(
+                ObservedTransformer(
+                    name=pod["metadata"]["name"],
+                    target=target.id,
+                    spec_hash=want_hash,
+                    node=target.node,
+                    restarts=int(pod["metadata"]["annotations"][manifests.RESTARTS_ANNOTATION]),
+                )
+            )
+
+        summary = summarize(spec, targets, after)
+        rolling_out = any(t.spec_hash != want_hash for t in after)
+        status = etl_status(
+            summary,
+            transformer_statuses(targets, after, want_hash) if not spec.stopped else [],
+            generation=meta.get("generation"),
+            spec_hash=want_hash,
+            rolling_out=rolling_out and not spec.stopped,
+            previous=etl.get("status"),
+        )
+        if status_changed(etl.get("status"), status):
+            self.kube.patch_status(namespace, name, status)
+        settled = summary.phase in ("Running", "Stopped", "Error") and not rolling_out
+        return Outcome(summary.phase, created, len(todo.delete), settled and not todo.create)
+
+    def ensure_token(self, ref: manifests.EtlRef) -> bool:
+        """Keep the ETL's token Secret current; False when no cluster key is configured."""
+        if not self.config.cluster_key:
+            return False
+        token = transformer_token(self.config.cluster_key, ref.name, ref.uid)
+        secret = self.kube.get_secret(ref.namespace, manifests.secret_name(ref.name))
+        if secret is not None and manifests.secret_token(secret) == token:
+            return True
+        body = manifests.token_secret(ref, token)
+        if secret is not None:
+            body["metadata"]["resourceVersion"] = secret["metadata"]["resourceVersion"]
+        self.kube.put_secret(body, exists=secret is not None)
+        return True
+
+    def cleanup(self, namespace: str, name: str) -> int:
+        """Delete every transformer pod and the Secret of ETL ``name``; pods left."""
+        pods = self.kube.transformer_pods(namespace, name)
+        for pod in pods:
+            if not pod["metadata"].get("deletionTimestamp"):
+                self.kube.delete_pod(namespace, pod["metadata"]["name"])
+        self.kube.delete_secret(namespace, name)
+        return len(pods)
+
+    def finalize(self, etl: dict[str, Any]) -> Outcome:
+        """The ETL is being deleted: remove what it owns, then let it go.
+
+        No garbage collector is assumed, so pods and Secret are deleted here;
+        the finalizer comes off once no transformer pod is left.
+        """
+        meta = etl["metadata"]
+        left = self.cleanup(meta["namespace"], meta["name"])
+        if left:
+            return Outcome(phase=None, deleted=left, settled=False)
+        self.kube.set_finalizer(etl, present=False)
+        return Outcome(phase=None)

@@ -1,0 +1,271 @@
+"""Manifests the operator creates: one transformer pod per (ETL, target), one token Secret.
+
+Plain functions from an ETL (name, uid, ``EtlSpec``) and a target to the
+dicts the apiserver takes; nothing here talks to Kubernetes, so the shape of
+a transformer pod is unit-tested directly. The contract (names, labels, env)
+is in docs/architecture.md, section "Kubernetes".
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from etl_operator.reconcile import transformer_name
+from etl_runtime.cluster import TargetInfo
+from etl_runtime.kube.records import ETL_API_VERSION, ETL_KIND
+from etl_runtime.spec import EtlSpec
+
+ETL_LABEL = "sluice.dev/etl"
+TARGET_LABEL = "sluice.dev/target"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+MANAGED_BY = "sluice-operator"
+SPEC_HASH_ANNOTATION = "sluice.dev/spec-hash"
+RESTARTS_ANNOTATION = "sluice.dev/restarts"
+TOKEN_KEY = "token"
+TRANSFORMER_PORT = 8000
+CONTAINER_NAME = "transformer"
+DEPS_DIR = "/var/lib/sluice/deps"
+DEFAULT_IMAGE = "ghcr.io/sluice-dev/sluice-runtime:0.1.0"
+# Numeric so runAsNonRoot can be verified whatever USER the image declares.
+RUN_AS_USER = 10001
+# Env names the operator sets; spec.env may not override them.
+_RESERVED_ENV = {
+    "POD_IP",
+    "POD_NAME",
+    "POD_NAMESPACE",
+    "SLUICE_HOST",
+    "SLUICE_PORT",
+    "SLUICE_ETL_NAME",
+    "SLUICE_ETL_SPEC",
+    "SLUICE_ETL_TOKEN",
+    "SLUICE_DEPS_DIR",
+}
+
+
+@dataclass(frozen=True)
+class EtlRef:
+    """The ETL a manifest belongs to: what ownerReferences and names need."""
+
+    name: str
+    namespace: str
+    uid: str
+
+    def owner_reference(self) -> dict[str, Any]:
+        return {
+            "apiVersion": ETL_API_VERSION,
+            "kind": ETL_KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+def label_value(value: str) -> str:
+    """``value`` as a valid label value (<= 63 chars, alphanumeric ends)."""
+    clean = re.sub(r"[^A-Za-z0-9._-]", "-", value).strip("-._")
+    if len(clean) <= 63:
+        return clean
+    digest = hashlib.sha256(value.encode()).hexdigest()[:8]
+    return f"{clean[:54].rstrip('-._')}-{digest}"
+
+
+def pod_name(etl: str, target: str, spec_hash: str) -> str:
+    """Deterministic pod name for one transformer generation.
+
+    ``transformer_name(etl, target)`` plus the spec hash: a spec change gets a
+    new name, so the new pod starts while the old one still serves, and an
+    operator restarted mid-way finds exactly the pods it would have created.
+    """
+    return transformer_name(etl, f"{target}-{spec_hash[:6]}")
+
+
+def secret_name(etl: str) -> str:
+    return f"sluice-etl-{etl}-token"
+
+
+def common_labels(etl: str) -> dict[str, str]:
+    return {ETL_LABEL: label_value(etl), MANAGED_BY_LABEL: MANAGED_BY}
+
+
+def token_secret(ref: EtlRef, token: str) -> dict[str, Any]:
+    """The Secret holding the ETL's transformer token, owned (and so collected) with the ETL."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {
+            "name": secret_name(ref.name),
+            "namespace": ref.namespace,
+            "labels": common_labels(ref.name),
+            "ownerReferences": [ref.owner_reference()],
+        },
+        "type": "Opaque",
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+    }
+
+
+def secret_token(secret: dict[str, Any]) -> str | None:
+    raw = (secret.get("data") or {}).get(TOKEN_KEY)
+    return base64.b64decode(raw).decode() if raw else None
+
+
+def data_mounts(target_pod: dict[str, Any] | None) -> tuple[list[dict], list[dict]]:
+    """Volumes and read-only mounts that let a transformer read its target's files.
+
+    For ``argType: fqn`` the target passes a file path instead of the bytes,
+    so the transformer mounts the target's persistent volumes (PVC or
+    hostPath; both pods share a node) read-only at the same paths.
+    """
+    if not target_pod:
+        return [], []
+    spec = target_pod.get("spec") or {}
+    shareable = {
+        v["name"]: v
+        for v in spec.get("volumes") or ()
+        if "persistentVolumeClaim" in v or "hostPath" in v
+    }
+    volumes: list[dict] = []
+    mounts: list[dict] = []
+    for container in (spec.get("containers") or ())[:1]:
+        for m in container.get("volumeMounts") or ():
+            vol = shareable.get(m.get("name", ""))
+            if vol is None:
+                continue
+            name = f"target-{vol['name']}"[:63]
+            if all(v["name"] != name for v in volumes):
+                volumes.append({**_readonly(vol), "name": name})
+            mounts.append({"name": name, "mountPath": m["mountPath"], "readOnly": True})
+    return volumes, mounts
+
+
+def _readonly(volume: dict[str, Any]) -> dict[str, Any]:
+    out = dict(volume)
+    if "persistentVolumeClaim" in out:
+        out["persistentVolumeClaim"] = {**out["persistentVolumeClaim"], "readOnly": True}
+    return out
+
+
+def transformer_pod(
+    ref: EtlRef,
+    spec: EtlSpec,
+    target: TargetInfo,
+    *,
+    image: str,
+    with_token: bool,
+    restarts: int = 0,
+    target_pod: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The transformer pod for ``ref`` beside ``target``, pinned to the target's node.
+
+    ``restartPolicy: Never``: the operator, not the kubelet, restarts a
+    transformer, so a config error (exit 2) stays visible as phase Error
+    instead of crash-looping, and ``restarts`` (carried in an annotation)
+    counts transient failures up to ``reconcile.MAX_RESTARTS``.
+    """
+    spec_hash = spec.content_hash()
+    env: list[dict[str, Any]] = [
+        _field_env("POD_IP", "status.podIP"),
+        _field_env("POD_NAME", "metadata.name"),
+        _field_env("POD_NAMESPACE", "metadata.namespace"),
+        {"name": "SLUICE_HOST", "value": "$(POD_IP)"},
+        {"name": "SLUICE_PORT", "value": str(TRANSFORMER_PORT)},
+        {"name": "SLUICE_ETL_NAME", "value": ref.name},
+        {"name": "SLUICE_ETL_SPEC", "value": spec.to_json()},
+        {"name": "SLUICE_DEPS_DIR", "value": DEPS_DIR},
+        # Read-only root filesystem: pip, Python and user code write under /tmp.
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "TMPDIR", "value": "/tmp"},
+        {"name": "PYTHONUNBUFFERED", "value": "1"},
+    ]
+    if with_token:
+        env.append(
+            {
+                "name": "SLUICE_ETL_TOKEN",
+                "valueFrom": {"secretKeyRef": {"name": secret_name(ref.name), "key": TOKEN_KEY}},
+            }
+        )
+    taken = {e["name"] for e in env} | _RESERVED_ENV
+    env += [{"name": k, "value": v} for k, v in spec.env if k not in taken]
+
+    volumes: list[dict[str, Any]] = [
+        {"name": "deps", "emptyDir": {}},
+        {"name": "tmp", "emptyDir": {}},
+    ]
+    mounts: list[dict[str, Any]] = [
+        {"name": "deps", "mountPath": DEPS_DIR},
+        {"name": "tmp", "mountPath": "/tmp"},
+    ]
+    if spec.arg_type == "fqn":
+        extra_volumes, extra_mounts = data_mounts(target_pod)
+        volumes += extra_volumes
+        mounts += extra_mounts
+
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image or image,
+        "imagePullPolicy": "IfNotPresent",
+        "command": ["sluice-transformer", "--host", "$(POD_IP)", "--port", str(TRANSFORMER_PORT)],
+        "ports": [{"name": "http", "containerPort": TRANSFORMER_PORT, "protocol": "TCP"}],
+        "env": env,
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": TRANSFORMER_PORT},
+            "periodSeconds": 2,
+            "timeoutSeconds": 2,
+            "failureThreshold": 3,
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": mounts,
+    }
+    if spec.resources:
+        container["resources"] = spec.resources
+
+    labels = {**common_labels(ref.name), TARGET_LABEL: label_value(target.id)}
+    labels["app.kubernetes.io/name"] = "sluice-transformer"
+    pod_spec: dict[str, Any] = {
+        "restartPolicy": "Never",
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 10,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": RUN_AS_USER,
+            "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if target.node:
+        pod_spec["nodeName"] = target.node
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": pod_name(ref.name, target.id, spec_hash),
+            "namespace": ref.namespace,
+            "labels": labels,
+            "annotations": {
+                SPEC_HASH_ANNOTATION: spec_hash,
+                RESTARTS_ANNOTATION: str(restarts),
+                # The label holds a sanitized id; the annotation keeps it exact.
+                TARGET_LABEL: target.id,
+            },
+            "ownerReferences": [ref.owner_reference()],
+        },
+        "spec": pod_spec,
+    }
+
+
+def _field_env(name: str, path: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}

@@ -1,0 +1,236 @@
+"""What the operator observes and reports: pods -> ``ObservedTransformer`` -> ETL status.
+
+``observe()`` reads one transformer pod the way ``reconcile.plan()`` needs it
+(ready, terminated for good, exit code, the transformer's own last words);
+``etl_status()`` turns ``reconcile.summarize()`` and the per-target picture
+into the CR's ``status`` with Ready / Progressing / Degraded conditions.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from etl_operator.pods import RESTARTS_ANNOTATION, SPEC_HASH_ANNOTATION, TARGET_LABEL
+from etl_operator.reconcile import ObservedTransformer, Summary
+from etl_runtime.cluster import TargetInfo, TransformerStatus
+from etl_runtime.kube.records import pod_is_ready
+
+_MAX_MESSAGE = 400
+
+
+def observe(pod: dict[str, Any]) -> ObservedTransformer:
+    """An ``ObservedTransformer`` from a transformer pod (as a JSON dict)."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    labels = meta.get("labels") or {}
+    status = pod.get("status") or {}
+    statuses = status.get("containerStatuses") or [{}]
+    container: dict[str, Any] = statuses[0] or {}
+    state = container.get("state") or {}
+    terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
+    phase = status.get("phase")
+    done = phase in ("Failed", "Succeeded")
+    ip = status.get("podIP")
+    try:
+        restarts = int(annotations.get(RESTARTS_ANNOTATION, 0))
+    except ValueError:
+        restarts = 0
+    restarts += int(container.get("restartCount") or 0)
+    return ObservedTransformer(
+        name=meta["name"],
+        target=annotations.get(TARGET_LABEL) or labels.get(TARGET_LABEL, ""),
+        spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""),
+        node=(pod.get("spec") or {}).get("nodeName"),
+        endpoint=f"http://{ip}:8000" if ip else None,
+        ready=pod_is_ready(pod),
+        terminated=done,
+        exit_code=(terminated or {}).get("exitCode") if done else None,
+        restarts=restarts,
+        message=_pod_message(status, container, terminated if done else None),
+    )
+
+
+def _pod_message(
+    status: dict[str, Any], container: dict[str, Any], terminated: dict[str, Any] | None
+) -> str | None:
+    """The most useful single line: the transformer's own error, else the kubelet's."""
+    if terminated:
+        text = (terminated.get("message") or "").strip()
+        if text:
+            return last_line(text)
+        code = terminated.get("exitCode")
+        reason = terminated.get("reason") or "Error"
+        return f"{reason} (exit code {code})"
+    if status.get("phase") == "Failed":
+        return status.get("message") or status.get("reason") or "pod failed"
+    waiting = (container.get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") and waiting["reason"] != "ContainerCreating":
+        return _clip(f"{waiting['reason']}: {waiting.get('message') or ''}".rstrip(": "))
+    return None
+
+
+def last_line(text: str) -> str:
+    """The ``sluice: ...`` line a transformer prints last on a config error, else the last line."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    for line in reversed(lines):
+        if line.startswith("sluice:"):
+            return _clip(line)
+    return _clip(lines[-1]) if lines else ""
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+def serving(
+    targets: list[TargetInfo], existing: list[ObservedTransformer], want_hash: str
+) -> dict[str, ObservedTransformer]:
+    """For each target, the transformer its requests should go to.
+
+    A ready one on the current spec, else a ready one from the previous spec
+    (a rollout in progress keeps serving), else the current one that is
+    starting (or failed, so its message shows).
+    """
+
+    def rank(t: ObservedTransformer) -> tuple[int, int, str]:
+        return (0 if t.ready else 1, 0 if t.spec_hash == want_hash else 1, t.name)
+
+    out: dict[str, ObservedTransformer] = {}
+    live = {t.id for t in targets}
+    for t in sorted(existing, key=rank):
+        if t.target in live and t.target not in out:
+            if t.ready or t.spec_hash == want_hash:
+                out[t.target] = t
+    return out
+
+
+def transformer_statuses(
+    targets: list[TargetInfo], existing: list[ObservedTransformer], want_hash: str
+) -> list[TransformerStatus]:
+    chosen = serving(targets, existing, want_hash)
+    out = []
+    for target in targets:
+        t = chosen.get(target.id)
+        if t is None:
+            out.append(
+                TransformerStatus(
+                    target=target.id,
+                    endpoint=None,
+                    ready=False,
+                    node=target.node,
+                    message="transformer pod not created yet",
+                )
+            )
+            continue
+        message = t.message
+        if t.ready and t.spec_hash != want_hash:
+            message = "serving the previous spec until the new transformer is ready"
+        elif not t.ready and not message:
+            message = "starting"
+        out.append(
+            TransformerStatus(
+                target=target.id,
+                endpoint=t.endpoint,
+                ready=t.ready,
+                pod=t.name,
+                node=t.node,
+                message=message,
+            )
+        )
+    return out
+
+
+def now_iso() -> str:
+    return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def etl_status(
+    summary: Summary,
+    transformers: list[TransformerStatus],
+    *,
+    generation: int | None,
+    spec_hash: str,
+    rolling_out: bool,
+    previous: dict[str, Any] | None = None,
+    now: str | None = None,
+) -> dict[str, Any]:
+    """The CR ``status`` document; conditions keep their ``lastTransitionTime`` while unchanged.
+
+    While a rollout replaces transformers that still serve the previous spec,
+    the ETL stays ``Running`` (every target can transform) and
+    ``Progressing`` says how far the update got.
+    """
+    phase, message = summary.phase, summary.message
+    serving_ready = sum(1 for t in transformers if t.ready)
+    if phase == "Initializing" and rolling_out and summary.total and serving_ready == summary.total:
+        phase = "Running"
+        message = f"updating: {summary.ready}/{summary.total} transformers run the new spec"
+    ready_count = serving_ready if phase == "Running" else summary.ready
+    conditions = [
+        _condition(
+            "Ready",
+            phase == "Running",
+            "AllTransformersReady" if phase == "Running" else phase,
+            message or "every target has a ready transformer",
+        ),
+        _condition(
+            "Progressing",
+            phase == "Initializing" or rolling_out,
+            "RollingOut" if rolling_out else ("Starting" if phase == "Initializing" else "Stable"),
+            message or "",
+        ),
+        _condition(
+            "Degraded",
+            phase == "Error",
+            "TransformerFailed" if phase == "Error" else "AsExpected",
+            message or "",
+        ),
+    ]
+    old = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}
+    stamp = now or now_iso()
+    for cond in conditions:
+        before = old.get(cond["type"])
+        same = before is not None and before.get("status") == cond["status"]
+        cond["lastTransitionTime"] = (before or {}).get("lastTransitionTime") if same else stamp
+        cond["lastTransitionTime"] = cond["lastTransitionTime"] or stamp
+        if generation is not None:
+            cond["observedGeneration"] = generation
+        if not cond["message"]:
+            del cond["message"]
+    status: dict[str, Any] = {
+        "phase": phase,
+        "message": message,
+        "ready": f"{ready_count}/{summary.total}",
+        "readyCount": ready_count,
+        "total": summary.total,
+        "specHash": spec_hash,
+        "conditions": conditions,
+        "transformers": [_without_nulls(t.to_dict()) for t in transformers],
+    }
+    if generation is not None:
+        status["observedGeneration"] = generation
+    return status
+
+
+def error_status(
+    message: str, generation: int | None, previous: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Status for an ETL whose spec cannot be used at all (no transformers run)."""
+    summary = Summary("Error", 0, 0, message)
+    return etl_status(
+        summary, [], generation=generation, spec_hash="", rolling_out=False, previous=previous
+    )
+
+
+def _condition(kind: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    return {"type": kind, "status": "True" if ok else "False", "reason": reason, "message": message}
+
+
+def _without_nulls(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in d.items() if v is not None}
+
+
+def status_changed(old: dict[str, Any] | None, new: dict[str, Any]) -> bool:
+    """Whether writing ``new`` would change anything a user sees (ignores key order)."""
+    return any((old or {}).get(k) != v for k, v in new.items())

@@ -1,0 +1,216 @@
+"""Controller behaviour on an in-memory cluster: what a user would see in pods and status."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from etl_operator.actuator import FINALIZER
+from etl_operator.controller import Controller, OperatorConfig, hold_for_rollout
+from etl_operator.queue import ReconcileQueue
+from etl_operator.reconcile import MAX_RESTARTS, ObservedTransformer, Plan, plan
+
+from etl_runtime.auth import transformer_token
+from etl_runtime.cluster import TargetInfo
+from etl_runtime.spec import EtlSpec
+
+from .fakes import FakeKube
+
+SOURCE = {
+    "mode": "object",
+    "code": {"entrypoint": "transform", "source": "def transform(d):\n    return d[::-1]\n"},
+}
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    k = FakeKube()
+    for i in range(3):
+        k.add_target(f"target-{i}", node=f"node-{i}")
+    k.add_etl("reverse", dict(SOURCE))
+    return k
+
+
+@pytest.fixture
+def ctl(kube: FakeKube) -> Controller:
+    return Controller(kube, OperatorConfig(image="img", cluster_key="k"))  # type: ignore[arg-type]
+
+
+def status(kube: FakeKube) -> dict:
+    return kube.etls[("ns", "reverse")]["status"]
+
+
+def test_creates_one_pinned_transformer_per_target_then_running(kube, ctl):
+    ctl.reconcile("ns", "reverse")
+    assert len(kube.created) == 3
+    assert {kube.transformer(f"target-{i}")["spec"]["nodeName"] for i in range(3)} == {
+        "node-0",
+        "node-1",
+        "node-2",
+    }
+    assert status(kube)["phase"] == "Initializing" and status(kube)["ready"] == "0/3"
+    assert FINALIZER in kube.etls[("ns", "reverse")]["metadata"]["finalizers"]
+    (secret,) = kube.secrets.values()
+    from etl_operator.pods import secret_token
+
+    assert secret_token(secret) == transformer_token("k", "reverse", "u1")
+    for i in range(3):
+        kube.set_ready(kube.transformer(f"target-{i}"))
+    ctl.reconcile("ns", "reverse")
+    st = status(kube)
+    assert st["phase"] == "Running" and st["ready"] == "3/3" and st["readyCount"] == 3
+    assert all(t["endpoint"] == "http://10.1.0.1:8000" for t in st["transformers"])
+    # Converged: reconciling again changes nothing (no duplicates after a restart).
+    ctl.reconcile("ns", "reverse")
+    assert len(kube.created) == 3 and not kube.deleted
+
+
+def test_target_added_removed_and_moved(kube, ctl):
+    ctl.reconcile("ns", "reverse")
+    kube.add_target("target-3", node="node-3")
+    del kube.pods[("ns", "target-0")]
+    kube.pods[("ns", "target-1")]["spec"]["nodeName"] = "node-9"
+    ctl.reconcile("ns", "reverse")
+    assert kube.transformer("target-3")["spec"]["nodeName"] == "node-3"
+    assert kube.transformer("target-1")["spec"]["nodeName"] == "node-9"
+    assert not [
+        p
+        for p in kube.pods.values()
+        if p["metadata"]["labels"].get("sluice.dev/target") == "target-0"
+    ]
+    assert status(kube)["total"] == 3
+
+
+def test_spec_change_starts_new_pods_before_deleting_ready_old_ones(kube, ctl):
+    ctl.reconcile("ns", "reverse")
+    old = {i: kube.transformer(f"target-{i}")["metadata"]["name"] for i in range(3)}
+    for i in range(3):
+        kube.set_ready(kube.transformer(f"target-{i}"))
+    kube.etls[("ns", "reverse")]["spec"]["workers"] = 2
+    kube.etls[("ns", "reverse")]["metadata"]["generation"] = 2
+    ctl.reconcile("ns", "reverse")
+    assert not kube.deleted and len(kube.created) == 6  # surge: old still serve
+    st = status(kube)
+    assert st["phase"] == "Running" and st["observedGeneration"] == 2
+    assert {t["pod"] for t in st["transformers"]} == set(old.values())
+    new = [
+        p
+        for p in kube.pods.values()
+        if p["metadata"]["name"] not in old.values() and "sluice.dev/etl" in p["metadata"]["labels"]
+    ]
+    for p in new:
+        kube.set_ready(p)
+    ctl.reconcile("ns", "reverse")
+    assert sorted(kube.deleted) == sorted(old.values())
+    assert status(kube)["phase"] == "Running" and status(kube)["ready"] == "3/3"
+
+
+def test_config_error_is_error_phase_without_crash_loop(kube, ctl):
+    ctl.reconcile("ns", "reverse")
+    kube.set_exit(kube.transformer("target-0"), 2, "boom\nsluice: ETL 'reverse': bad code\n")
+    for _ in range(3):
+        ctl.reconcile("ns", "reverse")
+    st = status(kube)
+    assert st["phase"] == "Error"
+    assert "sluice: ETL 'reverse': bad code" in st["message"]
+    assert len(kube.created) == 3  # not recreated
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Degraded"] == "True"
+
+
+def test_transient_failures_recreate_until_max_restarts(kube, ctl):
+    ctl.reconcile("ns", "reverse")
+    for n in range(MAX_RESTARTS):
+        kube.set_exit(kube.transformer("target-0"), 1, "Killed")
+        ctl.reconcile("ns", "reverse")
+        assert kube.transformer("target-0")["metadata"]["annotations"][
+            "sluice.dev/restarts"
+        ] == str(n + 1)
+    kube.set_exit(kube.transformer("target-0"), 1, "Killed")
+    ctl.reconcile("ns", "reverse")
+    assert len(kube.created) == 3 + MAX_RESTARTS
+    assert status(kube)["phase"] == "Error"
+
+
+def test_stop_and_start(kube, ctl):
+    ctl.reconcile("ns", "reverse")
+    kube.etls[("ns", "reverse")]["spec"]["stopped"] = True
+    ctl.reconcile("ns", "reverse")
+    assert not kube.transformer_pods("ns", "reverse")
+    assert status(kube)["phase"] == "Stopped" and status(kube)["transformers"] == []
+    kube.etls[("ns", "reverse")]["spec"]["stopped"] = False
+    ctl.reconcile("ns", "reverse")
+    assert len(kube.transformer_pods("ns", "reverse")) == 3
+
+
+def test_invalid_spec_reports_error(kube, ctl):
+    kube.add_etl("bad", {"mode": "object", "code": {}})
+    ctl.reconcile("ns", "bad")
+    st = kube.etls[("ns", "bad")]["status"]
+    assert st["phase"] == "Error" and "exactly one of 'pickled' or 'source'" in st["message"]
+
+
+def test_deletion_removes_pods_and_secret_then_finalizer(kube, ctl):
+    ctl.reconcile("ns", "reverse")
+    kube.etls[("ns", "reverse")]["metadata"]["deletionTimestamp"] = "now"
+    out = ctl.reconcile("ns", "reverse")
+    assert not out.settled and not kube.transformer_pods("ns", "reverse")
+    assert not kube.secrets
+    ctl.reconcile("ns", "reverse")
+    assert ("ns", "reverse") not in kube.etls
+
+
+def test_custom_target_selector(kube, ctl):
+    kube.add_target("special", node="node-x", tier="gpu")
+    kube.add_etl("gpu", {**SOURCE, "targetSelector": {"tier": "gpu"}})
+    ctl.reconcile("ns", "gpu")
+    pods = kube.transformer_pods("ns", "gpu")
+    assert [p["spec"]["nodeName"] for p in pods] == ["node-x"]
+
+
+def test_pods_of_an_older_etl_with_the_same_name_are_removed(kube, ctl):
+    ctl.reconcile("ns", "reverse")
+    kube.etls[("ns", "reverse")]["metadata"]["uid"] = "u2"
+    ctl.reconcile("ns", "reverse")
+    owners = {
+        p["metadata"]["ownerReferences"][0]["uid"] for p in kube.transformer_pods("ns", "reverse")
+    }
+    assert owners == {"u2"}
+
+
+def test_hold_for_rollout_releases_old_when_new_failed():
+    spec = EtlSpec.from_dict(SOURCE)
+    h = spec.content_hash()
+    targets = [TargetInfo("t0", "", "n0")]
+    old = ObservedTransformer("old", "t0", "h0", node="n0", ready=True)
+    failed = ObservedTransformer("new", "t0", h, node="n0", terminated=True, exit_code=2)
+    p = plan(spec, targets, [old, failed])
+    assert hold_for_rollout(p, [old, failed], targets, h).delete == [old]
+    starting = ObservedTransformer("new", "t0", h, node="n0")
+    p = plan(spec, targets, [old, starting])
+    assert hold_for_rollout(p, [old, starting], targets, h) == Plan(create=[], delete=[])
+
+
+def test_queue_coalesces_bursts_and_never_overlaps():
+    calls: list[str] = []
+    running = set()
+
+    def work(ns: str, name: str) -> None:
+        assert name not in running
+        running.add(name)
+        calls.append(name)
+        import time
+
+        time.sleep(0.05)
+        running.discard(name)
+
+    async def scenario() -> int:
+        q = ReconcileQueue(work)
+        for _ in range(20):
+            q.request("ns", "a")
+            q.request("ns", "b")
+            await asyncio.sleep(0.001)
+        await q.drain()
+        return q.runs
+
+    runs = asyncio.run(scenario())
+    assert calls.count("a") >= 1 and runs <= 8, calls

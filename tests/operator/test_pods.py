@@ -1,0 +1,132 @@
+"""The transformer pod and token Secret the operator creates (no cluster needed)."""
+
+from __future__ import annotations
+
+import base64
+
+from etl_operator import pods
+from etl_operator.reconcile import transformer_name
+
+from etl_runtime.cluster import TargetInfo
+from etl_runtime.spec import EtlSpec
+
+REF = pods.EtlRef(name="reverse", namespace="ns1", uid="uid-1")
+SPEC = EtlSpec.from_dict(
+    {
+        "mode": "object",
+        "code": {"source": "def transform(d):\n    return d[::-1]\n"},
+        "env": {"GREETING": "hi", "SLUICE_ETL_NAME": "evil"},
+        "resources": {"limits": {"cpu": "1", "memory": "512Mi"}},
+    }
+)
+TARGET = TargetInfo(id="target-0", url="http://10.0.0.5:8080", node="node-a")
+
+
+def build(spec: EtlSpec = SPEC, **kw) -> dict:
+    return pods.transformer_pod(REF, spec, TARGET, image="img:1", with_token=True, **kw)
+
+
+def env_of(pod: dict) -> dict:
+    return {e["name"]: e for e in pod["spec"]["containers"][0]["env"]}
+
+
+def test_pod_is_pinned_owned_labelled_and_named_by_spec_hash():
+    pod = build()
+    meta = pod["metadata"]
+    assert meta["name"] == pods.pod_name("reverse", "target-0", SPEC.content_hash())
+    assert meta["name"].startswith(transformer_name("reverse", "target-0"))
+    assert meta["labels"]["sluice.dev/etl"] == "reverse"
+    assert meta["labels"]["sluice.dev/target"] == "target-0"
+    assert meta["labels"]["app.kubernetes.io/managed-by"] == "sluice-operator"
+    assert meta["annotations"]["sluice.dev/spec-hash"] == SPEC.content_hash()
+    (owner,) = meta["ownerReferences"]
+    assert owner == {
+        "apiVersion": "sluice.dev/v1alpha1",
+        "kind": "ETL",
+        "name": "reverse",
+        "uid": "uid-1",
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+    assert pod["spec"]["nodeName"] == "node-a"
+
+
+def test_new_spec_gets_a_new_pod_name_so_old_keeps_serving():
+    other = EtlSpec.from_dict({"code": {"source": "def transform(d):\n    return d\n"}})
+    assert build()["metadata"]["name"] != build(other)["metadata"]["name"]
+    assert build()["metadata"]["name"] == build()["metadata"]["name"]
+
+
+def test_long_names_stay_valid_dns_labels():
+    name = pods.pod_name("e" * 53, "t" * 60, "abcdef0123")
+    assert len(name) <= 63 and name[-1].isalnum()
+    assert pods.label_value("x" * 80) != pods.label_value("x" * 81)
+    assert len(pods.label_value("x" * 80)) <= 63
+
+
+def test_container_contract_command_env_probe_security():
+    pod = build()
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == "img:1"
+    assert c["command"] == ["sluice-transformer", "--host", "$(POD_IP)", "--port", "8000"]
+    env = env_of(pod)
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert EtlSpec.from_dict(__import__("json").loads(env["SLUICE_ETL_SPEC"]["value"])) == SPEC
+    assert env["SLUICE_ETL_NAME"]["value"] == "reverse"  # spec.env cannot override it
+    assert env["GREETING"]["value"] == "hi"
+    assert env["SLUICE_ETL_TOKEN"]["valueFrom"]["secretKeyRef"] == {
+        "name": pods.secret_name("reverse"),
+        "key": "token",
+    }
+    deps_mount = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}["deps"]
+    assert env["SLUICE_DEPS_DIR"]["value"] == deps_mount
+    assert {"name": "deps", "emptyDir": {}} in pod["spec"]["volumes"]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+    assert c["resources"] == {"limits": {"cpu": "1", "memory": "512Mi"}}
+    sc = c["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and sc["runAsNonRoot"]
+    assert sc["allowPrivilegeEscalation"] is False and sc["capabilities"] == {"drop": ["ALL"]}
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_spec_image_wins_and_no_token_without_cluster_key():
+    spec = EtlSpec.from_dict({"code": {"source": "x=1"}, "image": "mine:2"})
+    pod = pods.transformer_pod(REF, spec, TARGET, image="img:1", with_token=False)
+    assert pod["spec"]["containers"][0]["image"] == "mine:2"
+    assert "SLUICE_ETL_TOKEN" not in env_of(pod)
+
+
+def test_fqn_mounts_target_volumes_read_only():
+    spec = EtlSpec.from_dict({"code": {"source": "x=1"}, "argType": "fqn"})
+    target_pod = {
+        "spec": {
+            "volumes": [
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data-target-0"}},
+                {"name": "scratch", "emptyDir": {}},
+            ],
+            "containers": [
+                {
+                    "volumeMounts": [
+                        {"name": "data", "mountPath": "/data"},
+                        {"name": "scratch", "mountPath": "/scratch"},
+                    ]
+                }
+            ],
+        }
+    }
+    pod = build(spec, target_pod=target_pod)
+    mounts = pod["spec"]["containers"][0]["volumeMounts"]
+    assert {"name": "target-data", "mountPath": "/data", "readOnly": True} in mounts
+    assert all(m["mountPath"] != "/scratch" for m in mounts)
+    vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "target-data")
+    assert vol["persistentVolumeClaim"] == {"claimName": "data-target-0", "readOnly": True}
+
+
+def test_token_secret_is_owned_and_round_trips():
+    secret = pods.token_secret(REF, "s3cret")
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert base64.b64decode(secret["data"]["token"]) == b"s3cret"
+    assert pods.secret_token(secret) == "s3cret"
