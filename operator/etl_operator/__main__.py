@@ -1,8 +1,9 @@
 """``sluice-operator`` / ``python -m etl_operator``: run the kopf operator.
 
 Equivalent to ``kopf run -m etl_operator.handlers`` with Sluice's defaults:
-standalone (one replica; see docs/operator.md), the namespace from
-``--namespace`` / ``SLUICE_NAMESPACE`` or every namespace with ``--all-namespaces``.
+standalone unless ``--peering NAME`` (see docs/operator.md); the namespaces
+from ``--namespace`` (repeatable) or ``SLUICE_NAMESPACE``, else every
+namespace (``--all-namespaces``, also the default when none is given).
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "default: standalone",
     )
     p.add_argument(
+        "--standalone",
+        action="store_true",
+        help="no peering: this must be the only replica (the default without --peering)",
+    )
+    p.add_argument(
         "--liveness",
         default=os.environ.get("SLUICE_LIVENESS") or None,
         help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
@@ -45,20 +51,15 @@ def main(argv: list[str] | None = None) -> int:
     namespaces = args.namespace or (
         [os.environ["SLUICE_NAMESPACE"]] if os.environ.get("SLUICE_NAMESPACE") else []
     )
-    if not args.all_namespaces and not namespaces:
-        print(
-            "sluice-operator: give --namespace NS (or SLUICE_NAMESPACE) or --all-namespaces",
-            file=sys.stderr,
-        )
-        return 2
+    clusterwide = args.all_namespaces or not namespaces
     kopf.configure(verbose=args.verbose, debug=args.debug)
     import etl_operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.run(
-        clusterwide=args.all_namespaces,
-        namespaces=[] if args.all_namespaces else namespaces,
-        standalone=args.peering is None,
-        peering_name=args.peering,
+        clusterwide=clusterwide,
+        namespaces=[] if clusterwide else namespaces,
+        standalone=args.standalone or args.peering is None,
+        peering_name=None if args.standalone else args.peering,
         liveness_endpoint=args.liveness,
     )
     return 0
