@@ -1,0 +1,272 @@
+"""``helm install`` the chart on a real control plane and run the WebDataset workflow.
+
+The control plane is real (etcd, kube-apiserver, controller-manager,
+scheduler: ``tests/k8s``); the process kubelet runs every pod the chart's
+StatefulSet and Deployments produce as local processes on 127.0.1.x, using
+the container commands from the chart (images are ignored). So this checks
+what the chart wires together: RBAC that lets each component do its job,
+the cluster-key Secret, downward-API env, probes, PVCs, the operator turning
+an ETL into transformer pods beside each target, and the gateway in front.
+
+There is no volume provisioner in the test cluster: the test pre-binds one
+hostPath PersistentVolume to each claim the StatefulSet will create.
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import webdataset as wds
+from kubernetes import client
+from PIL import Image
+
+from tests.helm.chart import CHART, helm
+from tests.k8s.fixtures import Cluster
+
+pytestmark = pytest.mark.k8s
+
+RELEASE = "sl"
+TARGETS = 2
+SHARDS = 4
+SAMPLES_PER_SHARD = 6
+TOKEN = "full-stack-token"
+STORAGE_CLASS = "sluice-fullstack"
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 180.0) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        try:
+            last = check()
+        except Exception as e:  # the condition is "no error yet"
+            last = e
+        else:
+            if last:
+                return last
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def make_shard(index: int) -> bytes:
+    """A WebDataset shard of small PNGs with class labels, written by webdataset itself."""
+    buf = io.BytesIO()
+    with wds.TarWriter(buf) as sink:
+        for j in range(SAMPLES_PER_SHARD):
+            image = Image.new("RGB", (16, 8), color=(index * 40, j * 30, 200))
+            sink.write({"__key__": f"s{index:03d}-{j:02d}", "png": image, "cls": j})
+    return buf.getvalue()
+
+
+class Release:
+    """The installed chart, with helm pointed at the test cluster."""
+
+    def __init__(self, cluster: Cluster, namespace: str, home: Path) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.env = {
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    def helm(self, *args: str) -> str:
+        return helm(*args, "--namespace", self.namespace, env=self.env).stdout
+
+    def pods(self, selector: str) -> list[client.V1Pod]:
+        return self.cluster.core.list_namespaced_pod(self.namespace, label_selector=selector).items
+
+    def ready_ips(self, selector: str) -> list[str]:
+        out = []
+        for pod in self.pods(selector):
+            conditions = {c.type: c.status for c in (pod.status.conditions or [])}
+            if conditions.get("Ready") == "True" and pod.status.pod_ip:
+                out.append(pod.status.pod_ip)
+        return out
+
+    def cluster_key(self) -> str:
+        secret = self.cluster.core.read_namespaced_secret(
+            f"{RELEASE}-sluice-cluster-key", self.namespace
+        )
+        return secret.data["cluster-key"]
+
+    def diagnostics(self) -> str:
+        """Pod phases and the tail of every container log of the namespace."""
+        lines = [self.cluster.kubectl("get", "pods,etl", "-n", self.namespace, "-o", "wide",
+                                      check=False).stdout]  # fmt: skip
+        kubelet = self.cluster.kubelet
+        if kubelet is not None:
+            for log in sorted((kubelet.state_dir / "pods").glob(f"{self.namespace}_*/logs/*.log")):
+                text = log.read_text(errors="replace")[-3000:]
+                lines.append(f"--- {log.parent.parent.name}/{log.name}\n{text}")
+        return "\n".join(lines)
+
+
+@pytest.fixture
+def volumes(control_plane: Cluster, k8s_namespace: str, tmp_path: Path) -> Iterator[None]:
+    """hostPath PVs pre-bound to the claims ``data-<release>-sluice-target-N``."""
+    core = control_plane.core
+    names = [f"{k8s_namespace}-target-{i}" for i in range(TARGETS)]
+    for i, name in enumerate(names):
+        path = tmp_path / "pv" / str(i)
+        path.mkdir(parents=True)
+        core.create_persistent_volume(
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": name},
+                "spec": {
+                    "capacity": {"storage": "1Gi"},
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": STORAGE_CLASS,
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(path), "type": "DirectoryOrCreate"},
+                    "claimRef": {
+                        "namespace": k8s_namespace,
+                        "name": f"data-{RELEASE}-sluice-target-{i}",
+                    },
+                },
+            }
+        )
+    yield
+    for name in names:
+        core.delete_persistent_volume(name)
+
+
+def test_helm_install_runs_a_wds_etl_end_to_end_and_uninstall_keeps_only_pvcs(
+    control_plane: Cluster,
+    kubelet: Any,
+    k8s_namespace: str,
+    volumes: None,
+    tmp_path: Path,
+) -> None:
+    from etl_runtime import Client
+
+    ns = k8s_namespace
+    rel = Release(control_plane, ns, tmp_path / "helm")
+    rel.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--set",
+        f"target.replicas={TARGETS}",
+        "--set",
+        "target.storage.size=1Gi",
+        "--set",
+        f"target.storage.storageClassName={STORAGE_CLASS}",
+        "--set",
+        "gateway.replicas=1",
+        "--set",
+        f"auth.token={TOKEN}",
+    )
+    try:
+        key_at_install = rel.cluster_key()
+        gateway_ip = wait_for(
+            "the gateway to see every target",
+            lambda: _gateway_with_targets(rel),
+            timeout=240,
+        )
+        endpoint = f"http://{gateway_ip}:8080"
+
+        with Client(endpoint, token=TOKEN, timeout=120) as sdk:
+            bucket = sdk.bucket("images").create()
+            for i in range(SHARDS):
+                name = f"shard-{i:03d}.tar"
+                if i % 2:
+                    path = tmp_path / name
+                    path.write_bytes(make_shard(i))
+                    bucket.object(name).put_file(path)
+                else:
+                    bucket.object(name).put_content(make_shard(i))
+
+            # Defined here so cloudpickle ships it by value.
+            def shrink(sample: dict[str, Any]) -> dict[str, Any] | None:
+                if sample["cls"] == 3:
+                    return None  # dropping a sample is part of the contract
+                sample["png"] = sample["png"].resize((4, 2))
+                return sample
+
+            sdk.etl("shrink").init_code(transform=shrink, mode="wds", decode="pil", timeout=240)
+
+            custom = client.CustomObjectsApi(control_plane.api_client)
+            cr = custom.get_namespaced_custom_object("sluice.dev", "v1alpha1", ns, "etls", "shrink")
+            assert cr["status"]["phase"] == "Running", cr["status"]
+            transformers = rel.pods("sluice.dev/etl=shrink")
+            targets = {
+                p.metadata.name: p.spec.node_name for p in rel.pods("sluice.dev/role=target")
+            }
+            assert len(transformers) == TARGETS
+            for pod in transformers:
+                assert pod.spec.node_name in targets.values()
+
+            urls = bucket.object_urls(f"shard-{{000..{SHARDS - 1:03d}}}.tar", etl_name="shrink")
+            samples = list(wds.WebDataset(urls, shardshuffle=False).decode("pil"))
+            want = [
+                f"s{i:03d}-{j:02d}"
+                for i in range(SHARDS)
+                for j in range(SAMPLES_PER_SHARD)
+                if j != 3
+            ]
+            assert [s["__key__"] for s in samples] == want
+            for s in samples:
+                assert s["png"].size == (4, 2)
+                assert s["cls"] == int(s["__key__"][-2:])
+
+            # Upgrading keeps the generated cluster key (redirects and ETL tokens stay valid).
+            rel.helm("upgrade", RELEASE, str(CHART), "--reuse-values")
+            assert rel.cluster_key() == key_at_install
+            assert bucket.object("shard-000.tar").get_bytes() == make_shard(0)
+
+            sdk.etl("shrink").delete()
+        wait_for("transformer pods to go", lambda: not rel.pods("sluice.dev/etl"), timeout=120)
+    except BaseException:
+        print(rel.diagnostics())
+        raise
+    finally:
+        rel.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
+
+    wait_for("every release object to go", lambda: not _leftovers(control_plane, ns), timeout=120)
+    claims = control_plane.core.list_namespaced_persistent_volume_claim(ns).items
+    assert sorted(c.metadata.name for c in claims) == [
+        f"data-{RELEASE}-sluice-target-{i}" for i in range(TARGETS)
+    ]
+    for c in claims:
+        control_plane.core.delete_namespaced_persistent_volume_claim(c.metadata.name, ns)
+
+
+def _gateway_with_targets(rel: Release) -> str | None:
+    for ip in rel.ready_ips("app.kubernetes.io/component=gateway"):
+        health = httpx.get(f"http://{ip}:8080/v1/health", timeout=5).json()
+        if health.get("targets") == TARGETS:
+            return ip
+    return None
+
+
+def _leftovers(cluster: Cluster, ns: str) -> list[str]:
+    """Every object of the namespace that is not a PVC or put there by Kubernetes itself."""
+    out = []
+    for kind in (
+        "pods",
+        "services",
+        "statefulsets",
+        "deployments",
+        "replicasets",
+        "secrets",
+        "serviceaccounts",
+        "roles",
+        "rolebindings",
+        "networkpolicies",
+        "etls",
+        "configmaps",
+    ):
+        names = cluster.kubectl("get", kind, "-n", ns, "-o", "name").stdout.split()
+        out += [
+            n for n in names if n not in ("serviceaccount/default", "configmap/kube-root-ca.crt")
+        ]
+    return out
