@@ -1,0 +1,258 @@
+"""``sluice up``: a whole Sluice cluster on one machine, as child processes.
+
+``main(argv)`` runs ``up --targets N --port P --data-dir DIR [--token T]``:
+
+* ``DIR/cluster-key`` (mode 0600) is created once and reused, so tokens and
+  signed redirects stay valid across restarts;
+* N targets (``python -m etl_runtime.target``, data in ``DIR/targets/tI``,
+  registry ``file:DIR/etl``) start on free ports, then the gateway
+  (``python -m etl_runtime.gateway``, port P, state in ``DIR/etl``), which runs
+  the local ETL controller and so the transformers;
+* once everything answers ``/v1/health`` it prints ``Sluice is up: URL``;
+* SIGINT/SIGTERM stops the gateway (and with it the transformers), then the
+  targets, and exits 0; a child that dies on its own is reported and the
+  cluster is taken down with a non-zero exit.
+
+ETLs (``DIR/etl/*.json``) and objects survive a restart. Server logs are in
+``DIR/logs/``, transformer logs in ``DIR/etl/logs/``.
+
+``LocalCluster`` runs the same command in a subprocess for tests and demos.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from etl_runtime import auth
+from etl_runtime.local import supervisor
+from etl_runtime.local.cluster_api import LocalCluster
+from etl_runtime.local.processes import TransformerProcess, free_port, pid_dir, read_pid_files
+from etl_runtime.local.supervisor import Child
+
+__all__ = ["LocalCluster", "main", "load_cluster_key"]
+
+GATEWAY_GRACE = 25.0  # the gateway itself gives each transformer 10 s
+TARGET_GRACE = 10.0
+HEALTH_TIMEOUT = 120.0
+
+
+class StartupFailed(RuntimeError):
+    """A server of the local cluster did not come up; the message says which and why."""
+
+
+def load_cluster_key(path: Path) -> str:
+    """Read ``path``, or create it (0600) with a new random key."""
+    try:
+        key = path.read_text().strip()
+        if key:
+            os.chmod(path, 0o600)
+            return key
+    except FileNotFoundError:
+        pass
+    key = auth.new_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, 0o600)
+    return key
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="sluice up", description="Run a local Sluice cluster: gateway + targets."
+    )
+    p.add_argument("--targets", type=int, default=3, help="number of storage targets")
+    p.add_argument("--port", type=int, default=8080, help="gateway port (0: pick a free one)")
+    p.add_argument("--data-dir", default="./sluice-data", help="objects, ETLs, logs, cluster key")
+    p.add_argument("--token", default=os.environ.get("SLUICE_TOKEN"), help="user token")
+    p.add_argument("--host", default="127.0.0.1", help="address the servers bind to")
+    args = p.parse_args(argv)
+    if args.targets < 1:
+        p.error("--targets must be at least 1")
+    return args
+
+
+class Supervisor:
+    """The processes of one ``sluice up`` and their orderly start and stop."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.data = Path(args.data_dir).resolve()
+        self.url_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        self.targets: list[Child] = []
+        self.gateway: Child | None = None
+        self.signals = 0
+
+    # -- signals ---------------------------------------------------------------
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+
+    def hurry(self) -> bool:
+        return self.signals >= 2  # a second Ctrl-C: stop waiting for graceful exits
+
+    # -- start -------------------------------------------------------------------
+
+    def env(self, key: str) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+        env["SLUICE_CLUSTER_KEY"] = key
+        env["PYTHONUNBUFFERED"] = "1"
+        if self.args.token:
+            env["SLUICE_TOKEN"] = self.args.token
+        return env
+
+    def start(self) -> str:
+        """Start targets, then the gateway; return the gateway URL once all are healthy."""
+        key = load_cluster_key(self.data / "cluster-key")
+        env = self.env(key)
+        logs, py, host = self.data / "logs", sys.executable, self.args.host
+        for i in range(self.args.targets):
+            tid, port = f"t{i}", free_port(host)
+            url = f"http://{self.url_host}:{port}"
+            self.targets.append(
+                Child(
+                    name=f"target {tid}",
+                    argv=[py, "-m", "etl_runtime.target", "--id", tid, "--host", host]
+                    + ["--port", str(port), "--data-dir", str(self.data / "targets" / tid)]
+                    + ["--registry", f"file:{self.data / 'etl'}"],
+                    log_path=logs / f"{tid}.log",
+                    health_url=f"{url}/v1/health",
+                )
+            )
+        for child in self.targets:
+            child.start(env)
+        self.record_children()
+        self.wait_healthy(self.targets)
+        port = self.args.port or free_port(host)
+        gateway_url = f"http://{self.url_host}:{port}"
+        target_list = ",".join(
+            f"t{i}={c.health_url.removesuffix('/v1/health')}" for i, c in enumerate(self.targets)
+        )
+        self.gateway = Child(
+            name="gateway",
+            argv=[py, "-m", "etl_runtime.gateway", "--host", host, "--port", str(port)]
+            + ["--targets", target_list, "--state-dir", str(self.data / "etl")],
+            log_path=logs / "gateway.log",
+            health_url=f"{gateway_url}/v1/health",
+        )
+        self.gateway.start(env)
+        self.record_children()
+        self.wait_healthy([self.gateway])
+        return gateway_url
+
+    def children(self) -> list[Child]:
+        return ([self.gateway] if self.gateway else []) + self.targets
+
+    def record_children(self) -> None:
+        supervisor.write_children_file(self.data / "run" / "up.json", self.children())
+
+    def wait_healthy(self, children: list[Child]) -> None:
+        deadline = time.monotonic() + HEALTH_TIMEOUT
+        waiting = list(children)
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while waiting:
+                if self.signals:
+                    raise StartupFailed("interrupted while starting")
+                for child in list(waiting):
+                    if child.exit_code() is not None:
+                        raise StartupFailed(child.describe_exit())
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(child.health_url).status_code == 200:
+                            waiting.remove(child)
+                if waiting and time.monotonic() > deadline:
+                    names = ", ".join(c.name for c in waiting)
+                    raise StartupFailed(f"{names} not healthy after {HEALTH_TIMEOUT:g}s")
+                time.sleep(0.1)
+
+    # -- run and stop --------------------------------------------------------------
+
+    def watch(self) -> Child | None:
+        """Block until a signal arrives (None) or a child dies (that child)."""
+        known = {c.pid for c in self.children()}
+        while not self.signals:
+            for child in self.children():
+                if child.exit_code() is not None:
+                    return child
+            supervisor.reap_orphans(known)
+            time.sleep(0.25)
+        return None
+
+    def stop(self) -> None:
+        """Gateway first (it stops its transformers), then targets, then sweep."""
+        if self.gateway is not None:
+            self.gateway.stop(GATEWAY_GRACE, self.hurry)
+        self.stop_leftover_transformers()
+        for child in self.targets:
+            child.signal(signal.SIGTERM)
+        for child in self.targets:
+            child.stop(TARGET_GRACE, self.hurry)
+        supervisor.sweep_descendants({c.pid for c in self.children() if c.popen})
+        (self.data / "run" / "up.json").unlink(missing_ok=True)
+
+    def stop_leftover_transformers(self) -> None:
+        """Transformers a dead gateway could not stop (their pid files remain)."""
+        for path, data in read_pid_files(self.data / "etl"):
+            proc = TransformerProcess.adopt(data)
+            if proc is not None:
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, sig)
+                    time.sleep(0.5 if sig == signal.SIGTERM else 0)
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            pid_dir(self.data / "etl").rmdir()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``sluice up ...``; ``argv`` may start with ``up``. Returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["up"]:
+        argv = argv[1:]
+    args = parse_args(argv)
+    sup = Supervisor(args)
+    sup.data.mkdir(parents=True, exist_ok=True)
+    lock = open(sup.data / ".sluice-up.lock", "a")  # held (locked) for our lifetime
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"sluice: another 'sluice up' is using {sup.data}", file=sys.stderr)
+        return 1
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, sup.on_signal)
+    supervisor.become_subreaper()
+    stale = supervisor.stop_stale_children(sup.data / "run" / "up.json")
+    if stale:
+        print(f"sluice: stopped leftovers of an earlier run: {', '.join(stale)}", file=sys.stderr)
+    code = 0
+    try:
+        url = sup.start()
+        print(f"Sluice is up: {url}", flush=True)
+        print(
+            f"sluice: {args.targets} target(s), data in {sup.data}, logs in {sup.data / 'logs'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        died = sup.watch()
+        if died is not None:
+            print(f"sluice: {died.describe_exit()}; shutting down", file=sys.stderr, flush=True)
+            code = 1
+    except StartupFailed as e:
+        print(f"sluice: could not start the local cluster: {e}", file=sys.stderr, flush=True)
+        code = 0 if sup.signals else 1
+    finally:
+        sup.stop()
+        lock.close()
+    return code

@@ -1,0 +1,206 @@
+"""Child processes of ``sluice up``: start them, watch them, leave no orphans.
+
+The servers of a local cluster run as children in their own sessions, so a
+Ctrl-C in the terminal reaches only ``sluice up``, which then stops them in
+order (gateway first: it stops its transformers; then targets). Three things
+make sure nothing outlives the cluster, even when something dies hard:
+
+* on Linux, ``sluice up`` becomes a *child subreaper*: transformers orphaned
+  by a gateway that was SIGKILLed are re-parented to it, not to init, and are
+  swept at shutdown;
+* each child gets ``PR_SET_PDEATHSIG=SIGTERM``: if ``sluice up`` itself is
+  SIGKILLed, its servers still get a SIGTERM and shut down cleanly;
+* ``run/up.json`` lists the children of the running ``sluice up``; a later
+  ``sluice up`` on the same data dir stops any that are still alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from etl_runtime.local.processes import last_line, pid_alive, process_start_time
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        return bool(libc.prctl(option, value, 0, 0, 0) == 0)
+    except (OSError, AttributeError):
+        return False
+
+
+def become_subreaper() -> bool:
+    """Adopt orphaned descendants (Linux); False where unsupported."""
+    return _prctl(PR_SET_CHILD_SUBREAPER, 1)
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def children_of(pid: int) -> list[int]:
+    """Direct children of ``pid`` (Linux ``/proc``; empty elsewhere)."""
+    out = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if int(fields[1]) == pid:
+            out.append(int(entry.name))
+    return out
+
+
+@dataclass
+class Child:
+    """One server process of the local cluster (a target or the gateway)."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    health_url: str
+    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    log_offset: int = 0
+
+    @property
+    def pid(self) -> int:
+        assert self.popen is not None
+        return self.popen.pid
+
+    def start(self, env: dict[str, str]) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+            log.write(f"--- {stamp} sluice up: starting {self.name} ---\n".encode())
+            log.flush()
+            self.log_offset = log.tell()
+            self.popen = subprocess.Popen(
+                self.argv,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            )
+
+    def exit_code(self) -> int | None:
+        return None if self.popen is None else self.popen.poll()
+
+    def describe_exit(self) -> str:
+        code = self.exit_code()
+        line = last_line(self.log_path, self.log_offset)
+        how = f"exited with code {code}" if code is not None and code >= 0 else "was killed"
+        if code is not None and code < 0:
+            with contextlib.suppress(ValueError):
+                how = f"was killed by {signal.Signals(-code).name}"
+        tail = f": {line}" if line else ""
+        return f"{self.name} {how}{tail} (log: {self.log_path})"
+
+    def signal(self, sig: int, group: bool = False) -> None:
+        if self.popen is None:
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            if group:
+                os.killpg(self.popen.pid, sig)
+            elif self.popen.poll() is None:
+                self.popen.send_signal(sig)
+
+    def stop(self, grace: float, hurry: Callable[[], bool] = lambda: False) -> None:
+        """SIGTERM, wait up to ``grace`` (less if ``hurry()``), then SIGKILL the group."""
+        if self.popen is None:
+            return
+        self.signal(signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while self.popen.poll() is None and time.monotonic() < deadline and not hurry():
+            time.sleep(0.05)
+        self.signal(signal.SIGKILL, group=True)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.popen.wait(timeout=5)
+
+
+def write_children_file(path: Path, children: Sequence[Child]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    me = {"pid": os.getpid(), "startTime": process_start_time(os.getpid())}
+    kids = [
+        {"name": c.name, "pid": c.pid, "startTime": process_start_time(c.pid)}
+        for c in children
+        if c.popen is not None
+    ]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"supervisor": me, "children": kids}))
+    os.replace(tmp, path)
+
+
+def stop_stale_children(path: Path) -> list[str]:
+    """Stop servers a previous, hard-killed ``sluice up`` left behind; their names."""
+    try:
+        data: dict[str, Any] = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    stopped = []
+    for kid in data.get("children", []):
+        pid, start = int(kid["pid"]), kid.get("startTime")
+        if start is None or not pid_alive(pid, start):
+            continue  # without a start time we cannot tell a reused pid apart
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGTERM)
+            stopped.append(str(kid.get("name")))
+    deadline = time.monotonic() + 15
+    for kid in data.get("children", []):
+        pid, start = int(kid["pid"]), kid.get("startTime")
+        while start and pid_alive(pid, start) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if start and pid_alive(pid, start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+    path.unlink(missing_ok=True)
+    return stopped
+
+
+def sweep_descendants(known: set[int]) -> list[int]:
+    """SIGKILL every remaining child of this process (and its group); reap them.
+
+    With the subreaper bit these include transformers orphaned by a gateway
+    that died; ``known`` children are reaped by their ``Popen`` instead.
+    """
+    killed = []
+    for _ in range(3):
+        kids = [p for p in children_of(os.getpid()) if p not in known]
+        if not kids:
+            break
+        for pid in kids:
+            for kill in (os.killpg, os.kill):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    kill(pid, signal.SIGKILL)
+            killed.append(pid)
+        time.sleep(0.1)
+        reap_orphans(known)
+    return killed
+
+
+def reap_orphans(known: set[int]) -> None:
+    """Collect exit statuses of adopted orphans (not of our own ``Popen`` children)."""
+    for pid in children_of(os.getpid()):
+        if pid in known:
+            continue
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
