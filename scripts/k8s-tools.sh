@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Build the real Kubernetes control-plane binaries used by the tests
+# (tests/k8s/), from source via the Go module proxy, into ~/.cache/sluice/bin/.
+#
+#   kube-apiserver kube-controller-manager kube-scheduler kubectl  (k8s.io/kubernetes)
+#   etcd                                                          (go.etcd.io/etcd/server/v3)
+#   helm                                                          (helm.sh/helm/v3)
+#
+# Idempotent and cached: a binary whose version stamp (bin/.<name>.version)
+# matches is not rebuilt; GOCACHE/GOMODCACHE live under ~/.cache/sluice/go so a
+# rebuild after a version bump is incremental.  Needs only `go` on PATH.
+#
+# k8s.io/kubernetes (and etcd's server module) use `replace` directives that
+# point at in-repo staging directories, so `go install pkg@version` refuses
+# them.  We instead generate a throwaway module in ~/.cache/sluice/build/<name>
+# that requires the main module and replaces every staging module by its
+# published version, then `go build -o`.
+#
+# Env overrides: K8S_VERSION, ETCD_VERSION, HELM_VERSION, SLUICE_CACHE,
+# K8S_TOOLS_JOBS (go build -p, default 2).
+set -euo pipefail
+
+K8S_VERSION="${K8S_VERSION:-v1.34.4}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+HELM_VERSION="${HELM_VERSION:-v3.19.0}"
+CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
+BIN="$CACHE/bin"
+BUILD="$CACHE/build"
+JOBS="${K8S_TOOLS_JOBS:-2}"
+
+export GOCACHE="$CACHE/go/cache"
+export GOMODCACHE="$CACHE/go/mod"
+export GOFLAGS="-trimpath -buildvcs=false"
+export GOTOOLCHAIN=local
+export CGO_ENABLED=0
+export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
+
+command -v go >/dev/null || { echo "k8s-tools: 'go' not found on PATH" >&2; exit 1; }
+mkdir -p "$BIN" "$BUILD" "$GOCACHE" "$GOMODCACHE"
+
+t_all=$SECONDS
+log() { printf '[k8s-tools %4ss] %s\n' "$((SECONDS - t_all))" "$*"; }
+
+# up_to_date NAME VERSION: binary exists and its stamp says VERSION.
+up_to_date() {
+  [[ -x "$BIN/$1" && -f "$BIN/.$1.version" && "$(cat "$BIN/.$1.version")" == "$2" ]]
+}
+
+# staging_replaces MODULE VERSION STAGING_VERSION: print one `replace` line per
+# local-path replace directive in MODULE@VERSION's go.mod, pointing to the
+# published module at STAGING_VERSION instead.
+staging_replaces() {
+  local gomod
+  gomod="$(go mod download -json "$1@$2" | sed -n 's/^[[:space:]]*"GoMod": "\(.*\)",*$/\1/p')"
+  [[ -f "$gomod" ]] || { echo "k8s-tools: cannot fetch go.mod of $1@$2" >&2; return 1; }
+  # Lines look like "	k8s.io/api => ./staging/src/k8s.io/api" (inside a
+  # replace block) or "replace go.etcd.io/x => ../x".
+  awk '/=> *\.\.?\// { sub(/^replace[ \t]+/, ""); sub(/^[ \t]+/, ""); print $1 }' "$gomod" |
+    sort -u | while read -r mod; do
+      echo "replace $mod => $mod $3"
+    done
+}
+
+# gomodule NAME MODULE VERSION STAGING_VERSION: create the throwaway module dir.
+gomodule() {
+  local dir="$BUILD/$1"
+  rm -rf "$dir" && mkdir -p "$dir"
+  {
+    echo "module sluice.local/build/$1"
+    echo
+    echo "go $(go env GOVERSION | sed 's/^go//; s/^\([0-9]*\.[0-9]*\).*/\1/')"
+    echo
+    echo "require $2 $3"
+    [[ -n "$4" ]] && staging_replaces "$2" "$3" "$4"
+  } >"$dir/go.mod"
+  echo "$dir"
+}
+
+# build NAME... : go build -o $BIN/.tmp-<stamp>/ the given packages, then move.
+# Usage: build_pkgs DIR VERSION LDFLAGS name=pkg...
+build_pkgs() {
+  local dir="$1" ver="$2" ldflags="$3"; shift 3
+  local out="$dir/out" pkgs=() names=() pair
+  for pair in "$@"; do names+=("${pair%%=*}"); pkgs+=("${pair#*=}"); done
+  mkdir -p "$out"
+  (
+    cd "$dir"
+    # Resolve every dependency of the wanted packages into go.mod/go.sum
+    # (@ver pins the main module; a bare package path would mean @upgrade).
+    go get "${pkgs[@]/%/@$ver}"
+    go build -p "$JOBS" -ldflags="-s -w $ldflags" -o "$out/" "${pkgs[@]}"
+  )
+  for n in "${names[@]}"; do
+    # go build -o dir/ names binaries after the last import path element.
+    mv -f "$out/$n" "$BIN/$n"
+    echo "$ver" >"$BIN/.$n.version"
+  done
+}
+
+# --- Kubernetes ------------------------------------------------------------
+k8s_names=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+need=()
+for n in "${k8s_names[@]}"; do up_to_date "$n" "$K8S_VERSION" || need+=("$n"); done
+if ((${#need[@]})); then
+  t=$SECONDS
+  log "building ${need[*]} $K8S_VERSION (cold build: ~10-20 min on 2 cores)"
+  minor="${K8S_VERSION#v1.}"           # 34.4
+  dir="$(gomodule kubernetes k8s.io/kubernetes "$K8S_VERSION" "v0.$minor")"
+  major=1 minor_only="${minor%%.*}"
+  ld=""
+  for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor_only"
+    ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+  done
+  pairs=()
+  for n in "${need[@]}"; do pairs+=("$n=k8s.io/kubernetes/cmd/$n"); done
+  build_pkgs "$dir" "$K8S_VERSION" "$ld" "${pairs[@]}"
+  log "kubernetes binaries done in $((SECONDS - t))s"
+else
+  log "kubernetes $K8S_VERSION binaries up to date"
+fi
+
+# --- etcd ------------------------------------------------------------------
+if ! up_to_date etcd "$ETCD_VERSION"; then
+  t=$SECONDS
+  log "building etcd $ETCD_VERSION"
+  dir="$(gomodule etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION")"
+  # go build -o dir/ names the binary after the module path ("v3"); rename.
+  build_pkgs "$dir" "$ETCD_VERSION" "" "v3=go.etcd.io/etcd/server/v3"
+  mv -f "$BIN/v3" "$BIN/etcd" && mv -f "$BIN/.v3.version" "$BIN/.etcd.version"
+  log "etcd done in $((SECONDS - t))s"
+else
+  log "etcd $ETCD_VERSION up to date"
+fi
+
+# --- helm ------------------------------------------------------------------
+if ! up_to_date helm "$HELM_VERSION"; then
+  t=$SECONDS
+  log "building helm $HELM_VERSION"
+  dir="$(gomodule helm helm.sh/helm/v3 "$HELM_VERSION" "")"
+  build_pkgs "$dir" "$HELM_VERSION" \
+    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm=helm.sh/helm/v3/cmd/helm"
+  log "helm done in $((SECONDS - t))s"
+else
+  log "helm $HELM_VERSION up to date"
+fi
+
+log "all tools ready in $BIN ($((SECONDS - t_all))s total)"

@@ -1,0 +1,241 @@
+"""A long-running dev cluster: ``python -m tests.k8s.cluster up|down|status``.
+
+``up`` starts a background supervisor process that runs the control plane
+(etcd, apiserver, controller-manager, scheduler) and the process kubelet with
+three nodes, applies the CRDs in ``crds/``, and, when the project has them,
+starts the operator (``python -m etl_operator``, as a local process with the
+admin kubeconfig) and three target pods (``sluice.dev/role=target``, one per
+node).  It prints ``export KUBECONFIG=...`` once everything answers and
+returns.  ``down`` stops what ``up`` started.  State lives in
+``~/.cache/sluice/k8s-dev/`` (override with ``SLUICE_K8S_DEV``); logs in
+``logs/`` there, pod logs under ``kubelet/pods/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.k8s.api import Api, ApiError
+from tests.k8s.controlplane import (
+    BIN_DIR,
+    BINARIES,
+    ControlPlane,
+    ControlPlaneError,
+    binary,
+    stop_process,
+)
+from tests.k8s.kubelet import Kubelet
+
+ROOT = Path(__file__).resolve().parents[2]
+STATE = Path(os.environ.get("SLUICE_K8S_DEV", Path.home() / ".cache/sluice/k8s-dev"))
+NAMESPACE = "default"
+TARGET_ROLE: dict[str, Any] = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "Role",
+    "metadata": {"name": "sluice-target"},
+    "rules": [
+        {"apiGroups": ["sluice.dev"], "resources": ["etls"], "verbs": ["get", "list", "watch"]}
+    ],
+}
+TARGET_BINDING: dict[str, Any] = {
+    "apiVersion": "rbac.authorization.k8s.io/v1",
+    "kind": "RoleBinding",
+    "metadata": {"name": "sluice-target"},
+    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "sluice-target"},
+    "subjects": [{"kind": "ServiceAccount", "name": "sluice-target", "namespace": NAMESPACE}],
+}
+
+
+def target_pod(index: int, node: str) -> dict[str, Any]:
+    """A storage target pod pinned to ``node`` (see docs/architecture.md)."""
+    field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
+    key = {"secretKeyRef": {"name": "sluice-cluster", "key": "cluster-key"}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": f"target-{index}", "labels": {"sluice.dev/role": "target"}},
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": "sluice-target",
+            "containers": [{
+                "name": "target",
+                "image": "sluice:dev",
+                "command": ["sluice-target"],
+                "args": ["--host", "$(POD_IP)", "--port", "8080", "--id", "$(POD_NAME)",
+                         "--registry", "kubernetes", "--data-dir", "/data"],
+                "env": [{"name": "POD_IP", **field("status.podIP")},
+                        {"name": "POD_NAME", **field("metadata.name")},
+                        {"name": "POD_NAMESPACE", **field("metadata.namespace")},
+                        {"name": "SLUICE_CLUSTER_KEY", "valueFrom": key}],
+                "ports": [{"name": "http", "containerPort": 8080}],
+                "readinessProbe": {"httpGet": {"path": "/v1/health", "port": 8080},
+                                   "periodSeconds": 2},
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+                "terminationMessagePolicy": "FallbackToLogsOnError",
+            }],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+        },
+    }  # fmt: skip
+
+
+def ensure(api: Api, path: str, obj: dict[str, Any]) -> None:
+    """Create ``obj`` under ``path`` unless it exists."""
+    try:
+        api.post(path, obj)
+    except ApiError as e:
+        if e.status != 409:
+            raise
+
+
+def deploy_sluice(plane: ControlPlane, api: Api, log: Path) -> subprocess.Popen[bytes] | None:
+    """CRDs, then (if present) the operator process and three target pods."""
+    crds = sorted(ROOT.glob("crds/*.yaml"))
+    if crds:
+        kubectl = [str(BIN_DIR / "kubectl"), f"--kubeconfig={plane.kubeconfig}"]
+        subprocess.run([*kubectl, "apply", *(f"-f={c}" for c in crds)], check=True)
+        subprocess.run([*kubectl, "wait", "--for=condition=Established", "crd", "--all",
+                        "--timeout=60s"], check=True, capture_output=True)  # fmt: skip
+    key = (STATE / "cluster-key").read_text().strip()
+    secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sluice-cluster"},
+              "data": {"cluster-key": base64.b64encode(key.encode()).decode()}}  # fmt: skip
+    ns = f"/api/v1/namespaces/{NAMESPACE}"
+    ensure(api, f"{ns}/secrets", secret)
+    operator = None
+    if (ROOT / "operator/etl_operator/__main__.py").exists() and crds:
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "SLUICE_CLUSTER_KEY": key}
+        with open(log, "ab") as out:
+            operator = subprocess.Popen(
+                [sys.executable, "-m", "etl_operator"],
+                cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+    if (ROOT / "etl_runtime/target/__main__.py").exists():
+        ensure(api, f"{ns}/serviceaccounts", {"metadata": {"name": "sluice-target"}})
+        rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}"
+        ensure(api, f"{rbac}/roles", TARGET_ROLE)
+        ensure(api, f"{rbac}/rolebindings", TARGET_BINDING)
+        for i in range(3):
+            ensure(api, f"{ns}/pods", target_pod(i, f"node-{i}"))
+    return operator
+
+
+def supervise() -> None:
+    """Run the dev cluster until SIGTERM/SIGINT (the ``up`` background process)."""
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    t0 = time.monotonic()
+    plane = ControlPlane(STATE, controllers=True, scheduler=True)
+    kubelet = operator = None
+    try:
+        plane.start()
+        print(f"control plane ready in {time.monotonic() - t0:.1f}s", flush=True)
+        kubelet = Kubelet(plane.kubeconfig, STATE / "kubelet", nodes=3)
+        kubelet.start()
+        api = Api(plane.kubeconfig)
+        operator = deploy_sluice(plane, api, STATE / "logs" / "operator.log")
+        (STATE / "ready").write_text(f"{time.monotonic() - t0:.1f}\n")
+        print(f"cluster up in {time.monotonic() - t0:.1f}s", flush=True)
+        stop.wait()
+    finally:
+        if operator is not None:
+            stop_process(operator, grace=10)
+        if kubelet is not None:
+            kubelet.stop()
+        plane.stop()
+        (STATE / "supervisor.pid").unlink(missing_ok=True)
+        print("cluster stopped", flush=True)
+
+
+def running_pid() -> int | None:
+    try:
+        pid = int((STATE / "supervisor.pid").read_text())
+        os.kill(pid, 0)
+        return pid
+    except (OSError, ValueError):
+        return None
+
+
+def up(timeout: float = 180.0) -> int:
+    kubeconfig = STATE / "kubeconfig"
+    for name in BINARIES:
+        binary(name)  # fail fast with "run make k8s-tools"
+    if running_pid() is not None:
+        print(f"already running\nexport KUBECONFIG={kubeconfig}")
+        return 0
+    for name in ("etcd", "kubelet", "logs", "ready", "kubeconfig"):
+        path = STATE / name
+        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+    (STATE / "logs").mkdir(parents=True)
+    key = STATE / "cluster-key"
+    if not key.exists():
+        key.write_text(secrets.token_hex(32) + "\n")
+        key.chmod(0o600)
+    with open(STATE / "logs" / "supervisor.log", "ab") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tests.k8s.cluster", "supervise"],
+            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    (STATE / "supervisor.pid").write_text(f"{proc.pid}\n")
+    deadline = time.monotonic() + timeout
+    while not (STATE / "ready").exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            tail = (STATE / "logs" / "supervisor.log").read_text(errors="replace")[-3000:]
+            print(f"cluster did not come up:\n{tail}", file=sys.stderr)
+            down()
+            return 1
+        time.sleep(0.3)
+    print(f"# Kubernetes dev cluster up in {(STATE / 'ready').read_text().strip()}s; state {STATE}")
+    print(f"export KUBECONFIG={kubeconfig}")
+    return 0
+
+
+def down() -> int:
+    pid = running_pid()
+    if pid is None:
+        print("not running")
+        return 0
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 90
+    while running_pid() is not None and time.monotonic() < deadline:
+        time.sleep(0.3)
+    if running_pid() is not None:
+        os.killpg(pid, signal.SIGKILL)
+    (STATE / "supervisor.pid").unlink(missing_ok=True)
+    print("stopped")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.k8s.cluster", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "status", "supervise"])
+    args = parser.parse_args(argv)
+    STATE.mkdir(parents=True, exist_ok=True)
+    try:
+        if args.command == "up":
+            return up()
+        if args.command == "down":
+            return down()
+        if args.command == "status":
+            pid = running_pid()
+            print(f"running (pid {pid}), KUBECONFIG={STATE / 'kubeconfig'}" if pid else "stopped")
+            return 0
+        supervise()
+        return 0
+    except ControlPlaneError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
