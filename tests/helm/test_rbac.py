@@ -26,7 +26,7 @@ EXPECTED: dict[str, Rules] = {
         ("sluice.dev", "etls/status"): {"get", "patch", "update"},
         ("sluice.dev", "etls/finalizers"): {"update"},
         ("", "pods"): {"get", "list", "watch", "create", "delete", "patch"},
-        ("", "secrets"): {"get", "create", "delete"},
+        ("", "secrets"): {"get", "create", "update", "delete"},
         ("", "events"): {"create"},
         ("events.k8s.io", "events"): {"create"},
     },

@@ -68,3 +68,41 @@ def test_operator_transformer_pods_fit_the_runtime_image() -> None:
     assert str(pod["spec"]["securityContext"]["runAsUser"]) == user.split(":")[0]
     port = c["ports"][0]["containerPort"]
     assert f"EXPOSE {port}" in runtime.path.read_text()
+
+
+def test_chart_command_lines_parse_with_the_programs_own_arguments() -> None:
+    """Every flag the chart passes exists: each program's parser accepts the argv.
+
+    Kubernetes expands ``$(POD_IP)``-style references from the container env
+    before exec; we substitute plausible values the same way.
+    """
+    import importlib
+    import tomllib
+
+    from tests.helm.chart import REPO
+
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    pod_env = {"POD_IP": "10.1.2.3", "POD_NAME": "sl-sluice-target-0", "POD_NAMESPACE": "data"}
+    for values in ({}, {"operator.replicas": 2}):
+        for workload in render(values).workloads():
+            (c,) = pod_spec(workload)["containers"]
+            argv = list(c["command"][1:]) + list(c.get("args", []))
+            for name, value in pod_env.items():
+                if any(f"$({name})" in a for a in argv):
+                    assert name in env_of(c), f"{c['name']} uses $({name}) without defining it"
+                argv = [a.replace(f"$({name})", value) for a in argv]
+            module = importlib.import_module(scripts[c["command"][0]].split(":")[0])
+            try:
+                parsed = module.parse_args(argv)
+            except SystemExit as e:
+                raise AssertionError(f"{c['command'][0]} rejects {argv}") from e
+            if c["name"] == "target":
+                assert (parsed.id, parsed.data_dir, parsed.registry) == (
+                    "sl-sluice-target-0",
+                    "/data",
+                    "kubernetes",
+                )
+            if c["name"] == "operator":
+                assert parsed.namespace == ["data"]
+                assert parsed.liveness == "http://10.1.2.3:8080/healthz"
+                assert (parsed.peering is not None) is ("operator.replicas" in values)
