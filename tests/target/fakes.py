@@ -53,10 +53,12 @@ def record(
     return EtlRecord(name=name, uid=uid, spec=spec, phase=phase, transformers=transformers)
 
 
-def transformer_app(etl: str, behavior: str = "reverse", uid: str = "uid-1") -> FastAPI:
+def transformer_app(
+    etl: str, behavior: str = "reverse", uid: str = "uid-1", key: str = CLUSTER_KEY
+) -> FastAPI:
     """A real hpush transformer: ``reverse`` bytes, ``abort`` mid-stream, or ``error`` 500."""
     app = FastAPI()
-    expected = f"Bearer {auth.transformer_token(CLUSTER_KEY, etl, uid)}"
+    expected = f"Bearer {auth.transformer_token(key, etl, uid)}"
     app.state.calls = []
 
     @app.get("/health")
