@@ -153,7 +153,11 @@ class LocalEtlBackend:
         async with self._lock:
             old = self._records.get(name)
             if old is None:
-                record = EtlRecord(name=name, uid=uuid.uuid4().hex, spec=spec)
+                pending = tuple(
+                    TransformerStatus(target=t.id, endpoint=None, ready=False, message="pending")
+                    for t in self.discovery.targets()
+                )
+                record = EtlRecord(name=name, uid=uuid.uuid4().hex, spec=spec, transformers=pending)
             elif (
                 old.spec.content_hash() == spec.content_hash() and old.spec.stopped == spec.stopped
             ):

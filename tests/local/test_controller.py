@@ -80,6 +80,7 @@ def test_lifecycle_init_change_stop_start_delete(tmp_path: Path, transformer_com
         async with running(state, FakeTargets(["t0", "t1"]), transformer_command) as be:
             rec = await be.init("upper", spec())
             assert rec.phase == "Initializing" and len(rec.uid) == 32
+            assert [(t.target, t.ready) for t in rec.transformers] == [("t0", False), ("t1", False)]
             await phase_is(state, "upper", "Running", ready=2)
             first = endpoints(state, "upper")
             assert sorted(first) == ["t0", "t1"]
