@@ -125,9 +125,9 @@ if ! up_to_date etcd "$ETCD_VERSION"; then
   t=$SECONDS
   log "building etcd $ETCD_VERSION"
   dir="$(gomodule etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION")"
-  # go build -o dir/ names the binary after the module path ("v3"); rename.
-  build_pkgs "$dir" "$ETCD_VERSION" "" "v3=go.etcd.io/etcd/server/v3"
-  mv -f "$BIN/v3" "$BIN/etcd" && mv -f "$BIN/.v3.version" "$BIN/.etcd.version"
+  # go build -o dir/ names the binary "server" (major-version suffix dropped).
+  build_pkgs "$dir" "$ETCD_VERSION" "" "server=go.etcd.io/etcd/server/v3"
+  mv -f "$BIN/server" "$BIN/etcd" && mv -f "$BIN/.server.version" "$BIN/.etcd.version"
   log "etcd done in $((SECONDS - t))s"
 else
   log "etcd $ETCD_VERSION up to date"

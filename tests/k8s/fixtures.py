@@ -21,7 +21,7 @@ conftests import these, and stopped at exit):
     KUBECONFIG and the tools dir on PATH, for subprocesses).
 ``kubelet`` (session) -> :class:`tests.k8s.kubelet.Kubelet`
     Nodes ``node-0``, ``node-1``, ``node-2`` whose pods run as local
-    processes on 127.0.1.x.  Pods need ``command`` (images are ignored).
+    processes on 127.1.K.x (a /24 per kubelet).  Pods need ``command`` (images are ignored).
 ``k8s_namespace`` (function) -> str
     A fresh namespace (with its ``default`` ServiceAccount), deleted after
     the test.

@@ -3,34 +3,55 @@
 Registers N Node objects (Ready, with capacity, heart-beating through their
 Lease and status so the node lifecycle controller keeps them Ready), watches
 every pod bound to one of them (``spec.nodeName``) and runs it: each pod gets
-its own loopback address 127.0.1.N (reported as ``status.podIP``; servers
+its own loopback address 127.1.K.N (reported as ``status.podIP``; servers
 bind it through the downward API), each container becomes a process (see
 ``podspec.py`` for env/volumes/command and ``container.py`` for probes,
 restarts and statuses).  Status goes back to the apiserver; a pod with a
 ``deletionTimestamp`` gets its processes stopped (SIGTERM, grace, SIGKILL)
 and is then removed with grace 0, as the real kubelet does.
 
-Not faked: scheduling, controllers, admission — only the node agent is
+It also runs a local-path volume provisioner (``provisioner.py``) so that
+StatefulSet claims bind.  Not faked: scheduling, controllers, admission — only the node agent is
 replaced.  Images, resource limits, security contexts and Service networking
 are ignored (documented in docs/testing-kubernetes.md).
 """
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import logging
+import tempfile
 import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from tests.k8s.api import Api, ApiError
 from tests.k8s.pod import PodWorker
+from tests.k8s.provisioner import LocalPathProvisioner
 
 log = logging.getLogger("sluice.kubelet")
 JSON = dict[str, Any]
 HEARTBEAT = 10.0
+
+
+def claim_subnet(subnet: str | None) -> tuple[IO[bytes] | None, ipaddress.IPv4Network]:
+    """A loopback /24 no other kubelet on this machine uses (held until exit)."""
+    if subnet is not None:
+        return None, ipaddress.IPv4Network(subnet)
+    locks = Path(tempfile.gettempdir()) / "sluice-kubelet-subnets"
+    locks.mkdir(exist_ok=True)
+    for third in range(1, 255):
+        net = ipaddress.IPv4Network(f"127.1.{third}.0/24")
+        f = open(locks / f"127.1.{third}.lock", "wb")  # noqa: SIM115 - held while we run
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return f, net
+        except BlockingIOError:
+            f.close()
+    raise RuntimeError("process kubelet: every 127.1.x.0/24 subnet is taken")
 
 
 def micro_now() -> str:
@@ -46,22 +67,31 @@ class Kubelet:
         state_dir: Path,
         nodes: int = 3,
         node_prefix: str = "node-",
-        pod_cidr: str = "127.0.1.0/24",
+        subnet: str | None = None,
         backoff_base: float = 1.0,
         backoff_max: float = 30.0,
         probe_period_cap: float = 1.0,
+        provision_volumes: bool = True,
     ) -> None:
         self.api = Api(kubeconfig)
         self.state_dir = Path(state_dir)
         self.node_names = [f"{node_prefix}{i}" for i in range(nodes)]
-        self.node_ips = {n: f"127.0.100.{i + 1}" for i, n in enumerate(self.node_names)}
+        # Another test run on this machine has its own kubelet: claim a /24 of
+        # 127.0.0.0/8 for ours (pods .1-.199, nodes .200+) with a lock file.
+        self._subnet_lock, net = claim_subnet(subnet)
+        self.subnet = str(net)
+        hosts = [str(ip) for ip in net.hosts()]
+        self.node_ips = {n: hosts[199 + i] for i, n in enumerate(self.node_names)}
         self.backoff_base, self.backoff_max = backoff_base, backoff_max
         self.probe_period_cap = probe_period_cap
-        self._free_ips = [str(ip) for ip in ipaddress.ip_network(pod_cidr).hosts()]
+        self._free_ips = hosts[:199]
         self._lock = threading.Lock()
         self._workers: dict[str, PodWorker] = {}  # by pod uid
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.provisioner = (
+            LocalPathProvisioner(self.api, self.state_dir) if provision_volumes else None
+        )
 
     # -- lifecycle ----------------------------------------------------------
     def start(self) -> None:
@@ -73,10 +103,14 @@ class Kubelet:
             t = threading.Thread(target=target, name=f"kubelet-{target.__name__}", daemon=True)
             t.start()
             self._threads.append(t)
+        if self.provisioner is not None:
+            self.provisioner.start()
 
     def stop(self, delete_nodes: bool = False) -> None:
         """Stop every pod process (pods stay in the apiserver) and the loops."""
         self._stopping.set()
+        if self.provisioner is not None:
+            self.provisioner.stop()
         with self._lock:
             workers = list(self._workers.values())
         for w in workers:
@@ -87,6 +121,8 @@ class Kubelet:
             for name in self.node_names:
                 self.api.delete(f"/api/v1/nodes/{name}")
         self.api.close()
+        if self._subnet_lock is not None:
+            self._subnet_lock.close()
 
     def __enter__(self) -> Kubelet:
         self.start()

@@ -264,7 +264,7 @@ class PodWorker(threading.Thread):
             self.api.patch(path, {"metadata": {"uid": self.uid}, "status": status})
             self._last_status = status
         except ApiError as e:
-            if e.status == 404:
+            if e.status in (404, 409):  # deleted, or replaced by a namesake
                 self._gone.set()
             else:
                 log.warning("status of %s: %s", self.name, e)

@@ -238,8 +238,12 @@ def _projected(api: Api, pod: JSON, sources: list[JSON]) -> dict[str, str | byte
                 raise LaunchError("CreateContainerConfigError", f"token for {sa}: {e}") from e
         for kind in ("secret", "configMap"):
             if kind in src:
-                data = object_data(api, kind.lower(), meta["namespace"], src[kind]["name"])
-                files.update(_items(data or {}, src[kind].get("items")))
+                ref = src[kind]
+                data = object_data(api, kind.lower(), meta["namespace"], ref["name"])
+                if data is None and not ref.get("optional"):  # e.g. kube-root-ca.crt not yet made
+                    what = f"{kind} {meta['namespace']}/{ref['name']}"
+                    raise LaunchError("CreateContainerConfigError", f"{what} not found")
+                files.update(_items(data or {}, ref.get("items")))
         if "downwardAPI" in src:
             for item in src["downwardAPI"]["items"]:
                 files[item["path"]] = field_value(pod, item["fieldRef"]["fieldPath"])

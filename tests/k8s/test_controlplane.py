@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from typing import Any
 
@@ -68,6 +69,44 @@ def test_deployment_is_scheduled_and_run(
         return (d.status.available_replicas or 0) == 2
 
     assert wait_for(available, timeout=90)
+    net = ipaddress.ip_network(kubelet.subnet)
     pods = core.list_namespaced_pod(k8s_namespace).items
     assert {p.spec.node_name for p in pods} <= {"node-0", "node-1", "node-2"}
-    assert all(p.status.pod_ip.startswith("127.0.1.") for p in pods)
+    assert all(ipaddress.ip_address(p.status.pod_ip) in net for p in pods)
+
+
+def test_statefulset_claims_are_provisioned_and_bound(
+    kubelet: Kubelet, control_plane: Cluster, k8s_namespace: str
+) -> None:
+    """volumeClaimTemplates bind through the default StorageClass (local-path)."""
+    apps: Any = client.AppsV1Api(control_plane.api_client)
+    core: Any = control_plane.core
+    code = "import time; open('/data/who', 'w').write('x'); time.sleep(600)"
+    template = {
+        "metadata": {"labels": {"app": "db"}},
+        "spec": {
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{
+                "name": "db", "image": "x", "command": ["python", "-c", code],
+                "volumeMounts": [{"name": "data", "mountPath": "/data"}],
+            }],
+        },
+    }  # fmt: skip
+    claim = {
+        "metadata": {"name": "data"},
+        "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+    }
+    apps.create_namespaced_stateful_set(k8s_namespace, {
+        "metadata": {"name": "db"},
+        "spec": {"replicas": 2, "serviceName": "db", "selector": {"matchLabels": {"app": "db"}},
+                 "template": template, "volumeClaimTemplates": [claim]},
+    })  # fmt: skip
+
+    def ready() -> bool:
+        s = apps.read_namespaced_stateful_set(name="db", namespace=k8s_namespace)
+        return (s.status.ready_replicas or 0) == 2
+
+    assert wait_for(ready, timeout=120)
+    claims = core.list_namespaced_persistent_volume_claim(k8s_namespace).items
+    assert sorted(c.metadata.name for c in claims) == ["data-db-0", "data-db-1"]
+    assert all(c.status.phase == "Bound" for c in claims)

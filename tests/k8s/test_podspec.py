@@ -1,0 +1,46 @@
+"""Pod spec resolution that needs no cluster: ``$(VAR)`` expansion and commands."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.k8s.podspec import LaunchError, expand, field_value, launch
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("--host $(POD_IP)", "--host 127.0.1.7"),
+        ("$(A)$(B)", "1two"),
+        ("$$(POD_IP)", "$(POD_IP)"),  # escaped
+        ("$(MISSING) stays", "$(MISSING) stays"),
+        ("$(unclosed", "$(unclosed"),
+        ("cost $5", "cost $5"),
+    ],
+)
+def test_expand_follows_kubernetes_rules(text: str, expected: str) -> None:
+    env = {"POD_IP": "127.0.1.7", "A": "1", "B": "two"}
+    assert expand(text, env) == expected
+
+
+def test_field_refs() -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "n", "uid": "u", "labels": {"app": "a"}},
+        "spec": {"nodeName": "node-0"},
+        "status": {"podIP": "127.0.1.3"},
+    }
+    assert field_value(pod, "status.podIP") == "127.0.1.3"
+    assert field_value(pod, "metadata.labels['app']") == "a"
+    with pytest.raises(LaunchError):
+        field_value(pod, "spec.bogus")
+
+
+def test_commands_resolve_from_the_project_venv() -> None:
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    run = launch({"name": "c", "command": ["python"], "args": ["-V"]}, env, {}, False)
+    assert run.argv == [str(Path(sys.executable).parent / "python"), "-V"]
+    with pytest.raises(LaunchError, match="no command"):
+        launch({"name": "c", "image": "nginx"}, env, {}, False)
