@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import socket
 import sys
 import tempfile
 import time
@@ -58,17 +57,11 @@ def png_size(data: bytes) -> str:
     return f"{width}x{height} PNG, {len(data)} bytes"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def main() -> int:
     with tempfile.TemporaryDirectory(prefix="sluice-demo-") as data_dir:
         print(f"starting a local cluster (gateway + 3 targets) in {data_dir} ...")
         started = time.monotonic()
-        with LocalCluster(data_dir, targets=3, port=free_port()) as cluster:
+        with LocalCluster(data_dir, targets=3, port=0) as cluster:
             print(f"Sluice is up at {cluster.endpoint} ({time.monotonic() - started:.1f}s)\n")
             with Client(cluster.endpoint) as client:
                 run(client)

@@ -8,12 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import free_port
-
 
 @contextlib.contextmanager
 def running_cluster(data_dir: Path, targets: int = 3, token: str | None = None) -> Iterator[str]:
     """Yield the gateway URL of a fresh local cluster in ``data_dir``."""
     module = pytest.importorskip("etl_runtime.local.cluster", reason="local cluster not built yet")
-    with module.LocalCluster(data_dir, targets=targets, port=free_port(), token=token) as cluster:
+    with module.LocalCluster(data_dir, targets=targets, port=0, token=token) as cluster:
         yield str(cluster.endpoint).rstrip("/")
