@@ -11,7 +11,7 @@ Each reconcile pass, run on every change and about once a second:
 1. observe: poll every transformer process for exit and probe ``GET /health``;
 2. decide: ``etl_operator.reconcile.plan()`` -- the very function the operator
    uses for pods -- says which transformers to create and which to delete;
-3. act: spawn processes (in a thread, never blocking the event loop) and stop
+3. act: spawn processes (asyncio subprocesses: never blocking the loop) and stop
    others in the background, with two local refinements a kubelet/Deployment
    would provide on Kubernetes:
    * restart backoff: a transformer that crashed stays visible (and counted)
@@ -353,8 +353,7 @@ class LocalEtlBackend:
                 "PYTHONUNBUFFERED": "1",
             },
         )
-        proc = await asyncio.to_thread(
-            processes.spawn,
+        proc = await processes.spawn(
             etl=rec.name,
             target=target.id,
             name=name,

@@ -13,7 +13,8 @@ this module is the actuator underneath it. A ``TransformerProcess`` is one
 * a small ``run/<transformer name>.json`` pid file lets a restarted controller
   adopt transformers that outlived a crashed gateway instead of duplicating them.
 
-Spawning forks a process, so callers run ``spawn`` in a worker thread.
+Transformers are asyncio subprocesses started through ``launch``, so they get
+a SIGTERM if the controller's process dies without stopping them.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 from etl_operator.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
+
+from etl_runtime.local import launch
 
 LOG_TAIL_BYTES = 16 * 1024
 LOG_ROTATE_BYTES = 10 * 1024 * 1024
@@ -116,7 +119,7 @@ class TransformerProcess:
     log_offset: int = 0
     start_time: str | None = None
     restarts: int = 0
-    popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
+    popen: asyncio.subprocess.Process | None = field(default=None, repr=False)
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
     probe_failures: int = 0
@@ -138,7 +141,7 @@ class TransformerProcess:
         if self.terminated:
             return True
         if self.popen is not None:
-            code = self.popen.poll()
+            code = self.popen.returncode  # kept current by asyncio's child watcher
             if code is None:
                 return False
         elif pid_alive(self.pid, self.start_time):
@@ -236,7 +239,7 @@ def transformer_env(
     return env
 
 
-def spawn(
+async def spawn(
     *,
     etl: str,
     target: str,
@@ -247,7 +250,11 @@ def spawn(
     restarts: int = 0,
     command: Sequence[str] = (sys.executable, "-m", "etl_runtime.webserver"),
 ) -> TransformerProcess:
-    """Start ``command --host 127.0.0.1 --port P`` for one target (blocking: use a thread)."""
+    """Start ``command --host 127.0.0.1 --port P`` for one target.
+
+    An asyncio subprocess, forked by the event loop's thread, through the
+    launcher that ties the transformer's life to this process.
+    """
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     log_path = logs / f"{name}.log"
@@ -255,14 +262,14 @@ def spawn(
         if log_path.stat().st_size > LOG_ROTATE_BYTES:
             os.replace(log_path, log_path.with_suffix(".log.1"))
     port = free_port()
+    argv = launch.command(os.getpid(), [*command, "--host", "127.0.0.1", "--port", str(port)])
     with open(log_path, "ab") as log:
-        offset = log.seek(0, os.SEEK_END)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"--- {stamp} sluice: starting {name} on port {port} ---\n".encode())
         log.flush()
         offset = log.tell()
-        popen = subprocess.Popen(
-            [*command, "--host", "127.0.0.1", "--port", str(port)],
+        child = await asyncio.create_subprocess_exec(
+            *argv,
             env=env,
             cwd=state_dir,
             stdin=subprocess.DEVNULL,
@@ -276,12 +283,12 @@ def spawn(
         name=name,
         spec_hash=spec_hash,
         port=port,
-        pid=popen.pid,
+        pid=child.pid,
         log_path=log_path,
         log_offset=offset,
-        start_time=process_start_time(popen.pid),
+        start_time=process_start_time(child.pid),
         restarts=restarts,
-        popen=popen,
+        popen=child,
     )
     write_pid_file(state_dir, proc)
     return proc

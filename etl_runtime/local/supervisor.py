@@ -8,8 +8,8 @@ make sure nothing outlives the cluster, even when something dies hard:
 * on Linux, ``sluice up`` becomes a *child subreaper*: transformers orphaned
   by a gateway that was SIGKILLed are re-parented to it, not to init, and are
   swept at shutdown;
-* each child gets ``PR_SET_PDEATHSIG=SIGTERM``: if ``sluice up`` itself is
-  SIGKILLed, its servers still get a SIGTERM and shut down cleanly;
+* each child starts through ``launch`` (``PR_SET_PDEATHSIG=SIGTERM``): if
+  ``sluice up`` itself is SIGKILLed, its servers still get a SIGTERM;
 * ``run/up.json`` lists the children of the running ``sluice up``; a later
   ``sluice up`` on the same data dir stops any that are still alive.
 """
@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import json
 import os
 import signal
@@ -30,29 +31,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etl_runtime.local import launch
 from etl_runtime.local.processes import last_line, pid_alive, process_start_time
 
-PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
-def _prctl(option: int, value: int) -> bool:
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    # Loaded in the parent: find_library may run helper programs, which must
+    # not happen between fork and exec.
     if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    except OSError:
+        return None
+
+
+def _prctl(option: int, value: int) -> bool:
+    libc = _libc()
+    if libc is None:
         return False
     try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
         return bool(libc.prctl(option, value, 0, 0, 0) == 0)
-    except (OSError, AttributeError):
+    except AttributeError:
         return False
 
 
 def become_subreaper() -> bool:
     """Adopt orphaned descendants (Linux); False where unsupported."""
     return _prctl(PR_SET_CHILD_SUBREAPER, 1)
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def children_of(pid: int) -> list[int]:
@@ -93,13 +102,12 @@ class Child:
             log.flush()
             self.log_offset = log.tell()
             self.popen = subprocess.Popen(
-                self.argv,
+                launch.command(os.getpid(), self.argv),
                 env=env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
             )
 
     def exit_code(self) -> int | None:

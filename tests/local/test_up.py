@@ -154,3 +154,19 @@ def test_a_server_dying_takes_the_cluster_down_without_orphans(tmp_path: Path) -
         assert "gateway was killed by SIGKILL" in cluster.output
     assert cluster.returncode == 1
     assert survivors(tree, data) == []
+
+
+def test_hard_killed_up_still_stops_its_servers(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    cluster = LocalCluster(data, targets=1)
+    with cluster:
+        with httpx.Client(base_url=cluster.endpoint, timeout=30) as c:
+            assert c.put("/v1/etl", json={"name": "upper", "spec": UPPER}).status_code == 200
+            wait_running(c, "upper")
+        tree = descendants(cluster.process.pid)
+        cluster.process.kill()  # no chance to clean up: the children must notice
+        cluster.process.wait(10)
+        deadline = time.monotonic() + 60
+        while survivors(tree, data) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert survivors(tree, data) == []
