@@ -18,8 +18,8 @@ import uvicorn
 
 from etl_runtime.spec import EtlSpec, InvalidSpec
 from etl_runtime.webserver.app import create_app
+from etl_runtime.webserver.code import check_code
 from etl_runtime.webserver.errors import EXIT_CONFIG_ERROR, StartupError
-from etl_runtime.webserver.transformer import preflight
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -73,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         spec = _load_spec(args.spec_file)
-        preflight(spec)
+        check_code(spec)
     except (InvalidSpec, StartupError) as e:
         return _fail(name, str(e))
     if args.workers is not None and args.workers < 1:

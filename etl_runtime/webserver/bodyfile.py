@@ -34,6 +34,7 @@ class RequestBodyFile(io.RawIOBase):
         self._eof = False
         self._abandoned = False
         self._pending: concurrent.futures.Future[bytes | None] | None = None
+        self.done = asyncio.Event()  # set (on the loop) once the body has ended
 
     def readable(self) -> bool:
         return True
@@ -42,7 +43,16 @@ class RequestBodyFile(io.RawIOBase):
         async for chunk in self._body:
             if chunk:
                 return chunk
+        self.done.set()
         return None
+
+    async def drain(self) -> None:
+        """Consume what the parser left (tar padding), so the body is fully read."""
+        if not self._eof:
+            async for chunk in self._body:
+                self._on_bytes(len(chunk))
+            self._eof = True
+        self.done.set()
 
     def readinto(self, buffer: bytearray | memoryview) -> int:  # type: ignore[override]
         while not self._chunk:

@@ -16,11 +16,12 @@ import pickle
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from etl_runtime.webserver import ipc
 from etl_runtime.webserver.errors import TransformerError, WorkerDied
 from etl_runtime.webserver.pool import OBJECT_TASK, Task, WorkerPool
+from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import Stats
 
 log = logging.getLogger("sluice.transformer")
@@ -50,7 +51,7 @@ async def transform_object(
     if kind == ipc.END:
         stats.objects += 1
         return Response(b"", media_type=MEDIA_TYPE)
-    return StreamingResponse(_result_stream(task, stats, obj, first), media_type=MEDIA_TYPE)
+    return TransformedStream(_result_stream(task, stats, obj, first), MEDIA_TYPE)
 
 
 async def _send_input(task: Task, stats: Stats, request: Request, fqn: str | None) -> None:

@@ -24,13 +24,15 @@ import contextlib
 import logging
 import os
 import pickle
+import sys
 import tarfile
 import threading
 from collections.abc import AsyncIterator, Iterator
-from typing import IO, Any
+from types import ModuleType
+from typing import IO, TYPE_CHECKING, Any
 
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 
 from etl_runtime.webserver import ipc
 from etl_runtime.webserver.bodyfile import BodyClosed, RequestBodyFile
@@ -41,7 +43,10 @@ from etl_runtime.webserver.errors import (
     TransformerError,
 )
 from etl_runtime.webserver.pool import SAMPLE_TASK, Task
-from etl_runtime.webserver.transformer import Transformer
+from etl_runtime.webserver.responses import TransformedStream
+
+if TYPE_CHECKING:
+    from etl_runtime.webserver.transformer import Transformer
 
 log = logging.getLogger("sluice.transformer")
 
@@ -57,10 +62,27 @@ def end_of_archive(written: int) -> bytes:
     return END_OF_ARCHIVE + tarfile.NUL * (-size % tarfile.RECORDSIZE)
 
 
+def load_tariterators() -> ModuleType:
+    """``webdataset.tariterators``, imported without torch when torch is not loaded yet.
+
+    The server only parses tars; importing ``webdataset`` normally drags in torch
+    (seconds of start-up, hundreds of MB). webdataset supports a missing torch, so
+    the server hides it during the import. Workers import webdataset normally.
+    """
+    if "webdataset" not in sys.modules and "torch" not in sys.modules:
+        sys.modules["torch"] = None  # type: ignore[assignment]
+        try:
+            from webdataset import tariterators
+        finally:
+            del sys.modules["torch"]
+    from webdataset import tariterators
+
+    return tariterators
+
+
 def iter_samples(fileobj: IO[bytes], url: str) -> Iterator[dict[str, Any]]:
     """Samples of a tar stream, grouped exactly as ``wds.WebDataset`` groups them."""
-    from webdataset import tariterators  # imported on first use: it pulls in torch
-
+    tariterators = load_tariterators()
     files = tariterators.tar_file_expander([{"url": url, "stream": fileobj}])
     return tariterators.group_by_keys(files)
 
@@ -130,6 +152,7 @@ async def transform_shard(
     loop = asyncio.get_running_loop()
     window = max(4, WINDOW_PER_WORKER * transformer.workers)
     fileobj: IO[bytes]
+    body_done: asyncio.Event | None = None  # None: no body to wait for
     if fqn is not None:
         try:
             fileobj = open(fqn, "rb")  # noqa: SIM115 - closed by the parser thread
@@ -144,6 +167,7 @@ async def transform_shard(
             stats.bytes_in += n
 
         fileobj = RequestBodyFile(request.stream(), loop, on_bytes=count)  # type: ignore[assignment]
+        body_done = fileobj.done  # type: ignore[attr-defined]
     parser = ShardParser(fileobj, obj, loop, window)
     stream = _shard_stream(transformer, parser, obj, args)
     try:
@@ -151,7 +175,7 @@ async def transform_shard(
     except TransformerError as e:
         stats.error(obj, e.sample, e.message)
         raise
-    return StreamingResponse(_continue(first, stream, transformer, obj), media_type=MEDIA_TYPE)
+    return TransformedStream(_continue(first, stream, transformer, obj), MEDIA_TYPE, body_done)
 
 
 async def _continue(
@@ -225,6 +249,8 @@ async def _dispatch(
     pool = transformer.pool
     while True:
         sample = await parser.queue.get()
+        if sample is _END and isinstance(parser.fileobj, RequestBodyFile):
+            await parser.fileobj.drain()
         if sample is _END or isinstance(sample, TransformerError):
             in_flight.put_nowait(sample)
             return

@@ -2,9 +2,9 @@
 
 Start-up runs in the background so ``GET /health`` can answer 503 meanwhile:
 check the code can be loaded by this Python, pip-install ``spec.dependencies``,
-start the worker pool (every worker loads the code). A ``StartupError`` on the
-way is permanent: ``fatal`` holds the reason and ``on_fatal`` is called (the
-command line stops the server and exits with code 2).
+start the worker pool (every worker loads the code and checks ``spec.decode``).
+A ``StartupError`` on the way is permanent: ``fatal`` holds the reason and
+``on_fatal`` is called (the command line stops the server and exits with code 2).
 """
 
 from __future__ import annotations
@@ -18,18 +18,10 @@ from etl_runtime.spec import EtlSpec
 from etl_runtime.webserver.code import check_code, install_dependencies
 from etl_runtime.webserver.errors import StartupError
 from etl_runtime.webserver.pool import WorkerPool
+from etl_runtime.webserver.shards import load_tariterators
 from etl_runtime.webserver.stats import LogBuffer, Stats
 
 log = logging.getLogger("sluice.transformer")
-
-
-def preflight(spec: EtlSpec) -> None:
-    """The start-up checks that need no worker (``StartupError`` if one fails)."""
-    check_code(spec)
-    if spec.mode == "wds":
-        from etl_runtime.webserver.samples import make_decoder  # webdataset: wds mode only
-
-        make_decoder(spec.decode)
 
 
 class Transformer:
@@ -65,7 +57,9 @@ class Transformer:
 
     async def start(self) -> None:
         try:
-            preflight(self.spec)
+            check_code(self.spec)
+            if self.spec.mode == "wds":
+                await asyncio.to_thread(load_tariterators)
             if self.spec.dependencies:
                 self.deps_dir = self.deps_dir or tempfile.mkdtemp(prefix="sluice-deps-")
                 deps = list(self.spec.dependencies)

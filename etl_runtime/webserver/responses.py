@@ -1,0 +1,72 @@
+"""``TransformedStream``: the streamed 200 answer of both modes.
+
+Starlette's ``StreamingResponse`` listens for a client disconnect by calling
+``receive()`` while it streams, which would steal request-body chunks from a
+WebDataset shard still being uploaded and parsed. This response starts
+listening only once the request body is fully consumed (``body_done``); before
+that, the body reader itself notices a vanished client. An exception from the
+body iterator propagates, so uvicorn drops the connection without the final
+chunk and the client sees an incomplete response, never a clean short one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+
+class TransformedStream(Response):
+    def __init__(
+        self,
+        chunks: AsyncIterator[bytes],
+        media_type: str,
+        body_done: asyncio.Event | None = None,
+    ) -> None:
+        super().__init__(content=None, status_code=200, media_type=media_type)
+        # Length unknown: drop the "content-length: 0" of the empty body (-> chunked).
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.chunks = chunks
+        if body_done is None:
+            body_done = asyncio.Event()
+            body_done.set()
+        self.body_done = body_done
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        me = asyncio.current_task()
+        assert me is not None
+        state = {"finished": False, "disconnected": False}
+
+        async def watch_disconnect() -> None:
+            await self.body_done.wait()
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            if not state["finished"]:
+                state["disconnected"] = True
+                me.cancel()
+
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": self.status_code,
+                    "headers": self.raw_headers,
+                }
+            )
+            async for chunk in self.chunks:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            state["finished"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["disconnected"]:
+                raise
+            me.uncancel()  # the client went away: nothing left to answer
+        finally:
+            state["finished"] = True
+            watcher.cancel()
+            aclose = getattr(self.chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
