@@ -20,6 +20,7 @@ import yaml
 from tests.helm.chart import (
     CHART,
     COMPONENTS,
+    KUBE_VERSION,
     REPO,
     Manifest,
     container,
@@ -58,7 +59,7 @@ COMBOS: dict[str, dict[str, Any]] = {
         "images.tag": "1.2.3",
         "images.pullSecrets": ["regcred"],
         "images.runtime.digest": "sha256:" + "a" * 64,
-        "transformer.resources": {"limits": {"cpu": "4", "memory": "8Gi"}},
+        "transformer.resources.limits": {"cpu": "4", "memory": "8Gi"},
         "gateway.affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -88,7 +89,16 @@ def test_lint_is_clean_for_every_values_combination() -> None:
 
 
 def test_misspelt_value_is_refused() -> None:
-    proc = helm("template", "x", str(CHART), "--set", "target.replica=3", check=False)
+    proc = helm(
+        "template",
+        "x",
+        str(CHART),
+        "--kube-version",
+        KUBE_VERSION,
+        "--set",
+        "target.replica=3",
+        check=False,
+    )
     assert proc.returncode != 0
     assert "replica" in proc.stderr
 
@@ -308,10 +318,10 @@ def test_operator_gets_transformer_defaults_and_peering(combo: tuple[dict, Manif
     op = container(dep)
     env = env_of(op)
     resources = json.loads(env["SLUICE_TRANSFORMER_RESOURCES"]["value"])
-    if "transformer.resources" in values:
-        assert resources == values["transformer.resources"]
-    else:
-        assert resources["limits"]["memory"] == "2Gi"
+    assert resources["requests"] == {"cpu": "500m", "memory": "512Mi"}
+    assert resources["limits"] == values.get(
+        "transformer.resources.limits", {"cpu": "2", "memory": "2Gi"}
+    )
     assert op["command"][0] == "sluice-operator"
     assert op["livenessProbe"]["httpGet"]["path"] == "/healthz"
     peering = values.get("operator.replicas", 1) > 1 or values.get("operator.peering.enabled")
