@@ -121,16 +121,21 @@ def render(
     *,
     release: str = "sl",
     namespace: str = "data",
+    include_crds: bool = False,
     extra: Iterable[str] = (),
 ) -> Manifest:
-    """``helm template`` the chart (CRDs included) with ``{"a.b": value}`` overrides."""
+    """``helm template`` the chart with ``{"a.b": value}`` overrides.
+
+    ``crds/`` is left out unless ``include_crds``: it is a verbatim file,
+    checked by its own tests, and the templates' tests should not depend on it.
+    """
     proc = helm(
         "template",
         release,
         str(CHART),
         "--namespace",
         namespace,
-        "--include-crds",
+        *(["--include-crds"] if include_crds else []),
         "--kube-version",
         KUBE_VERSION,
         *set_args(values or {}),
