@@ -53,6 +53,19 @@ class LocalCluster:
         """Everything ``sluice up`` printed so far (stdout and stderr)."""
         return "".join(self._lines)
 
+    @property
+    def pid(self) -> int:
+        """Process id of the running ``sluice up``."""
+        if self.process is None:
+            raise RuntimeError("the local cluster is not running")
+        return self.process.pid
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Wait for ``sluice up`` to exit by itself; its exit code."""
+        if self.process is None:
+            raise RuntimeError("the local cluster is not running")
+        return self.process.wait(timeout)
+
     def start(self) -> LocalCluster:
         argv = [sys.executable, "-m", "etl_runtime.local", "up"]
         argv += ["--targets", str(self.targets), "--port", str(self.port)]

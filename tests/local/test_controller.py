@@ -49,6 +49,12 @@ def on_disk(state: Path, name: str) -> EtlRecord | None:
     return FileRegistry(state).get(name)
 
 
+def must(state: Path, name: str) -> EtlRecord:
+    rec = on_disk(state, name)
+    assert rec is not None, f"no record for {name}"
+    return rec
+
+
 async def phase_is(state: Path, name: str, phase: str, ready: int | None = None) -> None:
     def check() -> bool:
         rec = on_disk(state, name)
@@ -101,9 +107,9 @@ def test_lifecycle_init_change_stop_start_delete(tmp_path: Path, transformer_com
 
             # Stop: phase Stopped at once, processes gone soon after.
             stopped = await be.set_stopped("upper", True)
-            assert stopped.phase == "Stopped" and on_disk(state, "upper").phase == "Stopped"
+            assert stopped.phase == "Stopped" and must(state, "upper").phase == "Stopped"
             await wait_until(lambda: not transformer_pids("upper"), what="stopped processes gone")
-            assert on_disk(state, "upper").transformers == ()
+            assert must(state, "upper").transformers == ()
 
             await be.set_stopped("upper", False)
             await phase_is(state, "upper", "Running", ready=2)
@@ -138,7 +144,7 @@ def test_killed_transformer_is_recreated(tmp_path: Path, transformer_command) ->
             await wait_until(
                 lambda: (
                     endpoints(state, "upper")["t0"] != before["t0"]
-                    and on_disk(state, "upper").phase == "Running"
+                    and must(state, "upper").phase == "Running"
                 ),
                 timeout=90,
                 what="t0 transformer recreated",
@@ -171,7 +177,7 @@ def test_bad_code_is_error_without_crash_loop(tmp_path: Path, transformer_comman
             await asyncio.sleep(3)  # several reconcile passes
             log = (state / "logs" / "etl-bad-t0.log").read_text()
             assert log.count("sluice: starting") == 1, log
-            assert on_disk(state, "bad").phase == "Error"
+            assert must(state, "bad").phase == "Error"
 
             # Fixing the code recovers.
             await be.init("bad", spec())
@@ -192,7 +198,7 @@ def test_restarted_controller_adopts_or_recreates_without_duplicates(
             await be.init("paused", spec(stopped=True))
             await phase_is(state, "upper", "Running", ready=2)
         assert not transformer_pids()
-        assert on_disk(state, "upper").transformers == ()
+        assert must(state, "upper").transformers == ()
         async with running(state, targets, transformer_command) as be:
             await phase_is(state, "upper", "Running", ready=2)
             assert len(transformer_pids("upper")) == 2

@@ -105,7 +105,7 @@ def test_up_serves_survives_restart_and_stops_cleanly(tmp_path: Path) -> None:
             assert c.get("/v1/objects/b/dir/o3.txt", params={"etl_name": "upper"}).content == (
                 b"HELLO 3"
             )
-        assert len(transformer_leaders(cluster.process.pid)) == 2
+        assert len(transformer_leaders(cluster.pid)) == 2
 
         # A second `up` on the same data dir is refused, the first one unharmed.
         second = subprocess.run(
@@ -117,7 +117,7 @@ def test_up_serves_survives_restart_and_stops_cleanly(tmp_path: Path) -> None:
         )
         assert second.returncode == 1 and "another 'sluice up'" in second.stderr
 
-        tree = descendants(cluster.process.pid)
+        tree = descendants(cluster.pid)
         assert cluster.stop() == 0
     assert cluster.returncode == 0
     assert survivors(tree, data) == []
@@ -133,9 +133,9 @@ def test_up_serves_survives_restart_and_stops_cleanly(tmp_path: Path) -> None:
             wait_running(c, "upper")
             r = c.get("/v1/objects/b/dir/o1.txt", params={"etl_name": "upper"})
             assert r.content == b"HELLO 1"
-        tree = descendants(cluster.process.pid)
-        os.kill(cluster.process.pid, signal.SIGINT)  # Ctrl-C works like SIGTERM
-        assert cluster.process.wait(90) == 0
+        tree = descendants(cluster.pid)
+        os.kill(cluster.pid, signal.SIGINT)  # Ctrl-C works like SIGTERM
+        assert cluster.wait(90) == 0
     assert survivors(tree, data) == []
 
 
@@ -146,11 +146,11 @@ def test_a_server_dying_takes_the_cluster_down_without_orphans(tmp_path: Path) -
         with httpx.Client(base_url=cluster.endpoint, timeout=30) as c:
             assert c.put("/v1/etl", json={"name": "upper", "spec": UPPER}).status_code == 200
             wait_running(c, "upper")
-        tree = descendants(cluster.process.pid)
-        assert len(transformer_leaders(cluster.process.pid)) == 1
+        tree = descendants(cluster.pid)
+        assert len(transformer_leaders(cluster.pid)) == 1
         gateway = next(p for p in tree if "etl_runtime.gateway" in p.cmdline())
         gateway.kill()  # its transformers are orphaned: `sluice up` must sweep them
-        assert cluster.process.wait(90) == 1
+        assert cluster.wait(90) == 1
         assert "gateway was killed by SIGKILL" in cluster.output
     assert cluster.returncode == 1
     assert survivors(tree, data) == []
@@ -163,9 +163,9 @@ def test_hard_killed_up_still_stops_its_servers(tmp_path: Path) -> None:
         with httpx.Client(base_url=cluster.endpoint, timeout=30) as c:
             assert c.put("/v1/etl", json={"name": "upper", "spec": UPPER}).status_code == 200
             wait_running(c, "upper")
-        tree = descendants(cluster.process.pid)
-        cluster.process.kill()  # no chance to clean up: the children must notice
-        cluster.process.wait(10)
+        tree = descendants(cluster.pid)
+        os.kill(cluster.pid, signal.SIGKILL)  # no chance to clean up: the children must notice
+        cluster.wait(10)
         deadline = time.monotonic() + 60
         while survivors(tree, data) and time.monotonic() < deadline:
             time.sleep(0.2)
