@@ -217,7 +217,7 @@ async def _shard_stream(
             try:
                 _, data = await task.next_frame()
             except TransformerError as e:
-                if not skip or not isinstance(e, TransformerError):
+                if not skip:
                     raise
                 stats.skipped += 1
                 stats.error(obj, e.sample or key, e.message)
