@@ -8,13 +8,38 @@ start before uvicorn accepts requests and stop after it drained them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
-from collections.abc import Callable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import uvicorn
 
 Hook = Callable[[], Any]  # plain or async function
+
+
+class _Server(uvicorn.Server):
+    """uvicorn, minus re-raising SIGTERM/SIGINT once it has drained.
+
+    uvicorn re-raises the signal it caught so the default handler kills the
+    process; that would skip our ``on_stop`` hooks (stopping transformers,
+    watches, health loops). We exit normally after running them instead.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        handled = (signal.SIGINT, signal.SIGTERM)
+        original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
 
 
 async def _call(hook: Hook) -> None:
@@ -32,7 +57,7 @@ async def _serve(
             await _call(hook)
             started.append(stop)
         config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False)
-        await uvicorn.Server(config).serve()
+        await _Server(config).serve()
     finally:
         for stop in reversed(started):
             await _call(stop)
