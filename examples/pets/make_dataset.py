@@ -60,6 +60,10 @@ def class_colour(class_id: int, classes: int) -> tuple[int, int, int]:
     return int(r * 255), int(g * 255), int(b * 255)
 
 
+def _rgb(rng: random.Random, lo: int, hi: int) -> tuple[int, int, int]:
+    return rng.randint(lo, hi), rng.randint(lo, hi), rng.randint(lo, hi)
+
+
 def _outline(shape: str, box: tuple[int, int, int, int]) -> list[tuple[int, int]] | None:
     x0, y0, x1, y1 = box
     cx, cy = (x0 + x1) // 2, (y0 + y1) // 2
@@ -75,14 +79,12 @@ def draw_pet(
 ) -> tuple[Image.Image, Image.Image]:
     """One RGB image and its trimap: a class-coloured shape on a noisy background."""
     w, h = size
-    bg = tuple(rng.randint(30, 110) for _ in range(3))
-    image = Image.new("RGB", size, bg)  # type: ignore[arg-type]
+    image = Image.new("RGB", size, _rgb(rng, 30, 110))
     draw = ImageDraw.Draw(image)
     for _ in range(6):  # background clutter, so the pet is not the only thing there
         x, y = rng.randrange(w), rng.randrange(h)
         r = rng.randint(4, 18)
-        clutter = tuple(rng.randint(0, 140) for _ in range(3))
-        draw.ellipse((x - r, y - r, x + r, y + r), fill=clutter)  # type: ignore[arg-type]
+        draw.ellipse((x - r, y - r, x + r, y + r), fill=_rgb(rng, 0, 140))
 
     side = rng.uniform(0.45, 0.75) * min(w, h)
     x0 = rng.uniform(0, w - side)

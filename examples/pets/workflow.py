@@ -13,6 +13,7 @@ in order), so they are loaded with ``importlib`` from this folder.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -120,7 +121,7 @@ def run_workflow(
     epochs: int = 2,
     bucket: str = "pets",
     etl_name: str = "pets-train",
-    num_workers: int = 4,
+    num_workers: int | None = None,
     etl_workers: int | None = None,
     grid_path: str | Path | None = None,
     grid_samples: int = 6,
@@ -131,11 +132,15 @@ def run_workflow(
     Keys: ``images``, ``shards``, ``samples_written``, ``urls``, ``epochs`` (per
     epoch: ``samples``, ``seconds``, ``samples_per_s``, ``loss``),
     ``samples_per_s`` (best epoch), ``classes_read`` (first epoch, sorted),
-    ``etl_stats`` and ``grid_path``.
+    ``etl_stats`` and ``grid_path``. ``num_workers`` (DataLoader workers)
+    defaults to 4, or fewer on a machine with fewer CPUs; ``etl_workers``
+    (worker processes per transformer) to the runtime's default.
     """
     make, convert, register, train = (
         load_step(n) for n in ("make_dataset", "1_convert", "2_register_etl", "3_train")
     )
+    if num_workers is None:
+        num_workers = min(4, os.cpu_count() or 1)
     work = Path(work_dir)
     grid = Path(grid_path) if grid_path is not None else work / "pets-grid.png"
     started = time.monotonic()
