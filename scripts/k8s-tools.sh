@@ -55,7 +55,8 @@ staging_replaces() {
   [[ -f "$gomod" ]] || { echo "k8s-tools: cannot fetch go.mod of $1@$2" >&2; return 1; }
   # Lines look like "	k8s.io/api => ./staging/src/k8s.io/api" (inside a
   # replace block) or "replace go.etcd.io/x => ../x".
-  awk '/=> *\.\.?\// { sub(/^replace[ \t]+/, ""); sub(/^[ \t]+/, ""); print $1 }' "$gomod" |
+  # etcd also "replaces" modules it must never depend on with ./FORBIDDEN_DEPENDENCY.
+  awk '/=> *\.\.?\// && !/FORBIDDEN/ { sub(/^replace[ \t]+/, ""); sub(/^[ \t]+/, ""); print $1 }' "$gomod" |
     sort -u | while read -r mod; do
       echo "replace $mod => $mod $3"
     done

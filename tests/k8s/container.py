@@ -107,6 +107,7 @@ class Container:
     probe_period_cap: float = 1.0
     proc: subprocess.Popen[bytes] | None = None
     restart_count: int = 0
+    runs: int = 0
     state: JSON = field(default_factory=lambda: {"waiting": {"reason": "ContainerCreating"}})
     last_state: JSON = field(default_factory=dict)
     ready: bool = False
@@ -146,6 +147,8 @@ class Container:
                 start_new_session=True,
             )
         self.env = launch.env
+        self.runs += 1
+        self.restart_count = self.runs - 1
         self._started_at = now_iso()
         self.state = {"running": {"startedAt": self._started_at}}
         self.exit_code = None
@@ -189,10 +192,12 @@ class Container:
         return "\n".join(lines)[-TAIL_BYTES:]
 
     def archive(self) -> None:
-        """Before a restart: the terminated state becomes ``lastState``."""
+        """Before a restart: the terminated state becomes ``lastState``.
+
+        ``restartCount`` goes up when the process is started again (``start``).
+        """
         if "terminated" in self.state:
             self.last_state = self.state
-            self.restart_count += 1
 
     def signal(self, sig: signal.Signals) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -186,6 +186,7 @@ class ControlPlane:
             f"--etcd-servers={self.etcd_url}", f"--secure-port={self.apiserver_port}",
             "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
             "--endpoint-reconciler-type=none",
+            "--kubelet-preferred-address-types=InternalIP",  # node names do not resolve
             f"--tls-cert-file={p / 'apiserver.crt'}",
             f"--tls-private-key-file={p / 'apiserver.key'}",
             f"--client-ca-file={p / 'ca.crt'}",
@@ -219,8 +220,6 @@ class ControlPlane:
             f"--cluster-signing-key-file={p / 'ca.key'}",
             "--use-service-account-credentials=false",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # No cloud, no node IPAM: nodes are the kubelet's fake ones.
-            "--controllers=*,-nodeipam,-cloud-node-lifecycle,-service-lb-controller",
             "--concurrent-gc-syncs=5",
         ])  # fmt: skip
 

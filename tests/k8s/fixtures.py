@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -94,6 +95,8 @@ def _shutdown() -> None:
         if _cluster.kubelet is not None:
             _cluster.kubelet.stop()
         _cluster.plane.stop()
+        if not os.environ.get("SLUICE_K8S_KEEP"):  # keep logs for a post-mortem
+            shutil.rmtree(_cluster.state_dir, ignore_errors=True)
         _cluster = None
 
 
@@ -117,8 +120,11 @@ def start_cluster(state_dir: Path) -> Cluster:
 @pytest.fixture(scope="session")
 def control_plane() -> Cluster:
     """etcd + apiserver + controller-manager + scheduler on loopback."""
-    state = Path(tempfile.mkdtemp(prefix="sluice-k8s-"))
-    return start_cluster(state)
+    # Not under /tmp: pods often mount an emptyDir at /tmp, which would hide
+    # the sources of their other mounts.
+    runs = Path.home() / ".cache/sluice/k8s-test"
+    runs.mkdir(parents=True, exist_ok=True)
+    return start_cluster(Path(tempfile.mkdtemp(prefix="run-", dir=runs)))
 
 
 @pytest.fixture(scope="session")

@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
 
+from tests.k8s import logserver
 from tests.k8s.api import Api, ApiError
 from tests.k8s.pod import PodWorker
 from tests.k8s.provisioner import LocalPathProvisioner
@@ -89,6 +90,7 @@ class Kubelet:
         self._workers: dict[str, PodWorker] = {}  # by pod uid
         self._stopping = threading.Event()
         self._threads: list[threading.Thread] = []
+        self._log_servers: list[logserver.LogServer] = []
         self.provisioner = (
             LocalPathProvisioner(self.api, self.state_dir) if provision_volumes else None
         )
@@ -105,12 +107,19 @@ class Kubelet:
             self._threads.append(t)
         if self.provisioner is not None:
             self.provisioner.start()
+        cert = logserver.self_signed(self.state_dir / "pki")
+        for ip in self.node_ips.values():
+            server = logserver.LogServer(ip, cert, self.log_path)
+            server.start()
+            self._log_servers.append(server)
 
     def stop(self, delete_nodes: bool = False) -> None:
         """Stop every pod process (pods stay in the apiserver) and the loops."""
         self._stopping.set()
         if self.provisioner is not None:
             self.provisioner.stop()
+        for server in self._log_servers:
+            server.stop()
         with self._lock:
             workers = list(self._workers.values())
         for w in workers:
@@ -189,7 +198,7 @@ class Kubelet:
                 "architecture": "amd64", "osImage": "sluice process kubelet",
                 "kernelVersion": "", "machineID": name, "systemUUID": name, "bootID": name,
             },
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 0}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": logserver.PORT}},
         }  # fmt: skip
 
     def _register(self, name: str) -> None:

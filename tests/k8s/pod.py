@@ -49,12 +49,13 @@ def use_unshare() -> bool:
     return _UNSHARE
 
 
-class PodWorker(threading.Thread):
-    """Runs one pod's containers and reports its status."""
+class PodWorker:
+    """Runs one pod's containers (in its own thread) and reports its status."""
 
     def __init__(self, kubelet: Kubelet, pod: JSON) -> None:
         meta = pod["metadata"]
-        super().__init__(name=f"pod-{meta['namespace']}/{meta['name']}", daemon=True)
+        self.name = f"{meta['namespace']}/{meta['name']}"
+        self._thread = threading.Thread(target=self.run, name=f"pod-{self.name}", daemon=True)
         self.kubelet, self.api, self.pod = kubelet, kubelet.api, pod
         self.uid = meta["uid"]
         self.dir = kubelet.state_dir / "pods" / f"{meta['namespace']}_{meta['name']}_{self.uid}"
@@ -74,6 +75,12 @@ class PodWorker(threading.Thread):
         self._lock = threading.Lock()
         self._gone = threading.Event()
         self._shutdown = threading.Event()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
 
     # -- called from the kubelet's watch thread ------------------------------
     def update(self, pod: JSON) -> None:
@@ -184,7 +191,7 @@ class PodWorker(threading.Thread):
 
     def _drive(self, pod: JSON, c: Container, policy: str) -> None:
         """Start, notice the exit of, or restart (after back-off) one container."""
-        if c.running:
+        if c.proc is not None:  # started: notice an exit
             if c.poll() and (policy == "Always" or (policy == "OnFailure" and c.exit_code != 0)):
                 kl = self.kubelet
                 delay = min(kl.backoff_base * 2**c.restart_count, kl.backoff_max)
@@ -220,7 +227,7 @@ class PodWorker(threading.Thread):
             return "Running"
         if all("terminated" in c.state for c in self.containers):
             return "Succeeded" if all(c.exit_code == 0 for c in self.containers) else "Failed"
-        ran = any(c.restart_count or "terminated" in c.state for c in self.containers)
+        ran = any(c.runs or "terminated" in c.state for c in self.containers)
         return "Running" if ran else "Pending"
 
     def _condition(self, kind: str, ok: bool, reason: str = "") -> JSON:

@@ -259,6 +259,12 @@ def can_unshare() -> bool:
     return subprocess.run(probe, capture_output=True).returncode == 0
 
 
+def _mount_order(mount_path: str, mounts: dict[str, Path]) -> tuple[bool, str]:
+    """Parents before children; a mount that would hide another's source last."""
+    hides = any(str(src).startswith(mount_path.rstrip("/") + "/") for src in mounts.values())
+    return hides, mount_path
+
+
 def launch(
     container: JSON, env: dict[str, str], mounts: dict[str, Path], use_unshare: bool
 ) -> Launch:
@@ -288,7 +294,7 @@ def launch(
         return Launch(argv, env, cwd if Path(cwd).is_dir() else "/")
     readonly = {m["mountPath"] for m in container.get("volumeMounts", []) if m.get("readOnly")}
     script = []
-    for mount_path, src in sorted(mounts.items()):
+    for mount_path, src in sorted(mounts.items(), key=lambda m: _mount_order(m[0], mounts)):
         dst, s = shlex.quote(mount_path), shlex.quote(str(src))
         make = f"mkdir -p {dst}" if src.is_dir() else f"mkdir -p $(dirname {dst}); touch {dst}"
         script.append(f"{make} && mount --bind {s} {dst} || exit 111")

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import ssl
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client
 
@@ -24,10 +26,17 @@ def test_kubectl_talks_to_the_apiserver(control_plane: Cluster) -> None:
     assert "namespace/kube-system" in names
 
 
-def test_unknown_user_is_refused(control_plane: Cluster) -> None:
-    with control_plane.plane.http_client() as http:
-        anonymous = http.get("/api/v1/namespaces/default/secrets", headers={"Authorization": "x"})
-    assert anonymous.status_code == 401
+def test_rbac_refuses_anonymous_and_unknown_tokens(control_plane: Cluster) -> None:
+    plane = control_plane.plane
+    ca = ssl.create_default_context(cafile=str(plane.pki / "ca.crt"))  # no client cert
+    with httpx.Client(base_url=plane.server, verify=ca) as http:
+        anonymous = http.get("/api/v1/namespaces/default/secrets")
+        bad_token = http.get(
+            "/api/v1/namespaces/default/secrets", headers={"Authorization": "Bearer x"}
+        )
+    assert anonymous.status_code == 403
+    assert "system:anonymous" in anonymous.json()["message"]
+    assert bad_token.status_code == 401
 
 
 def test_nodes_register_ready(kubelet: Kubelet, control_plane: Cluster) -> None:
