@@ -9,6 +9,7 @@ namespace (``--all-namespaces``, also the default when none is given).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 
@@ -53,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     clusterwide = args.all_namespaces or not namespaces
     kopf.configure(verbose=args.verbose, debug=args.debug)
+    if not (args.verbose or args.debug):
+        # kopf logs every handler call at INFO; the controller logs what it does.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     import etl_operator.handlers  # noqa: F401  (registers the handlers)
 
     kopf.run(
