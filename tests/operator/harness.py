@@ -42,7 +42,7 @@ spec:
 """
 
 
-def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60.0) -> T:
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 120.0) -> T:
     """Poll ``probe`` until it returns something truthy; fail naming ``what``."""
     deadline = time.monotonic() + timeout
     last: Any = None
@@ -212,7 +212,7 @@ class SluiceNamespace:
     def status(self, name: str) -> dict[str, Any]:
         return (self.etl(name) or {}).get("status") or {}
 
-    def wait_phase(self, name: str, phase: str, ready: str | None = None, timeout: float = 90.0):
+    def wait_phase(self, name: str, phase: str, ready: str | None = None, timeout: float = 180.0):
         def probe() -> dict[str, Any] | None:
             obj = self.etl(name) or {}
             st = obj.get("status") or {}
