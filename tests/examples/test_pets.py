@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import httpx
 import pytest
 import webdataset as wds
 from PIL import Image
@@ -47,6 +48,8 @@ def test_convert_uploads_every_sample_in_shards(
     assert converted.samples == IMAGES
 
     urls = bucket.object_urls(steps["convert"].shard_brace(SHARDS))
+    # The gateway redirects; webdataset's `curl -L` must follow it.
+    assert httpx.get(urls[0], follow_redirects=False).status_code == 307
     samples = list(wds.WebDataset(urls, shardshuffle=False))
     assert [len(list(wds.WebDataset([u], shardshuffle=False))) for u in urls] == [16, 16, 16, 12]
     by_key = {s["__key__"]: s for s in samples}
