@@ -75,6 +75,8 @@ def convert_and_upload(
     ``bucket`` is an SDK bucket handle (``client.bucket(name)``), created here if
     needed. Returns the uploaded object names and the number of samples.
     """
+    if not records:
+        raise ValueError("no images to convert")
     bucket.create(exist_ok=True)
     uploaded: list[str] = []
     counts = {"samples": 0, "in_shard": 0, "bytes": 0}
