@@ -122,7 +122,7 @@ def run_workflow(
     bucket: str = "pets",
     etl_name: str = "pets-train",
     num_workers: int | None = None,
-    etl_workers: int | None = None,
+    etl_workers: int | None = 1,
     grid_path: str | Path | None = None,
     grid_samples: int = 6,
     log: Callable[[str], None] = print,
@@ -133,8 +133,10 @@ def run_workflow(
     epoch: ``samples``, ``seconds``, ``samples_per_s``, ``loss``),
     ``samples_per_s`` (best epoch), ``classes_read`` (first epoch, sorted),
     ``etl_stats`` and ``grid_path``. ``num_workers`` (DataLoader workers)
-    defaults to 4, or fewer on a machine with fewer CPUs; ``etl_workers``
-    (worker processes per transformer) to the runtime's default.
+    defaults to 4, or fewer on a machine with fewer CPUs. ``etl_workers``
+    (worker processes per transformer) defaults to 1: each worker imports torch
+    on its first sample, which dominates the first epoch on a laptop running
+    every target; ``None`` means the runtime's default (one per CPU).
     """
     make, convert, register, train = (
         load_step(n) for n in ("make_dataset", "1_convert", "2_register_etl", "3_train")
