@@ -90,6 +90,13 @@ class Release:
                 out.append(pod.status.pod_ip)
         return out
 
+    def etls(self) -> list[dict[str, Any]]:
+        custom = client.CustomObjectsApi(self.cluster.api_client)
+        found = custom.list_namespaced_custom_object(
+            "sluice.dev", "v1alpha1", self.namespace, "etls"
+        )
+        return list(found["items"])
+
     def cluster_key(self) -> str:
         secret = self.cluster.core.read_namespaced_secret(
             f"{RELEASE}-sluice-cluster-key", self.namespace
@@ -176,14 +183,15 @@ def test_helm_install_runs_a_wds_etl_end_to_end_and_uninstall_keeps_only_pvcs(
 
         with Client(endpoint, token=TOKEN, timeout=120) as sdk:
             bucket = sdk.bucket("images").create()
-            for i in range(SHARDS):
+            shards = [make_shard(i) for i in range(SHARDS)]
+            for i, shard in enumerate(shards):
                 name = f"shard-{i:03d}.tar"
                 if i % 2:
                     path = tmp_path / name
-                    path.write_bytes(make_shard(i))
+                    path.write_bytes(shard)
                     bucket.object(name).put_file(path)
                 else:
-                    bucket.object(name).put_content(make_shard(i))
+                    bucket.object(name).put_content(shard)
 
             # Defined here so cloudpickle ships it by value.
             def shrink(sample: dict[str, Any]) -> dict[str, Any] | None:
@@ -194,8 +202,7 @@ def test_helm_install_runs_a_wds_etl_end_to_end_and_uninstall_keeps_only_pvcs(
 
             sdk.etl("shrink").init_code(transform=shrink, mode="wds", decode="pil", timeout=240)
 
-            custom = client.CustomObjectsApi(control_plane.api_client)
-            cr = custom.get_namespaced_custom_object("sluice.dev", "v1alpha1", ns, "etls", "shrink")
+            (cr,) = rel.etls()
             assert cr["status"]["phase"] == "Running", cr["status"]
             transformers = rel.pods("sluice.dev/etl=shrink")
             targets = {
@@ -221,17 +228,22 @@ def test_helm_install_runs_a_wds_etl_end_to_end_and_uninstall_keeps_only_pvcs(
             # Upgrading keeps the generated cluster key (redirects and ETL tokens stay valid).
             rel.helm("upgrade", RELEASE, str(CHART), "--reuse-values")
             assert rel.cluster_key() == key_at_install
-            assert bucket.object("shard-000.tar").get_bytes() == make_shard(0)
+            assert bucket.object("shard-001.tar").get_bytes() == shards[1]
 
             sdk.etl("shrink").delete()
-        wait_for("transformer pods to go", lambda: not rel.pods("sluice.dev/etl"), timeout=120)
+        # The operator finalizes the ETL (its pods and token Secret) before it goes.
+        wait_for("the ETL to be finalized", lambda: not rel.etls(), timeout=120)
+        assert not rel.pods("sluice.dev/etl")
     except BaseException:
         print(rel.diagnostics())
         raise
     finally:
         rel.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
 
-    wait_for("every release object to go", lambda: not _leftovers(control_plane, ns), timeout=120)
+    deadline = time.monotonic() + 120
+    while leftovers := _leftovers(control_plane, ns):
+        assert time.monotonic() < deadline, f"helm uninstall left {leftovers}"
+        time.sleep(1)
     claims = control_plane.core.list_namespaced_persistent_volume_claim(ns).items
     assert sorted(c.metadata.name for c in claims) == [
         f"data-{RELEASE}-sluice-target-{i}" for i in range(TARGETS)
