@@ -11,6 +11,12 @@ its status and JSON body; a break *after* streaming began is re-raised inside
 the response generator, which makes uvicorn drop the connection without the
 final chunk, so the client sees an incomplete response.
 
+The PUT goes through ``duplex.DuplexClient``, which reads the answer while it
+still sends the object: a WebDataset transformer streams its output while it
+reads the shard and stops reading when the output is not consumed, so a client
+that sends the whole body first (httpx) deadlocks on big shards. The small
+``/stats`` and ``/logs`` calls use httpx.
+
 Failures only the target can see (transformer unreachable, stream broken) are
 counted here and reported by ``stats()`` next to the transformer's own counts.
 """
@@ -18,6 +24,7 @@ counted here and reported by ``stats()`` next to the transformer's own counts.
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -31,6 +38,7 @@ from fastapi.responses import StreamingResponse
 
 from etl_runtime import auth
 from etl_runtime.cluster import EtlRecord, EtlRegistry, TransformerStatus
+from etl_runtime.target.duplex import DuplexClient, DuplexError, DuplexResponse
 from etl_runtime.target.errors import (
     EtlNotFound,
     EtlNotReady,
@@ -73,6 +81,7 @@ class EtlForwarder:
         self.store = store
         self.cluster_key = cluster_key or ""
         self._http: httpx.AsyncClient | None = None
+        self._duplex: DuplexClient | None = None
         self._failures: dict[str, int] = collections.Counter()
         self._last_errors: dict[str, collections.deque[dict[str, Any]]] = {}
 
@@ -82,17 +91,27 @@ class EtlForwarder:
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
             timeout=httpx.Timeout(600.0, connect=10.0),
         )
+        self._duplex = DuplexClient(connect_timeout=10.0)
 
     async def stop(self) -> None:
         if self._http is not None:
             await self._http.aclose()
             self._http = None
+        if self._duplex is not None:
+            await self._duplex.aclose()
+            self._duplex = None
 
     @property
     def http(self) -> httpx.AsyncClient:
         if self._http is None:
             raise RuntimeError("EtlForwarder.start() was not called")
         return self._http
+
+    @property
+    def duplex(self) -> DuplexClient:
+        if self._duplex is None:
+            raise RuntimeError("EtlForwarder.start() was not called")
+        return self._duplex
 
     # -- finding the transformer ----------------------------------------------
 
@@ -163,21 +182,22 @@ class EtlForwarder:
             raise
         assert tf.endpoint is not None
         url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
-        request = self.http.build_request(
-            "PUT",
-            url,
-            params=params,
-            content=content,
-            headers=self._headers(record),
-            timeout=httpx.Timeout(record.spec.request_timeout_seconds, connect=10.0),
-        )
         try:
-            response = await self.http.send(request, stream=True)
-        except httpx.HTTPError as e:
-            self._fail(etl_name, obj, f"transformer unreachable: {e!r}")
+            response = await self.duplex.request(
+                "PUT",
+                url,
+                params=params,
+                body=content,
+                headers=self._headers(record),
+                timeout=record.spec.request_timeout_seconds,
+            )
+        except DuplexError as e:
+            if isinstance(content, AsyncIterator):
+                await content.aclose()  # type: ignore[attr-defined]
+            self._fail(etl_name, obj, f"transformer unreachable: {e}")
             raise EtlNotReady(
                 f"the transformer of ETL {etl_name!r} on target {self.target_id!r} "
-                f"did not answer ({type(e).__name__}); retry shortly",
+                f"did not answer ({type(e).__name__}: {e}); retry shortly",
                 etl=etl_name,
                 bucket=bucket,
                 object=name,
@@ -191,20 +211,14 @@ class EtlForwarder:
         )
 
     async def _transformer_error(
-        self, response: httpx.Response, etl: str, bucket: str, name: str
+        self, response: DuplexResponse, etl: str, bucket: str, name: str
     ) -> SluiceError:
         try:
+            body = await response.read(ERROR_BODY_MAX)
+        except DuplexError:
             body = b""
-            async for chunk in response.aiter_bytes():
-                body += chunk
-                if len(body) > ERROR_BODY_MAX:
-                    break
-        except httpx.HTTPError:
-            pass
-        finally:
-            await response.aclose()
         try:
-            payload = httpx.Response(200, content=body).json()
+            payload = json.loads(body)
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
@@ -213,11 +227,11 @@ class EtlForwarder:
         payload.setdefault("etl", etl)
         return TransformerError(response.status_code, payload, bucket=bucket, object=name)
 
-    async def _relay(self, response: httpx.Response, etl: str, obj: str) -> AsyncIterator[bytes]:
+    async def _relay(self, response: DuplexResponse, etl: str, obj: str) -> AsyncIterator[bytes]:
         try:
-            async for chunk in response.aiter_raw():
+            async for chunk in response.aiter_bytes():
                 yield chunk
-        except httpx.HTTPError as e:
+        except DuplexError as e:
             self._fail(etl, obj, f"transformer stream broke off: {e!r}")
             # Raising after the headers went out makes uvicorn drop the connection.
             raise TransformerStreamBroken(f"ETL {etl!r}, object {obj!r}: {e!r}") from e
