@@ -207,7 +207,10 @@ class Container:
                 pass
 
     def stop(self, grace: float) -> None:
-        """SIGTERM, wait up to ``grace`` seconds, SIGKILL; then record the exit."""
+        """SIGTERM, wait up to ``grace`` seconds, SIGKILL.
+
+        The exit is left for ``poll()`` so the pod worker applies the restart policy.
+        """
         self.signal(signal.SIGTERM)
         deadline = time.monotonic() + grace
         while self.running and time.monotonic() < deadline:
@@ -215,7 +218,6 @@ class Container:
         self.signal(signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait()
-        self.poll()
 
     def run_probes(self, pod_ip: str) -> None:
         """Run the probes that are due; a failed liveness probe kills the process."""
@@ -227,7 +229,7 @@ class Container:
             if startup.due(now):
                 result = startup.record(now, run_probe(startup.spec, self.spec, pod_ip, self.env))
                 if result is False:
-                    self.stop(grace=float(self.spec.get("terminationGracePeriodSeconds", 2)))
+                    self.stop(grace=float(startup.spec.get("terminationGracePeriodSeconds", 2)))
                 self.started = bool(result)
             return
         readiness = self.probes.get("readinessProbe")
@@ -240,7 +242,7 @@ class Container:
         liveness = self.probes.get("livenessProbe")
         if liveness is not None and liveness.due(now):
             if liveness.record(now, run_probe(liveness.spec, self.spec, pod_ip, self.env)) is False:
-                self.stop(grace=2.0)
+                self.stop(grace=float(liveness.spec.get("terminationGracePeriodSeconds", 2)))
 
     def status(self, image: str) -> JSON:
         """This container's ``containerStatuses[]`` entry."""

@@ -147,6 +147,7 @@ class PodWorker:
             time.sleep(0.05)
         for c in everything:
             c.stop(grace=0)
+            c.poll()
 
     # -- running containers ------------------------------------------------
     def _base_env(self, pod: JSON) -> dict[str, str]:

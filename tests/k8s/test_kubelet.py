@@ -230,3 +230,20 @@ def test_service_account_token_reaches_the_apiserver(
     out = kubelet.logs(ns, "incluster", "main")
     assert p.status.phase == "Succeeded", out
     assert f"user: system:serviceaccount:{ns}:default" in out
+
+
+def test_failing_liveness_probe_restarts_the_container(
+    kubelet: Kubelet, control_plane: Cluster, k8s_namespace: str
+) -> None:
+    core: Any = control_plane.core
+    ns = k8s_namespace
+    probe = {"tcpSocket": {"port": 9}, "periodSeconds": 1, "failureThreshold": 2}
+    sleeper = python("main", "import time; time.sleep(600)", livenessProbe=probe)
+    core.create_namespaced_pod(ns, pod("unhealthy", sleeper))
+
+    def restarted() -> Any:
+        st = read_pod(core, ns, "unhealthy").status.container_statuses
+        return st[0] if st and st[0].restart_count >= 1 else None
+
+    status = wait_for(restarted, timeout=60)
+    assert status.last_state.terminated.exit_code == 128 + 15  # SIGTERM from the kubelet

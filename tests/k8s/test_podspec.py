@@ -44,3 +44,23 @@ def test_commands_resolve_from_the_project_venv() -> None:
     assert run.argv == [str(Path(sys.executable).parent / "python"), "-V"]
     with pytest.raises(LaunchError, match="no command"):
         launch({"name": "c", "image": "nginx"}, env, {}, False)
+
+
+def test_mounts_use_a_private_mount_namespace_or_env_fallback(tmp_path: Path) -> None:
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    spec = {
+        "name": "c",
+        "command": ["python"],
+        "workingDir": "/data",
+        "volumeMounts": [{"name": "v", "mountPath": "/data", "readOnly": True}],
+    }
+    run = launch(spec, dict(env), {"/data": tmp_path}, use_unshare=True)
+    assert run.argv[:4] == ["unshare", "--mount", "--propagation", "private"]
+    script = run.argv[6]
+    assert f"mount --bind {tmp_path} /data" in script
+    assert "mount -o remount,bind,ro /data" in script
+    assert script.endswith('cd /data && exec "$@"')
+    # Without mount namespaces (not root): the directory is handed over in the env.
+    fallback = launch(spec, dict(env), {"/data": tmp_path}, use_unshare=False)
+    assert fallback.env["SLUICE_VOLUME_DATA"] == str(tmp_path)
+    assert fallback.argv[0].endswith("/python")
