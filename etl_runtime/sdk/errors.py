@@ -10,7 +10,8 @@ Hierarchy::
     │   ├── Conflict                 409: ETL stopped, name clash, bucket exists
     │   ├── Unavailable              503: ETL not ready yet, no live targets
     │   └── ServerError              other 5xx
-    │       └── TransformError       a transform failed (also an EtlError)
+    │       └── TransformError       422 (or 5xx naming a sample): a transform failed
+    │                                (also an EtlError)
     ├── EtlError                     an ETL went to phase Error or never became Running
     │   └── TransformError
     └── NetworkError                 could not reach the cluster / timed out
@@ -30,6 +31,7 @@ from typing import Any
 import httpx
 
 CONTEXT_FIELDS = ("bucket", "object", "etl", "sample", "detail")
+TRANSFORM_KINDS = ("TransformError", "BadResult")
 
 
 class SluiceError(Exception):
@@ -96,7 +98,13 @@ class EtlError(SluiceError):
 
 
 class TransformError(ServerError, EtlError):
-    """The user's transform raised while serving an object (names the sample if any)."""
+    """The user's transform raised while serving an object (names the sample if any).
+
+    Transformers answer it with 422, so that clients that retry 5xx (curl in
+    webdataset's ``--retry``) do not retry a deterministic failure; it stays a
+    ``ServerError`` subclass so existing ``except ServerError`` code still
+    catches it, and a 5xx naming a sample (older transformers) maps here too.
+    """
 
 
 class NetworkError(SluiceError):
@@ -119,6 +127,8 @@ _BY_STATUS: dict[int, type[HTTPError]] = {
 def error_class(status: int, body: dict[str, Any]) -> type[HTTPError]:
     if status in _BY_STATUS:
         return _BY_STATUS[status]
+    if status == 422 and (body.get("etl") or body.get("kind") in TRANSFORM_KINDS):
+        return TransformError
     if status >= 500:
         # A transformer's failure comes back with the ETL (and maybe sample) named.
         if body.get("etl") and ("sample" in body or "detail" in body):

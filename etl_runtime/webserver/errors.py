@@ -9,8 +9,8 @@ module is the only place a status is chosen)::
     │   └── DecodeError              400  wds mode: a sample field does not decode
     ├── Unauthorized                 401  missing or wrong bearer token
     ├── ObjectNotFound               404  ``etl_fqn`` names no readable file
-    ├── TransformError               500  the user's function raised
-    ├── BadResult                    500  the user's function returned something unusable
+    ├── TransformError               422  the user's function raised on this object/sample
+    ├── BadResult                    422  the user's function returned something unusable
     ├── WorkerDied                   500  a worker process died while transforming
     ├── TransformTimeout             504  longer than ``spec.timeouts.requestSeconds``
     └── NotReady                     503  code still loading / pool still starting
@@ -19,6 +19,17 @@ module is the only place a status is chosen)::
     ├── CodeLoadError                     user code does not load
     ├── PythonVersionMismatch             pickled with another Python major.minor
     └── DependencyError                   ``spec.dependencies`` failed to install
+
+Why 422 and not 500 for a failing user function: such a failure is
+deterministic (the same function on the same object fails the same way), so
+it must not look retryable. ``webdataset`` opens URLs with ``curl -f -s -L
+--retry 30 --retry-delay 2``, and curl retries 408, 429, 500, 502, 503 and
+504: a 500 made every DataLoader worker re-fetch a broken shard for a minute
+before failing. 422 (Unprocessable Content: the request was understood, this
+object cannot be processed) fails at once, and still carries the JSON body
+naming the ETL, object and sample. 500 stays for genuine internal errors
+(a bug in the runtime, a worker that died: retrying may help), 503 for a
+transformer still starting, 504 for a transform that ran out of time.
 
 Errors raised inside a worker process travel to the server as a plain dict
 (``to_wire`` / ``from_wire``) and become the same classes again there.
@@ -101,11 +112,11 @@ class ObjectNotFound(TransformerError):
 
 
 class TransformError(TransformerError):
-    pass
+    status = 422  # deterministic: must not be retried (see the module docstring)
 
 
 class BadResult(TransformerError):
-    pass
+    status = 422
 
 
 class WorkerDied(TransformerError):

@@ -10,7 +10,15 @@ import tarfile
 import pytest
 import requests
 
-from etl_runtime import BadRequest, Client, Conflict, EtlError, HTTPError, NotFound
+from etl_runtime import (
+    BadRequest,
+    Client,
+    Conflict,
+    EtlError,
+    HTTPError,
+    NotFound,
+    TransformError,
+)
 
 
 @pytest.fixture
@@ -90,7 +98,7 @@ def test_failing_transform_names_the_object(client: Client, texts) -> None:
     with pytest.raises(HTTPError) as exc_info:
         texts.object("a.txt").get_bytes(etl_name="e2e-picky")
     err = exc_info.value
-    assert isinstance(err, EtlError) and err.status is not None and err.status >= 500
+    assert isinstance(err, TransformError) and err.status == 422
     assert "cannot handle 11 bytes" in str(err) + (err.detail or "")
     assert err.etl == "e2e-picky" and err.object == "a.txt"
     last = client.etl("e2e-picky").details()

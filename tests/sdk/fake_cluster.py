@@ -134,7 +134,7 @@ def target_app(state: State) -> FastAPI:
             return Response(request.query_params.get("etl_args", "").encode())
         if etl == "fails":
             return error(
-                500,
+                422,
                 "transform raised ValueError: bad",
                 "TransformError",
                 etl=etl,

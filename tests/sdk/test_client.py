@@ -157,7 +157,7 @@ def test_errors_are_typed_and_carry_context(client) -> None:
         obj.get_bytes(etl_name="fails")
     err = tf.value
     assert isinstance(err, EtlError) and isinstance(err, ServerError)
-    assert (err.status, err.sample, err.etl) == (500, "s-007", "fails")
+    assert (err.status, err.sample, err.etl) == (422, "s-007", "fails")
     assert "ValueError" in str(err)
 
     # HEAD has no body: the message is built from what we asked for.

@@ -56,7 +56,7 @@ def record(
 def transformer_app(
     etl: str, behavior: str = "reverse", uid: str = "uid-1", key: str = CLUSTER_KEY
 ) -> FastAPI:
-    """A real hpush transformer: ``reverse`` bytes, ``abort`` mid-stream, or ``error`` 500."""
+    """A real hpush transformer: ``reverse`` bytes, ``abort`` mid-stream, or ``error`` 422."""
     app = FastAPI()
     expected = f"Bearer {auth.transformer_token(key, etl, uid)}"
     app.state.calls = []
@@ -92,7 +92,7 @@ def transformer_app(
                     "sample": None,
                     "detail": "Traceback ...\nValueError: bad pixel",
                 },
-                status_code=500,
+                status_code=422,
             )
         out = data[::-1]
 

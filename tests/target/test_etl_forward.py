@@ -114,7 +114,7 @@ def test_not_ready_is_503_with_retry_after(loaded: RunningTarget, transformers: 
 def test_transformer_error_is_passed_through(loaded: RunningTarget) -> None:
     loaded.client.put("/v1/objects/b/img.png", content=b"x")
     r = loaded.client.get("/v1/objects/b/img.png", params={"etl_name": "fail"})
-    assert r.status_code == 500
+    assert r.status_code == 422
     body = r.json()
     assert body["error"] == "ValueError: bad pixel"
     assert body["etl"] == "fail" and body["bucket"] == "b" and body["object"] == "img.png"

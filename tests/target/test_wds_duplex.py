@@ -12,6 +12,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,12 +25,21 @@ from tests.webserver.conftest import source_code, transformer
 
 SAMPLE_BYTES = 256 << 10
 SAMPLES = 256  # 64 MiB of payload: far more than loopback socket buffers hold
-IDENTITY = "def transform(sample):\n    return sample\n"
+IDENTITY = """
+def transform(sample):
+    if sample["__key__"] == "poison":
+        raise ValueError("poisoned sample")
+    return sample
+"""
 
 
-def shard(path: Path, samples: int) -> None:
+def shard(path: Path, samples: int, first: str | None = None) -> None:
     block = os.urandom(SAMPLE_BYTES)
     with tarfile.open(path, "w", format=tarfile.USTAR_FORMAT) as tar:
+        if first is not None:
+            info = tarfile.TarInfo(f"{first}.cls")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"0"))
         for i in range(samples):
             info = tarfile.TarInfo(f"s{i:06d}.bin")
             info.size = SAMPLE_BYTES
@@ -69,3 +79,27 @@ def test_big_shard_streams_through_target(
     ds = wds.WebDataset(f"pipe:curl -m 120 -f -s -L '{url}'", shardshuffle=False)
     keys = [(s["__key__"], len(s["bin"]), int(s["cls"])) for s in ds]
     assert keys == [(f"s{i:06d}", SAMPLE_BYTES, i) for i in range(SAMPLES)]
+
+
+@pytest.mark.timeout(120)
+def test_failing_sample_is_not_retried_by_webdataset(
+    target: RunningTarget, wds_identity: str, tmp_path: Path
+) -> None:
+    """A transform failure is 422, which curl's ``--retry`` (webdataset's opener) skips."""
+    c = target.client
+    c.post("/v1/buckets/b", json={"action": "create-bck"})
+    target.registry.put(record("ident", {"t0": wds_identity}))
+    path = tmp_path / "bad.tar"
+    shard(path, 2, first="poison")
+    with open(path, "rb") as f:
+        assert c.put("/v1/objects/b/bad.tar", content=f).status_code == 200
+    r = c.get("/v1/objects/b/bad.tar", params={"etl_name": "ident"})
+    assert r.status_code == 422, r.text
+    assert r.json()["kind"] == "TransformError" and r.json()["sample"] == "poison"
+    url = f"{target.url}/v1/objects/b/bad.tar?etl_name=ident"
+    started = time.monotonic()
+    # curl -f writes nothing on an HTTP error: webdataset reports "empty file"
+    # (or curl's exit 22); either way at once, not after curl's retries
+    with pytest.raises((OSError, tarfile.ReadError)):
+        list(wds.WebDataset(url, shardshuffle=False))
+    assert time.monotonic() - started < 10  # 500 would have meant 30 retries, 2 s apart

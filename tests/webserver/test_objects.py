@@ -138,7 +138,7 @@ def test_token_required_except_health(url: str) -> None:
 
 def test_user_exception_is_json_before_first_byte(url: str) -> None:
     r = put(url, "bkt/bad.bin", b"payload", etl_args="raise")
-    assert r.status_code == 500
+    assert r.status_code == 422
     body = r.json()
     assert body["kind"] == "TransformError"
     assert body["etl"] == "objects" and body["object"] == "bkt/bad.bin" and body["sample"] is None

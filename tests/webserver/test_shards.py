@@ -113,7 +113,7 @@ def test_fail_on_first_sample_is_json_naming_the_sample(pil_url: str) -> None:
         params={"etl_args": "fail:sample_000000"},
         timeout=60,
     )
-    assert r.status_code == 500
+    assert r.status_code == 422
     body = r.json()
     assert body["sample"] == "sample_000000" and body["object"] == "b/s.tar"
     assert body["etl"] == "thumbs" and "refusing sample_000000" in body["error"]
