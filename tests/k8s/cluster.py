@@ -30,6 +30,7 @@ from tests.k8s.api import Api, ApiError
 from tests.k8s.controlplane import (
     BIN_DIR,
     BINARIES,
+    DIE_WITH_PARENT,
     ControlPlane,
     ControlPlaneError,
     binary,
@@ -116,7 +117,7 @@ def deploy_sluice(plane: ControlPlane, api: Api, log: Path) -> subprocess.Popen[
         env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "SLUICE_CLUSTER_KEY": key}
         with open(log, "ab") as out:
             operator = subprocess.Popen(
-                [sys.executable, "-m", "etl_operator"],
+                [*DIE_WITH_PARENT, sys.executable, "-m", "etl_operator"],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
     if (ROOT / "etl_runtime/target/__main__.py").exists():

@@ -10,7 +10,6 @@ the tail of the output as the termination message of a failed run.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,6 +21,7 @@ from typing import Any
 
 import httpx
 
+from tests.k8s.controlplane import DIE_WITH_PARENT  # the pod worker outlives its processes
 from tests.k8s.podspec import Launch
 
 JSON = dict[str, Any]
@@ -30,12 +30,6 @@ TAIL_LINES, TAIL_BYTES = 80, 2048  # what the real kubelet keeps for the message
 
 def now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-# The child gets SIGKILL when the thread that started it dies (the pod worker
-# lives as long as its processes, the kubelet stops them first), so a killed
-# test run leaks no servers.
-DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
 
 
 @dataclass

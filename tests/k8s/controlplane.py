@@ -31,6 +31,9 @@ import httpx
 BIN_DIR = Path(os.environ.get("SLUICE_K8S_BIN", Path.home() / ".cache/sluice/bin"))
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 SERVICE_CIDR = "10.0.0.0/24"
+# Children get SIGKILL when the thread that started them dies, so a test run
+# that is killed (timeout, Ctrl-C twice) leaks no apiserver, etcd or pod.
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
 
 
 class ControlPlaneError(RuntimeError):
@@ -96,7 +99,9 @@ class ControlPlane:
     """etcd + kube-apiserver (+ optional controller-manager and scheduler).
 
     ``with ControlPlane(state_dir) as cp:`` starts everything and waits until
-    the apiserver is ready; ``cp.kubeconfig`` is an admin kubeconfig.
+    the apiserver is ready; ``cp.kubeconfig`` is an admin kubeconfig.  Start it
+    from a thread that outlives it (e.g. the main thread): the processes die
+    with the thread that started them.
     """
 
     state_dir: Path
@@ -159,7 +164,7 @@ class ControlPlane:
         log = open(self.state_dir / "logs" / f"{name}.log", "ab")  # noqa: SIM115
         with log:
             self.procs[name] = subprocess.Popen(
-                [str(binary(name)), *args],
+                [*DIE_WITH_PARENT, str(binary(name)), *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

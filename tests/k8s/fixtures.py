@@ -33,6 +33,7 @@ run ``make k8s-tools``.  Docs: docs/testing-kubernetes.md.
 from __future__ import annotations
 
 import atexit
+import fcntl
 import os
 import shutil
 import subprocess
@@ -42,7 +43,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 from kubernetes import client, config
@@ -124,7 +125,31 @@ def control_plane() -> Cluster:
     # the sources of their other mounts.
     runs = Path.home() / ".cache/sluice/k8s-test"
     runs.mkdir(parents=True, exist_ok=True)
-    return start_cluster(Path(tempfile.mkdtemp(prefix="run-", dir=runs)))
+    _remove_stale_runs(runs)
+    state = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
+    global _run_lock
+    _run_lock = open(state / "in-use.lock", "wb")  # noqa: SIM115 - held until exit
+    fcntl.flock(_run_lock, fcntl.LOCK_EX)
+    return start_cluster(state)
+
+
+_run_lock: IO[bytes] | None = None
+
+
+def _remove_stale_runs(runs: Path) -> None:
+    """Delete state left by killed test runs (their lock is free), unless kept."""
+    if os.environ.get("SLUICE_K8S_KEEP"):
+        return
+    for run in runs.glob("run-*"):
+        try:
+            with open(run / "in-use.lock", "rb") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            continue  # another test session is using it
+        except OSError:  # no lock file: a run being made right now, or an old one
+            if time.time() - run.stat().st_mtime < 600:
+                continue
+        shutil.rmtree(run, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
