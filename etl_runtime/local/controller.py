@@ -244,6 +244,10 @@ class LocalEtlBackend:
         try:
             r = await self._client.get(f"{p.endpoint}/health")
             ok, why = r.status_code == 200, f"not ready: /health answered {r.status_code}"
+            if ok and not _answered_by(p, r):
+                # The port was taken by another server before our child bound it
+                # (free_port() -> bind race); the child will die on EADDRINUSE.
+                ok, why = False, f"not ready: port {p.port} is answered by another process"
         except httpx.HTTPError as e:
             ok, why = False, f"not ready: {type(e).__name__}"
         if ok:
@@ -387,3 +391,19 @@ class LocalEtlBackend:
 
     def _remove_deps(self, etl: str) -> None:
         shutil.rmtree(self.state_dir / "deps" / etl, ignore_errors=True)
+
+
+def _answered_by(p: TransformerProcess, r: httpx.Response) -> bool:
+    """Whether a 200 ``/health`` came from ``p`` itself (its ETL name and pid).
+
+    Fields a transformer does not report (an older runtime, a stand-in) are
+    not held against it; a different ETL or pid is.
+    """
+    try:
+        body = r.json()
+    except ValueError:
+        return True
+    if not isinstance(body, dict):
+        return True
+    etl, pid = body.get("etl"), body.get("pid")
+    return (etl is None or etl == p.etl) and (pid is None or pid == p.pid)

@@ -76,6 +76,7 @@ def create_app(
             "etl": name,
             "mode": spec.mode,
             "workers": transformer.workers,
+            "pid": os.getpid(),  # lets a supervisor check who answers on its port
         }
         if transformer.fatal:
             body.update(status="error", error=transformer.fatal)

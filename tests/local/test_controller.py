@@ -257,3 +257,55 @@ def test_environment_carries_token_not_cluster_secrets(tmp_path: Path, monkeypat
         assert json.loads((state / "envy.json").read_text())["uid"] == rec.uid
 
     asyncio.run(scenario())
+
+
+def test_a_foreign_server_on_the_port_is_never_taken_for_ready(
+    tmp_path: Path, transformer_command, monkeypatch
+) -> None:
+    """Port race: the picked port is taken before the transformer binds it.
+
+    ``free_port()`` closes its socket before the child binds, so another server
+    (a transformer of another ETL or cluster) can take the port first; the new
+    transformer then dies on EADDRINUSE, but before it does, that *other*
+    server answers ``/health``. Taking that for "ready" made the ETL Running
+    with an endpoint that refuses our token (401): webdataset's ``curl -f``
+    then printed nothing and webdataset said "empty file".
+    """
+    from fastapi import FastAPI
+
+    from etl_runtime.local import processes
+    from tests.servers import serve_in_thread
+
+    foreign = FastAPI()
+
+    @foreign.get("/health")
+    async def foreign_health() -> dict[str, object]:
+        return {"status": "ok", "etl": "someone-else", "mode": "object", "workers": 1, "pid": 1}
+
+    real_free_port = processes.free_port
+    with serve_in_thread(foreign) as foreign_url:
+        port = int(foreign_url.rsplit(":", 1)[1])
+        ports = iter([port])
+        monkeypatch.setattr(
+            processes,
+            "free_port",
+            lambda host="127.0.0.1": next(ports, None) or real_free_port(host),
+        )
+
+        async def scenario() -> None:
+            state = tmp_path / "etl"
+            seen: list[tuple[str, str | None, bool]] = []
+            async with running(state, FakeTargets(["t0"]), transformer_command) as be:
+                await be.init("victim", spec())
+
+                def check() -> bool:
+                    rec = on_disk(state, "victim")
+                    if rec is not None:
+                        seen.extend((rec.phase, t.endpoint, t.ready) for t in rec.transformers)
+                    return rec is not None and rec.phase == "Running"
+
+                await wait_until(check, timeout=90, what="victim Running")
+            assert (("Running", foreign_url, True)) not in seen
+            assert not any(ep == foreign_url and ready for _, ep, ready in seen), seen
+
+        asyncio.run(scenario())
