@@ -111,26 +111,28 @@ class PodWorker:
 
     def _loop(self) -> None:
         pod = self._current()
+        # A pod that already ended (seen again after a kubelet restart) is never re-run.
         terminal = pod.get("status", {}).get("phase") in ("Succeeded", "Failed")
         if not terminal:
             self.ip = self.kubelet.allocate_ip()
         while not (self._gone.is_set() or self._shutdown.is_set()):
             pod = self._current()
             if pod["metadata"].get("deletionTimestamp"):
-                self._delete(pod)
+                self._delete(pod, write_status=not terminal)
                 return
             if not terminal:
                 self._step(pod)
                 self._write_status(pod)
             self._shutdown.wait(0.2)
 
-    def _delete(self, pod: JSON) -> None:
+    def _delete(self, pod: JSON, write_status: bool) -> None:
         meta = pod["metadata"]
         grace = meta.get("deletionGracePeriodSeconds")
         if grace is None:
             grace = pod["spec"].get("terminationGracePeriodSeconds", 30)
         self._stop_all(float(grace))
-        self._write_status(pod)
+        if write_status:
+            self._write_status(pod)
         path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
         try:
             self.api.delete(path, {"gracePeriodSeconds": 0, "preconditions": {"uid": self.uid}})
@@ -206,7 +208,19 @@ class PodWorker:
 
     def _step(self, pod: JSON) -> None:
         policy = pod["spec"].get("restartPolicy", "Always")
+        if all("terminated" in c.state for c in self.containers):  # done for good
+            for c in self.init:  # sidecars go when the main containers have gone
+                if c.running:
+                    c.stop(grace=2.0)
+                    c.poll()
+            return
         for c in self.init:  # one after the other, each to success
+            if c.spec.get("restartPolicy") == "Always":  # a native sidecar keeps running
+                self._drive(pod, c, "Always")
+                c.run_probes(self.ip or "")
+                if not self._init_done(c):
+                    return
+                continue
             if "terminated" in c.state:
                 if c.exit_code == 0:
                     continue
@@ -219,15 +233,21 @@ class PodWorker:
             c.run_probes(self.ip or "")
 
     # -- status ------------------------------------------------------------
+    @staticmethod
+    def _init_done(c: Container) -> bool:
+        if c.spec.get("restartPolicy") == "Always":  # sidecar: started is enough
+            return c.running and c.started
+        return "terminated" in c.state and c.exit_code == 0
+
     def _phase(self) -> str:
         if self.failed:
             return "Failed"
-        if any("terminated" not in c.state or c.exit_code != 0 for c in self.init):
+        if all("terminated" in c.state for c in self.containers):  # after init, for good
+            return "Succeeded" if all(c.exit_code == 0 for c in self.containers) else "Failed"
+        if not all(self._init_done(c) for c in self.init):
             return "Pending"
         if any(c.running for c in self.containers):
             return "Running"
-        if all("terminated" in c.state for c in self.containers):
-            return "Succeeded" if all(c.exit_code == 0 for c in self.containers) else "Failed"
         ran = any(c.runs or "terminated" in c.state for c in self.containers)
         return "Running" if ran else "Pending"
 
@@ -241,8 +261,10 @@ class PodWorker:
 
     def _write_status(self, pod: JSON) -> None:
         phase = self._phase()
-        init_done = all("terminated" in c.state and c.exit_code == 0 for c in self.init)
-        ready = phase == "Running" and all(c.ready and c.running for c in self.containers)
+        init_done = all(self._init_done(c) for c in self.init)
+        sidecars = [c for c in self.init if c.spec.get("restartPolicy") == "Always"]
+        serving = self.containers + sidecars
+        ready = phase == "Running" and all(c.ready and c.running for c in serving)
         why = "PodCompleted" if phase in ("Succeeded", "Failed") else "ContainersNotReady"
         image = {c["name"]: c.get("image", "") for c in pod["spec"]["containers"]}
         init_image = {c["name"]: c.get("image", "") for c in pod["spec"].get("initContainers", [])}

@@ -247,3 +247,26 @@ def test_failing_liveness_probe_restarts_the_container(
 
     status = wait_for(restarted, timeout=60)
     assert status.last_state.terminated.exit_code == 128 + 15  # SIGTERM from the kubelet
+
+
+def test_native_sidecar_runs_beside_the_main_container(
+    kubelet: Kubelet, control_plane: Cluster, k8s_namespace: str
+) -> None:
+    """An init container with ``restartPolicy: Always`` starts first and keeps running."""
+    core: Any = control_plane.core
+    ns = k8s_namespace
+    sidecar = python("proxy", "import time; time.sleep(600)", restartPolicy="Always")
+    main = python("main", "print('main ran')")
+    core.create_namespaced_pod(
+        ns, pod("sidecar", main, restartPolicy="Never", initContainers=[sidecar])
+    )
+    p = wait_for(lambda: phase_is(core, ns, "sidecar", "Succeeded", "Failed"), timeout=60)
+    assert p.status.phase == "Succeeded"
+    assert kubelet.logs(ns, "sidecar", "main") == "main ran\n"
+
+    def sidecar_stopped() -> bool:
+        st = read_pod(core, ns, "sidecar").status.init_container_statuses[0]
+        return st.state.terminated is not None
+
+    assert wait_for(sidecar_stopped, timeout=30)
+    assert read_pod(core, ns, "sidecar").status.phase == "Succeeded"
