@@ -110,7 +110,11 @@ class Release:
         kubelet = self.cluster.kubelet
         if kubelet is not None:
             for log in sorted((kubelet.state_dir / "pods").glob(f"{self.namespace}_*/logs/*.log")):
-                text = log.read_text(errors="replace")[-3000:]
+                noise = "GET /healthz"  # kopf's liveness endpoint, probed every second
+                kept = [
+                    ln for ln in log.read_text(errors="replace").splitlines() if noise not in ln
+                ]
+                text = "\n".join(kept)[-4000:]
                 lines.append(f"--- {log.parent.parent.name}/{log.name}\n{text}")
         return "\n".join(lines)
 
@@ -282,3 +286,82 @@ def _leftovers(cluster: Cluster, ns: str) -> list[str]:
             n for n in names if n not in ("serviceaccount/default", "configmap/kube-root-ca.crt")
         ]
     return out
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="kopf pauses every peer of equal priority, and sluice-operator has no --priority "
+    "yet: with operator.replicas=2 both replicas pause and no ETL is reconciled",
+)
+def test_two_operator_replicas_share_an_etl_through_kopf_peering(
+    control_plane: Cluster,
+    kubelet: Any,
+    k8s_namespace: str,
+    volumes: None,
+    tmp_path: Path,
+) -> None:
+    """operator.replicas=2: the chart's KopfPeering CRD and object let kopf elect one."""
+    ns = k8s_namespace
+    rel = Release(control_plane, ns, tmp_path / "helm")
+    custom = client.CustomObjectsApi(control_plane.api_client)
+    rel.helm(
+        "install",
+        RELEASE,
+        str(CHART),
+        "--set",
+        f"target.replicas={TARGETS}",
+        "--set",
+        f"target.storage.storageClassName={STORAGE_CLASS}",
+        "--set",
+        "target.storage.size=1Gi",
+        "--set",
+        "gateway.replicas=1",
+        "--set",
+        "operator.replicas=2",
+    )
+    try:
+
+        def peers() -> dict[str, Any]:
+            peering = custom.get_namespaced_custom_object(
+                "kopf.dev", "v1", ns, "kopfpeerings", "sluice"
+            )
+            return peering.get("status") or {}
+
+        operators = {p.metadata.name for p in rel.pods("app.kubernetes.io/component=operator")}
+        assert len(operators) == 2
+        # Both replicas announce themselves in the peering object (POD_ID = pod name).
+        wait_for("both operators in the peering", lambda: set(peers()) >= operators, 120)
+
+        # One of them reconciles an ETL applied with kubectl-style source code.
+        custom.create_namespaced_custom_object(
+            "sluice.dev",
+            "v1alpha1",
+            ns,
+            "etls",
+            {
+                "apiVersion": "sluice.dev/v1alpha1",
+                "kind": "ETL",
+                "metadata": {"name": "upper"},
+                "spec": {
+                    "mode": "object",
+                    "code": {"source": "def transform(data):\n    return data.upper()\n"},
+                },
+            },
+        )
+        wait_for(
+            "the ETL to run",
+            lambda: (rel.etls()[0].get("status") or {}).get("phase") == "Running",
+            timeout=90,
+        )
+        assert len(rel.pods("sluice.dev/etl=upper")) == TARGETS
+        custom.delete_namespaced_custom_object("sluice.dev", "v1alpha1", ns, "etls", "upper")
+        wait_for("the ETL to be finalized", lambda: not rel.etls(), timeout=120)
+    except BaseException:
+        print(rel.diagnostics())
+        raise
+    finally:
+        rel.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
+    crds = client.ApiextensionsV1Api(control_plane.api_client).list_custom_resource_definition()
+    assert "kopfpeerings.kopf.dev" not in {c.metadata.name for c in crds.items}
+    for c in control_plane.core.list_namespaced_persistent_volume_claim(ns).items:
+        control_plane.core.delete_namespaced_persistent_volume_claim(c.metadata.name, ns)
