@@ -121,19 +121,21 @@ def start_cluster(state_dir: Path) -> Cluster:
 @pytest.fixture(scope="session")
 def control_plane() -> Cluster:
     """etcd + apiserver + controller-manager + scheduler on loopback."""
+    global _run_lock
+    if _cluster is not None:  # fixtures imported by several conftests: one cluster
+        return _cluster
     # Not under /tmp: pods often mount an emptyDir at /tmp, which would hide
     # the sources of their other mounts.
     runs = Path.home() / ".cache/sluice/k8s-test"
     runs.mkdir(parents=True, exist_ok=True)
     _remove_stale_runs(runs)
     state = Path(tempfile.mkdtemp(prefix="run-", dir=runs))
-    global _run_lock
     _run_lock = open(state / "in-use.lock", "wb")  # noqa: SIM115 - held until exit
     fcntl.flock(_run_lock, fcntl.LOCK_EX)
     return start_cluster(state)
 
 
-_run_lock: IO[bytes] | None = None
+_run_lock: IO[bytes] | None = None  # marks our state dir as in use (see _remove_stale_runs)
 
 
 def _remove_stale_runs(runs: Path) -> None:
