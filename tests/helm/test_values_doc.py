@@ -70,3 +70,18 @@ def _inside_opaque(lines: list[str], entry: str) -> bool:
                 return True
             indent = this
     return False
+
+
+def test_deploy_guide_etl_example_is_a_valid_etl() -> None:
+    """The ETL manifest users copy from docs/deploy.md parses and its code loads."""
+    from etl_runtime.spec import EtlSpec
+
+    guide = (REPO / "docs" / "deploy.md").read_text()
+    blocks = re.findall(r"```yaml\n(.*?)```", guide, flags=re.S)
+    (manifest,) = [yaml.safe_load(b) for b in blocks if "kind: ETL" in b]
+    assert manifest["apiVersion"] == "sluice.dev/v1alpha1"
+    spec = EtlSpec.from_dict(manifest["spec"])
+    assert spec.mode == "wds" and spec.code.source
+    namespace: dict[str, Any] = {}
+    exec(compile(spec.code.source, "etl.yaml", "exec"), namespace)
+    assert callable(namespace[spec.code.entrypoint])
