@@ -4,14 +4,17 @@ Starts a real local cluster as child processes — a gateway, two targets and,
 beside each target, an identity transformer (``python -m etl_runtime.webserver``
 with ``def transform(data): return data``) — uploads objects of 16 KiB and
 1 MiB, then has several concurrent clients (httpx, following the gateway's 307)
-read them for a fixed time, first plainly and then through the ETL, and prints
-objects/s, MB/s and the ETL/plain ratio for each size.
+read them for a fixed time, plainly and then through the ETL (``--rounds``
+pairs, alternating, so a machine whose load changes affects both alike), and
+prints objects/s, MB/s, CPU milliseconds per object of each process role
+(client, gateway, target, transformer server, workers: load-independent, unlike
+the rates) and the ETL/plain ratio for each size (median over the rounds).
 
 The targets learn their transformer from a ``FileRegistry`` directory that this
 script writes itself (``DIR/etl/identity.json`` = ``EtlRecord.to_dict()``), so
 the measurement covers the data path only, not the local ETL controller.
 
-    .venv/bin/python bench/get_throughput.py [--clients 8] [--seconds 5]
+    .venv/bin/python bench/get_throughput.py [--clients 8] [--seconds 5] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -163,6 +167,34 @@ async def measure(
     return count / elapsed, nbytes / elapsed / 1e6, bad
 
 
+def cpu_by_role() -> dict[str, float]:
+    """CPU seconds so far of this process (``client``) and each cluster process, by role."""
+    import psutil  # dev dependency, only needed here
+
+    out: dict[str, float] = {}
+    me = psutil.Process()
+    for proc in [me, *me.children(recursive=True)]:
+        try:
+            cmd = " ".join(proc.cmdline())
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        if proc.pid == me.pid:
+            role = "client"
+        elif "multiprocessing" in cmd:  # forkserver and its workers
+            role = "worker"
+        elif "etl_runtime.webserver" in cmd:
+            role = "transformer"
+        elif "etl_runtime.target" in cmd:
+            role = "target"
+        elif "etl_runtime.gateway" in cmd:
+            role = "gateway"
+        else:
+            role = "other"
+        out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
 async def run(gateway: str, args: argparse.Namespace) -> None:
     limits = httpx.Limits(
         max_connections=args.clients * 4, max_keepalive_connections=args.clients * 4
@@ -173,22 +205,39 @@ async def run(gateway: str, args: argparse.Namespace) -> None:
         r = await client.post("/v1/buckets/bench", json={"action": "create-bck"})
         r.raise_for_status()
         sizes = {"16KiB": (16 << 10, args.small), "1MiB": (1 << 20, args.large)}
-        print(f"gateway {gateway}; {args.clients} concurrent clients, {args.seconds:.0f}s per row")
-        print(f"{'size':>6} {'mode':>9} {'objects/s':>10} {'MB/s':>9} {'errors':>6}")
-        ratios = {}
+        print(
+            f"gateway {gateway}; {args.clients} concurrent clients, {args.seconds:.0f}s per row, "
+            f"{args.rounds} round(s) alternating plain/etl"
+        )
+        print(f"{'size':>6} {'mode':>9} {'objects/s':>10} {'MB/s':>9} {'errors':>6}  CPU ms/object")
+        ratios: dict[str, list[float]] = {}
         for label, (size, n) in sizes.items():
             names = [f"{label}/obj-{i:05d}" for i in range(n)]
             await upload(client, names, size)
-            row = {}
-            for mode in ("plain", "etl"):
-                ops, mbs, bad = await measure(
-                    client, names, size, mode == "etl", args.clients, args.seconds
-                )
-                row[mode] = ops
-                print(f"{label:>6} {mode:>9} {ops:>10.1f} {mbs:>9.1f} {bad:>6}")
-            ratios[label] = row["etl"] / row["plain"] if row["plain"] else float("nan")
-        for label, ratio in ratios.items():
-            print(f"{label}: identity ETL / plain throughput = {ratio:.2f}")
+            for _ in range(args.rounds):
+                row = {}
+                for mode in ("plain", "etl"):
+                    before = cpu_by_role()
+                    ops, mbs, bad = await measure(
+                        client, names, size, mode == "etl", args.clients, args.seconds
+                    )
+                    after = cpu_by_role()
+                    count = max(1.0, ops * args.seconds)
+                    spent = {k: (after[k] - before.get(k, 0.0)) * 1e3 / count for k in after}
+                    cpu = " ".join(f"{k}={v:.1f}" for k, v in sorted(spent.items()) if v >= 0.05)
+                    row[mode] = ops
+                    print(
+                        f"{label:>6} {mode:>9} {ops:>10.1f} {mbs:>9.1f} {bad:>6}  "
+                        f"total={sum(spent.values()):.1f} ({cpu})"
+                    )
+                ratio = row["etl"] / row["plain"] if row["plain"] else float("nan")
+                ratios.setdefault(label, []).append(ratio)
+        for label, values in ratios.items():
+            each = ", ".join(f"{v:.2f}" for v in values)
+            print(
+                f"{label}: identity ETL / plain throughput = {statistics.median(values):.2f}"
+                + (f" (median of {each})" if len(values) > 1 else "")
+            )
 
 
 def main() -> None:
@@ -198,6 +247,9 @@ def main() -> None:
     p.add_argument("--small", type=int, default=500, help="number of 16 KiB objects")
     p.add_argument("--large", type=int, default=50, help="number of 1 MiB objects")
     p.add_argument("--transformer-workers", type=int, default=1, help="workers per transformer")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="plain/etl pairs per size (the median ratio is shown)"
+    )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
         with local_cluster(Path(tmp), args.transformer_workers) as gateway:

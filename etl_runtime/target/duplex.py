@@ -103,7 +103,7 @@ class DuplexResponse:
         self._sender = sender
         self._timeout = timeout
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    async def aiter_bytes(self) -> AsyncIterator[bytes | memoryview]:
         """The body as it arrives; ``StreamBroken``/``Timeout`` if it does not end well."""
         conn = self._conn
         if conn is None:
@@ -112,7 +112,8 @@ class DuplexResponse:
             while True:
                 event = await _next_event(conn, self._timeout)
                 if isinstance(event, h11.Data):
-                    yield bytes(event.data)
+                    # h11 hands out a fresh bytearray per event: wrap it, no copy
+                    yield memoryview(event.data)
                 elif isinstance(event, h11.EndOfMessage):
                     break
                 else:
@@ -127,7 +128,7 @@ class DuplexResponse:
         body = b""
         try:
             async for chunk in self.aiter_bytes():
-                body += chunk
+                body += bytes(chunk)
                 if len(body) > limit:
                     break
         finally:

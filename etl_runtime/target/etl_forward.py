@@ -159,7 +159,10 @@ class EtlForwarder:
     async def transform(
         self, bucket: str, name: str, etl_name: str, etl_args: str | None
     ) -> StreamingResponse:
-        f, info = await anyio.to_thread.run_sync(self.store.open_object, bucket, name)
+        peek = self.registry.get(etl_name)
+        fqn = peek is not None and peek.spec.arg_type == "fqn"
+        # One thread hop opens the object and, when small, reads it too.
+        f, info, inline = await anyio.to_thread.run_sync(self._open, bucket, name, fqn)
         obj = f"{bucket}/{name}"
         try:
             record = self.record(etl_name)
@@ -172,9 +175,8 @@ class EtlForwarder:
                 params["etl_fqn"] = str(Path(f.name).resolve())
                 content = b""
                 f.close()
-            elif info.size <= INLINE_BODY_MAX:
-                content = f.read()
-                f.close()
+            elif inline is not None:
+                content = inline
             else:
                 content = _file_chunks(f)  # closes f
         except BaseException:
@@ -227,7 +229,9 @@ class EtlForwarder:
         payload.setdefault("etl", etl)
         return TransformerError(response.status_code, payload, bucket=bucket, object=name)
 
-    async def _relay(self, response: DuplexResponse, etl: str, obj: str) -> AsyncIterator[bytes]:
+    async def _relay(
+        self, response: DuplexResponse, etl: str, obj: str
+    ) -> AsyncIterator[bytes | memoryview]:
         try:
             async for chunk in response.aiter_bytes():
                 yield chunk
@@ -237,6 +241,14 @@ class EtlForwarder:
             raise TransformerStreamBroken(f"ETL {etl!r}, object {obj!r}: {e!r}") from e
         finally:
             await response.aclose()
+
+    def _open(self, bucket: str, name: str, fqn: bool) -> tuple[IO[bytes], Any, bytes | None]:
+        """Open the object; read it whole (and close it) if it goes inline."""
+        f, info = self.store.open_object(bucket, name)
+        if fqn or info.size > INLINE_BODY_MAX:
+            return f, info, None
+        with f:
+            return f, info, f.read()
 
     # -- internal observability API --------------------------------------------
 

@@ -56,7 +56,7 @@ def create_app(
     app = FastAPI(title=f"sluice transformer {name}", lifespan=lifespan)
     app.state.transformer = transformer
 
-    def authorized(request: Request) -> None:
+    async def authorized(request: Request) -> None:  # async: no threadpool hop
         if not bearer_ok(request.headers.get("authorization"), transformer.token):
             raise Unauthorized(
                 "missing or wrong bearer token: send 'Authorization: Bearer <ETL token>'"
