@@ -124,16 +124,23 @@ class DuplexResponse:
         await self._finish()
 
     async def read(self, limit: int) -> bytes:
-        """Up to ``limit`` bytes of the body (for error answers); closes the response."""
-        body = b""
+        """Up to ``limit`` bytes of the body; the whole body if it is no longer.
+
+        Reading to the end keeps the connection for reuse; stopping early
+        (body longer than ``limit``) closes it.
+        """
+        chunks: list[bytes | memoryview] = []
+        size = 0
         try:
             async for chunk in self.aiter_bytes():
-                body += bytes(chunk)
-                if len(body) > limit:
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > limit:
                     break
         finally:
             await self.aclose()
-        return body[:limit]
+        body = b"".join(chunks)  # the one copy
+        return body[:limit] if size > limit else body
 
     async def _finish(self) -> None:
         """The response ended: keep the connection if the request ended cleanly too."""

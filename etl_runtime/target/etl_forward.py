@@ -34,7 +34,7 @@ from urllib.parse import quote
 
 import anyio.to_thread
 import httpx
-from fastapi.responses import StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from etl_runtime import auth
 from etl_runtime.cluster import EtlRecord, EtlRegistry, TransformerStatus
@@ -158,7 +158,7 @@ class EtlForwarder:
 
     async def transform(
         self, bucket: str, name: str, etl_name: str, etl_args: str | None
-    ) -> StreamingResponse:
+    ) -> Response:
         peek = self.registry.get(etl_name)
         fqn = peek is not None and peek.spec.arg_type == "fqn"
         # One thread hop opens the object and, when small, reads it too.
@@ -206,9 +206,24 @@ class EtlForwarder:
             ) from None
         if response.status_code != 200:
             raise await self._transformer_error(response, etl_name, bucket, name)
+        media_type = response.headers.get("content-type", "application/octet-stream")
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) <= INLINE_BODY_MAX:
+            # Known, small: read it whole and answer with Content-Length, one write.
+            try:
+                body = await response.read(int(length))
+            except DuplexError as e:
+                self._fail(etl_name, obj, f"transformer answer broke off: {e}")
+                raise TransformerError(
+                    502,
+                    {"error": f"the answer of ETL {etl_name!r} broke off: {e}", "etl": etl_name},
+                    bucket=bucket,
+                    object=name,
+                ) from None
+            return Response(body, media_type=media_type, headers={"X-Sluice-Etl": etl_name})
         return StreamingResponse(
             self._relay(response, etl_name, obj),
-            media_type=response.headers.get("content-type", "application/octet-stream"),
+            media_type=media_type,
             headers={"X-Sluice-Etl": etl_name},
         )
 

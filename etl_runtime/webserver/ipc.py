@@ -17,6 +17,7 @@ Server → worker::
 Worker → server::
 
     READY   pickle(pid) / LOAD_ERROR pickle(message)    once, after loading code
+    SIZE    8-byte length             object mode, before the CHUNKs of a bytes result
     CHUNK*  raw bytes, then END       object mode result, streamed
     RESULT  raw tar bytes of a sample (empty: dropped)
     ERROR   pickle(error dict)         ends the current task
@@ -33,7 +34,8 @@ import threading
 HEADER = struct.Struct("!BQ")
 
 OBJECT, DATA, DATA_END, SAMPLE = 1, 2, 3, 4
-READY, LOAD_ERROR, CHUNK, END, RESULT, ERROR, LOG = 10, 11, 12, 13, 14, 15, 16
+READY, LOAD_ERROR, CHUNK, END, RESULT, ERROR, LOG, SIZE = 10, 11, 12, 13, 14, 15, 16, 17
+LENGTH = struct.Struct("!Q")  # SIZE payload
 
 # Results are cut into frames of at most this size, so neither side ever
 # buffers a whole large object just to move it across the socket.

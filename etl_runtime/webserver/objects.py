@@ -6,6 +6,9 @@ file itself. The HTTP status is chosen only once the first result frame is
 known, so an error before the first byte is a JSON answer; an error after it
 aborts the connection (the generator raises, uvicorn drops the socket without
 the final chunk) so a client can never take a truncated result for a whole one.
+When the function returned bytes (not an iterable) the worker announces the
+length first (``SIZE``) and the answer carries ``Content-Length`` instead of
+chunked encoding; a break then still shows as a body shorter than announced.
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ async def transform_object(
     try:
         await _send_input(task, stats, request, fqn)
         kind, first = await task.next_frame()
+        length = None
+        if kind == ipc.SIZE:  # a bytes result: its length is known up front
+            length = ipc.LENGTH.unpack(first)[0]
+            kind, first = await task.next_frame()
     except TransformerError as e:
         task.release()
         stats.error(obj, None, e.message)
@@ -51,7 +58,7 @@ async def transform_object(
     if kind == ipc.END:
         stats.objects += 1
         return Response(b"", media_type=MEDIA_TYPE)
-    return TransformedStream(_result_stream(task, stats, obj, first), MEDIA_TYPE)
+    return TransformedStream(_result_stream(task, stats, obj, first), MEDIA_TYPE, length=length)
 
 
 async def _send_input(task: Task, stats: Stats, request: Request, fqn: str | None) -> None:

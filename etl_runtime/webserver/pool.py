@@ -96,7 +96,7 @@ class Task:
         await self.worker.writer.drain()
 
     async def next_frame(self) -> tuple[int, bytes]:
-        """Next reply: (CHUNK, bytes), (END, b""), (RESULT, bytes); raises on ERROR."""
+        """Next reply: (SIZE|CHUNK, bytes), (END, b""), (RESULT, bytes); raises on ERROR."""
         try:
             kind, payload = await asyncio.wait_for(
                 self.channel.get(), timeout=self.pool.request_timeout
@@ -235,7 +235,7 @@ class WorkerPool:
                     self.on_log(worker.pid, payload.decode("utf-8", "replace"))
                     continue
                 task = worker.pending[0]
-                if kind == ipc.CHUNK:
+                if kind in (ipc.CHUNK, ipc.SIZE):
                     await task.channel.put((kind, payload))
                     continue
                 worker.pending.popleft()

@@ -24,10 +24,13 @@ class TransformedStream(Response):
         chunks: AsyncIterator[bytes],
         media_type: str,
         body_done: asyncio.Event | None = None,
+        length: int | None = None,
     ) -> None:
         super().__init__(content=None, status_code=200, media_type=media_type)
-        # Length unknown: drop the "content-length: 0" of the empty body (-> chunked).
+        # Drop the "content-length: 0" of the empty body: length unknown -> chunked.
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        if length is not None:
+            self.raw_headers.append((b"content-length", str(length).encode()))
         self.chunks = chunks
         if body_done is None:
             body_done = asyncio.Event()

@@ -135,7 +135,10 @@ def _object_task(
         if isinstance(result, str):
             result = result.encode("utf-8")
         if isinstance(result, bytes | bytearray | memoryview):
-            _send_chunked(frames, result)
+            view = memoryview(result).cast("B")
+            # The length is known: the server can answer with Content-Length.
+            frames.send(ipc.SIZE, ipc.LENGTH.pack(len(view)))
+            _send_chunked(frames, view)
         elif result is None or isinstance(result, dict) or not hasattr(result, "__iter__"):
             raise BadResult(
                 f"transform returned {type(result).__name__}; return bytes, str, "

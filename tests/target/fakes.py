@@ -95,6 +95,8 @@ def transformer_app(
                 status_code=422,
             )
         out = data[::-1]
+        if behavior == "reverse" and len(out) < 65536:
+            return Response(out, media_type="application/octet-stream")  # Content-Length
 
         async def chunks() -> AsyncIterator[bytes]:
             for i in range(0, len(out), 65536):

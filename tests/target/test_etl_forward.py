@@ -61,7 +61,11 @@ def test_transformed_get_streams_reversed_bytes(
     assert call["args"] == "q=1" and call["body_len"] == len(data)
     # small objects too, and the plain read is untouched
     c.put("/v1/objects/b/small", content=b"hello")
-    assert c.get("/v1/objects/b/small", params={"etl_name": "rev"}).content == b"olleh"
+    small = c.get("/v1/objects/b/small", params={"etl_name": "rev"})
+    assert small.content == b"olleh"
+    # a small answer with a known length is relayed whole, with Content-Length
+    assert small.headers["content-length"] == "5" and "transfer-encoding" not in small.headers
+    assert small.headers["x-sluice-etl"] == "rev"
     assert c.get("/v1/objects/b/small").content == b"hello"
 
 

@@ -78,6 +78,8 @@ def test_bytes_result_with_etl_args(url: str) -> None:
     r = put(url, "bkt/dir/a.txt", b"hello", etl_args="upper")
     assert r.status_code == 200
     assert r.content == b"HELLO"
+    # a bytes result has a known length: Content-Length, not chunked encoding
+    assert r.headers["content-length"] == "5" and "transfer-encoding" not in r.headers
 
 
 def test_str_result_is_utf8(url: str) -> None:
@@ -104,6 +106,7 @@ def test_iterable_result_streams_chunks_as_produced(url: str, tmp_path: Path) ->
         timeout=10,
     ) as r:
         assert r.status_code == 200
+        assert r.headers["transfer-encoding"] == "chunked"  # length unknown
         parts = r.iter_raw()
         assert next(parts) == b"first|"  # sent while the function is still running
         (tmp_path / "go").touch()
