@@ -16,8 +16,8 @@ import httpx
 from fastapi import APIRouter, Query, Request
 
 from etl_runtime.gateway.context import Gateway, unreachable
-from etl_runtime.gateway.errors import BucketNotFound, InvalidRequest, SluiceError
-from etl_runtime.target.names import validate_bucket
+from etl_runtime.gateway.errors import BucketNotFound, SluiceError
+from etl_runtime.target.names import read_bucket_action, validate_bucket
 
 
 def _not_found(bucket: str) -> BucketNotFound:
@@ -55,16 +55,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
         validate_bucket(bucket)
         gw.require_write(request)
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        action = body.get("action") if isinstance(body, dict) else None
-        if action != "create-bck":
-            raise InvalidRequest(
-                f'unknown bucket action {action!r}; send {{"action": "create-bck"}}',
-                bucket=bucket,
-            )
+        body = await read_bucket_action(bucket, request)
         created = False
         for t, r in await gw.fanout("POST", f"/v1/buckets/{bucket}", json=body):
             if not isinstance(r, httpx.Response) or r.status_code >= 500:

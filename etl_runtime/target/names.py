@@ -9,8 +9,11 @@ absolute paths and NUL bytes.
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from etl_runtime.target.errors import InvalidName
+from fastapi import Request
+
+from etl_runtime.target.errors import InvalidName, InvalidRequest
 
 BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MAX_OBJECT_NAME = 1024
@@ -51,3 +54,18 @@ def validate_object(bucket: str, name: str) -> str:
 
 def validate_names(bucket: str, name: str) -> tuple[str, str]:
     return validate_bucket(bucket), validate_object(bucket, name)
+
+
+async def read_bucket_action(bucket: str, request: Request) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/buckets/{bucket}``; only ``create-bck`` exists."""
+    try:
+        body = await request.json()
+    except ValueError:
+        body = None
+    action = body.get("action") if isinstance(body, dict) else None
+    if action != "create-bck":
+        raise InvalidRequest(
+            f'unknown bucket action {action!r}; send {{"action": "create-bck"}}',
+            bucket=bucket,
+        )
+    return body  # type: ignore[return-value]  # a dict, checked above

@@ -17,8 +17,8 @@ from fastapi.responses import Response, StreamingResponse
 
 from etl_runtime.target.access import object_path, require_write
 from etl_runtime.target.context import Target
-from etl_runtime.target.errors import InvalidName, InvalidRequest
-from etl_runtime.target.names import validate_bucket, validate_names
+from etl_runtime.target.errors import InvalidName
+from etl_runtime.target.names import read_bucket_action, validate_bucket, validate_names
 from etl_runtime.target.store import READ_CHUNK, ObjectInfo
 
 INLINE_GET_MAX = 1 << 20  # read small objects in one go, stream bigger ones
@@ -60,16 +60,7 @@ def object_router(target: Target) -> APIRouter:
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
         validate_bucket(bucket)
         require(request)
-        try:
-            body = await request.json()
-        except ValueError:
-            body = None
-        action = body.get("action") if isinstance(body, dict) else None
-        if action != "create-bck":
-            raise InvalidRequest(
-                f'unknown bucket action {action!r}; send {{"action": "create-bck"}}',
-                bucket=bucket,
-            )
+        await read_bucket_action(bucket, request)
         created = await anyio.to_thread.run_sync(store.create_bucket, bucket)
         return {"bucket": bucket, "created": created}
 
