@@ -90,6 +90,32 @@ class KubeActuator:
                 return None
             raise
 
+    def peering_status(self, namespace: str | None, name: str) -> dict[str, Any] | None:
+        """``status`` of kopf's KopfPeering ``name`` (ClusterKopfPeering if no namespace)."""
+        try:
+            if namespace is None:
+                obj = self._raw(
+                    self.crs.get_cluster_custom_object,
+                    group="kopf.dev",
+                    version="v1",
+                    plural="clusterkopfpeerings",
+                    name=name,
+                )
+            else:
+                obj = self._raw(
+                    self.crs.get_namespaced_custom_object,
+                    group="kopf.dev",
+                    version="v1",
+                    plural="kopfpeerings",
+                    namespace=namespace,
+                    name=name,
+                )
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+        return dict(obj.get("status") or {})
+
     # -- writing ---------------------------------------------------------
 
     def create_pod(self, pod: dict[str, Any]) -> bool:
@@ -104,9 +130,12 @@ class KubeActuator:
                 return False
             raise
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    def delete_pod(self, namespace: str, name: str, now: bool = False) -> None:
+        """Delete a pod; ``now``: without grace period (it has exited or hung)."""
         try:
-            self.core.delete_namespaced_pod(name=name, namespace=namespace)
+            self.core.delete_namespaced_pod(
+                name=name, namespace=namespace, grace_period_seconds=0 if now else None
+            )
         except ApiException as e:
             if e.status != 404:
                 raise

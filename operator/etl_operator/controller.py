@@ -13,6 +13,8 @@ good (the ETL then reports Error rather than quietly serving old code).
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -44,14 +46,57 @@ class OperatorConfig:
     image: str = manifests.DEFAULT_IMAGE
     cluster_key: str | None = None
     resync_seconds: float = 30.0
+    # Defaults of every transformer pod; an ETL's spec.resources replaces ``resources``.
+    resources: dict[str, Any] | None = None
+    pull_policy: str = "IfNotPresent"
+    pull_secrets: tuple[str, ...] = ()
 
     @classmethod
-    def from_env(cls) -> OperatorConfig:
+    def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
+        """Read the ``SLUICE_*`` variables; ``ValueError`` names a malformed one."""
+        env = dict(os.environ if env is None else env)
         return cls(
-            image=os.environ.get("SLUICE_TRANSFORMER_IMAGE") or manifests.DEFAULT_IMAGE,
-            cluster_key=os.environ.get("SLUICE_CLUSTER_KEY") or None,
-            resync_seconds=float(os.environ.get("SLUICE_RESYNC_SECONDS") or 30.0),
+            image=env.get("SLUICE_TRANSFORMER_IMAGE") or manifests.DEFAULT_IMAGE,
+            cluster_key=env.get("SLUICE_CLUSTER_KEY") or None,
+            resync_seconds=float(env.get("SLUICE_RESYNC_SECONDS") or 30.0),
+            resources=parse_resources(env.get("SLUICE_TRANSFORMER_RESOURCES") or ""),
+            pull_policy=parse_pull_policy(env.get("SLUICE_TRANSFORMER_PULL_POLICY") or ""),
+            pull_secrets=parse_names(env.get("SLUICE_TRANSFORMER_PULL_SECRETS") or ""),
         )
+
+
+def parse_resources(text: str) -> dict[str, Any] | None:
+    """``SLUICE_TRANSFORMER_RESOURCES``: JSON ``{"requests": {...}, "limits": {...}}``."""
+    if not text.strip():
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"SLUICE_TRANSFORMER_RESOURCES is not JSON: {e}") from e
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) - {"requests", "limits", "claims"}:
+        raise ValueError(
+            "SLUICE_TRANSFORMER_RESOURCES must be an object with 'requests' and/or 'limits', "
+            f"got {text!r}"
+        )
+    return {k: v for k, v in value.items() if v} or None
+
+
+def parse_pull_policy(text: str) -> str:
+    """``SLUICE_TRANSFORMER_PULL_POLICY``: Always, IfNotPresent (default) or Never."""
+    policy = text.strip() or "IfNotPresent"
+    if policy not in manifests.PULL_POLICIES:
+        raise ValueError(
+            f"SLUICE_TRANSFORMER_PULL_POLICY must be one of {', '.join(manifests.PULL_POLICIES)}, "
+            f"got {text!r}"
+        )
+    return policy
+
+
+def parse_names(text: str) -> tuple[str, ...]:
+    """``SLUICE_TRANSFORMER_PULL_SECRETS``: Secret names, comma- or space-separated."""
+    return tuple(n for n in text.replace(",", " ").split() if n)
 
 
 @dataclass(frozen=True)
@@ -159,27 +204,49 @@ class Controller:
         targets = live_targets(list(target_pods.values()))
 
         observed: list[ObservedTransformer] = []
+        now = dt.datetime.now(dt.UTC)
         for pod in self.kube.transformer_pods(namespace, name):
             owners = pod["metadata"].get("ownerReferences") or ()
             if any(o.get("uid") != uid for o in owners if o.get("kind") == "ETL"):
                 # Left over from an earlier ETL of the same name.
                 self.kube.delete_pod(namespace, pod["metadata"]["name"])
                 continue
-            observed.append(observe(pod))
+            if pod["metadata"].get("deletionTimestamp"):
+                continue  # already going (e.g. replaced above): not a transformer any more
+            observed.append(observe(pod, spec.init_timeout_seconds, now))
 
         want_hash = spec.content_hash()
         todo = hold_for_rollout(plan(spec, targets, observed), observed, targets, want_hash)
         # Deletes first: a transformer recreated after a transient failure
-        # reuses its name. Both batches run in parallel (one API call each).
+        # reuses its name, so that pod goes at once (no grace period: it has
+        # exited, or hung past initSeconds) and its replacement, which carries
+        # the restart count, can be created in this same pass. Both batches
+        # run in parallel (one API call each).
         for t in todo.delete:
-            log.info("ETL %s/%s: deleting transformer %s", namespace, name, t.name)
-        list(self._pool.map(lambda t: self.kube.delete_pod(namespace, t.name), todo.delete))
+            log.info(
+                "ETL %s/%s: deleting transformer %s%s",
+                namespace,
+                name,
+                t.name,
+                f" ({t.message})" if t.terminated and t.message else "",
+            )
+        list(
+            self._pool.map(
+                lambda t: self.kube.delete_pod(
+                    namespace, t.name, now=t.terminated and t.spec_hash == want_hash
+                ),
+                todo.delete,
+            )
+        )
         new_pods = [
             manifests.transformer_pod(
                 ref,
                 spec,
                 target,
                 image=self.config.image,
+                resources=self.config.resources,
+                pull_policy=self.config.pull_policy,
+                pull_secrets=self.config.pull_secrets,
                 with_token=with_token,
                 restarts=restarts_for(target.id, todo.delete, want_hash),
                 target_pod=target_pods.get(target.id),

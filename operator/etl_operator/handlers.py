@@ -7,7 +7,8 @@
 * a target pod (``sluice.dev/role=target`` or an ETL's ``targetSelector``)
   appears, changes node or disappears -> reconcile the ETLs that select it;
 * every ``SLUICE_RESYNC_SECONDS`` -> reconcile every known ETL, so nothing
-  depends on an event never being missed.
+  depends on an event never being missed (with peering: only where this
+  replica is the active one; kopf's pause stops events, not this loop).
 
 The work itself goes through ``ReconcileQueue`` (coalesced, one run per ETL
 at a time) into ``Controller.reconcile``. Run with ``sluice-operator`` or
@@ -26,6 +27,7 @@ import kopf
 
 from etl_operator.actuator import KubeActuator
 from etl_operator.controller import Controller, OperatorConfig
+from etl_operator.peering import active_namespaces
 from etl_operator.pods import ETL_LABEL
 from etl_operator.queue import ReconcileQueue
 from etl_runtime.kube.config import api_client
@@ -94,8 +96,20 @@ async def stop(memo: kopf.Memo, **_: Any) -> None:
 async def _resync(memo: kopf.Memo, every: float) -> None:
     while True:
         await asyncio.sleep(every)
-        for namespace, name in list(memo.book.selectors):
-            memo.queue.request(namespace, name)
+        known = list(memo.book.selectors)
+        try:
+            active = await asyncio.to_thread(
+                active_namespaces,
+                getattr(memo, "peering", None),
+                {ns for ns, _ in known},
+                memo.controller.kube.peering_status,
+            )
+        except Exception:
+            log.exception("cannot read the peering object; skipping this resync")
+            continue
+        for namespace, name in known:
+            if namespace in active:
+                memo.queue.request(namespace, name)
 
 
 @kopf.on.event(ETL_GROUP, ETL_VERSION, ETL_PLURAL)

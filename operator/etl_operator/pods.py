@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,7 @@ TRANSFORMER_PORT = 8000
 CONTAINER_NAME = "transformer"
 DEPS_DIR = "/var/lib/sluice/deps"
 DEFAULT_IMAGE = "ghcr.io/sluice-dev/sluice-runtime:0.1.0"
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # Numeric so runAsNonRoot can be verified whatever USER the image declares.
 RUN_AS_USER = 10001
 # Env names the operator sets; spec.env may not override them.
@@ -158,8 +160,15 @@ def transformer_pod(
     with_token: bool,
     restarts: int = 0,
     target_pod: dict[str, Any] | None = None,
+    resources: dict[str, Any] | None = None,
+    pull_policy: str = "IfNotPresent",
+    pull_secrets: Sequence[str] = (),
 ) -> dict[str, Any]:
     """The transformer pod for ``ref`` beside ``target``, pinned to the target's node.
+
+    ``image``, ``resources``, ``pull_policy`` and ``pull_secrets`` are the
+    operator's defaults; ``spec.image`` and ``spec.resources`` (the whole
+    ``{requests, limits}`` document) replace the first two.
 
     ``restartPolicy: Never``: the operator, not the kubelet, restarts a
     transformer, so a config error (exit 2) stays visible as phase Error
@@ -207,7 +216,7 @@ def transformer_pod(
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,
         "image": spec.image or image,
-        "imagePullPolicy": "IfNotPresent",
+        "imagePullPolicy": pull_policy,
         "command": ["sluice-transformer", "--host", "$(POD_IP)", "--port", str(TRANSFORMER_PORT)],
         "ports": [{"name": "http", "containerPort": TRANSFORMER_PORT, "protocol": "TCP"}],
         "env": env,
@@ -226,8 +235,8 @@ def transformer_pod(
         },
         "volumeMounts": mounts,
     }
-    if spec.resources:
-        container["resources"] = spec.resources
+    if spec.resources or resources:
+        container["resources"] = spec.resources or resources
 
     labels = {**common_labels(ref.name), TARGET_LABEL: label_value(target.id)}
     labels["app.kubernetes.io/name"] = "sluice-transformer"
@@ -246,6 +255,8 @@ def transformer_pod(
         "containers": [container],
         "volumes": volumes,
     }
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = [{"name": n} for n in pull_secrets]
     if target.node:
         pod_spec["nodeName"] = target.node
     return {

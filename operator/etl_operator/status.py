@@ -19,8 +19,19 @@ from etl_runtime.kube.records import pod_is_ready
 _MAX_MESSAGE = 400
 
 
-def observe(pod: dict[str, Any]) -> ObservedTransformer:
-    """An ``ObservedTransformer`` from a transformer pod (as a JSON dict)."""
+def observe(
+    pod: dict[str, Any],
+    init_timeout: float | None = None,
+    now: dt.datetime | None = None,
+) -> ObservedTransformer:
+    """An ``ObservedTransformer`` from a transformer pod (as a JSON dict).
+
+    A pod that is still running but has not been ready for more than
+    ``init_timeout`` seconds (the spec's ``timeouts.initSeconds``) counts as
+    terminated by a transient failure, as the local cluster's controller
+    treats a child that does not come up: the reconcile replaces it, counting
+    a restart, and after ``MAX_RESTARTS`` the ETL shows ``Error``.
+    """
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
@@ -37,18 +48,60 @@ def observe(pod: dict[str, Any]) -> ObservedTransformer:
     except ValueError:
         restarts = 0
     restarts += int(container.get("restartCount") or 0)
+    ready = pod_is_ready(pod)
+    late = None
+    if not done and not ready and init_timeout is not None:
+        late = not_ready_for(pod, now or dt.datetime.now(dt.UTC))
+        if late is not None and late <= init_timeout:
+            late = None
+    if late is not None:
+        return ObservedTransformer(
+            name=meta["name"],
+            target=annotations.get(TARGET_LABEL) or labels.get(TARGET_LABEL, ""),
+            spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""),
+            node=(pod.get("spec") or {}).get("nodeName"),
+            endpoint=f"http://{ip}:8000" if ip else None,
+            ready=False,
+            terminated=True,
+            exit_code=None,
+            restarts=restarts,
+            message=f"not ready after {init_timeout:g}s (initSeconds)",
+        )
     return ObservedTransformer(
         name=meta["name"],
         target=annotations.get(TARGET_LABEL) or labels.get(TARGET_LABEL, ""),
         spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""),
         node=(pod.get("spec") or {}).get("nodeName"),
         endpoint=f"http://{ip}:8000" if ip else None,
-        ready=pod_is_ready(pod),
+        ready=ready,
         terminated=done,
         exit_code=(terminated or {}).get("exitCode") if done else None,
         restarts=restarts,
         message=_pod_message(status, container, terminated if done else None),
     )
+
+
+def not_ready_for(pod: dict[str, Any], now: dt.datetime) -> float | None:
+    """Seconds the pod has been not ready: since its ``Ready`` condition turned
+    False, else since it started (``status.startTime``, else its creation)."""
+    status = pod.get("status") or {}
+    since = None
+    for cond in status.get("conditions") or ():
+        if cond.get("type") == "Ready" and cond.get("status") != "True":
+            since = cond.get("lastTransitionTime")
+    since = since or status.get("startTime") or (pod.get("metadata") or {}).get("creationTimestamp")
+    stamp = _parse_time(since)
+    return None if stamp is None else (now - stamp).total_seconds()
+
+
+def _parse_time(value: Any) -> dt.datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        stamp = dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp if stamp.tzinfo else stamp.replace(tzinfo=dt.UTC)
 
 
 def _pod_message(

@@ -22,6 +22,7 @@ class FakeKube:
         self.secrets: dict[tuple[str, str], dict[str, Any]] = {}
         self.created: list[str] = []
         self.deleted: list[str] = []
+        self.deleted_now: list[str] = []  # deleted without grace period
 
     # -- test setup --------------------------------------------------------
 
@@ -67,6 +68,15 @@ class FakeKube:
             "conditions": [{"type": "Ready", "status": str(ready)}],
         }
 
+    def set_hung(self, pod: dict, started: str = "2020-01-01T00:00:00Z") -> None:
+        """Running since ``started`` and never ready (e.g. stuck installing dependencies)."""
+        pod["status"] = {
+            "phase": "Running",
+            "podIP": "10.1.0.1",
+            "startTime": started,
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": started}],
+        }
+
     def set_exit(self, pod: dict, code: int, message: str = "") -> None:
         pod["status"] = {
             "phase": "Failed",
@@ -102,9 +112,11 @@ class FakeKube:
         self.created.append(pod["metadata"]["name"])
         return True
 
-    def delete_pod(self, namespace: str, name: str) -> None:
+    def delete_pod(self, namespace: str, name: str, now: bool = False) -> None:
         if self.pods.pop((namespace, name), None) is not None:
             self.deleted.append(name)
+            if now:
+                self.deleted_now.append(name)
 
     def put_secret(self, secret: dict, exists: bool) -> None:
         meta = secret["metadata"]

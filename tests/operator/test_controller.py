@@ -214,3 +214,45 @@ def test_queue_coalesces_bursts_and_never_overlaps():
 
     runs = asyncio.run(scenario())
     assert calls.count("a") >= 1 and runs <= 8, calls
+
+
+def test_pod_not_ready_past_init_seconds_is_replaced_then_error(kube, ctl):
+    """As the local cluster: a transformer that never gets ready within
+    ``timeouts.initSeconds`` is killed and recreated (a restart), then Error."""
+    kube.etls[("ns", "reverse")]["spec"]["timeouts"] = {"initSeconds": 60}
+    ctl.reconcile("ns", "reverse")
+    # Just started, not ready yet: left alone.
+    kube.set_hung(kube.transformer("target-0"), started=_ago(10))
+    ctl.reconcile("ns", "reverse")
+    assert not kube.deleted
+    for n in range(MAX_RESTARTS):
+        old = kube.transformer("target-0")
+        kube.set_hung(old)
+        ctl.reconcile("ns", "reverse")
+        # Replaced at once (no grace period, so the same name can be reused now).
+        assert kube.deleted_now[-1] == old["metadata"]["name"]
+        new = kube.transformer("target-0")
+        assert new["metadata"]["annotations"]["sluice.dev/restarts"] == str(n + 1)
+    kube.set_hung(kube.transformer("target-0"))
+    ctl.reconcile("ns", "reverse")
+    assert len(kube.created) == 3 + MAX_RESTARTS
+    st = status(kube)
+    assert st["phase"] == "Error"
+    assert "not ready after 60s (initSeconds)" in st["message"]
+
+
+def test_pod_that_turned_unready_recently_is_not_replaced(kube, ctl):
+    kube.etls[("ns", "reverse")]["spec"]["timeouts"] = {"initSeconds": 60}
+    ctl.reconcile("ns", "reverse")
+    pod = kube.transformer("target-0")
+    kube.set_hung(pod, started="2020-01-01T00:00:00Z")
+    pod["status"]["conditions"][0]["lastTransitionTime"] = _ago(5)  # was ready until 5 s ago
+    ctl.reconcile("ns", "reverse")
+    assert not kube.deleted
+
+
+def _ago(seconds: float) -> str:
+    import datetime as dt
+
+    stamp = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
+    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")

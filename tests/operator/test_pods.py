@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+from typing import Any
 
 from etl_operator import pods
 from etl_operator.reconcile import transformer_name
@@ -130,3 +131,34 @@ def test_token_secret_is_owned_and_round_trips():
     assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
     assert base64.b64decode(secret["data"]["token"]) == b"s3cret"
     assert pods.secret_token(secret) == "s3cret"
+
+
+def test_operator_defaults_apply_and_spec_resources_and_image_win():
+    plain = EtlSpec.from_dict({"code": {"source": "x=1"}})
+    defaults = {"requests": {"cpu": "500m"}, "limits": {"memory": "2Gi"}}
+    kw: dict[str, Any] = {
+        "resources": defaults,
+        "pull_policy": "Always",
+        "pull_secrets": ("regcred", "other"),
+    }
+    pod = pods.transformer_pod(REF, plain, TARGET, image="img:1", with_token=False, **kw)
+    c = pod["spec"]["containers"][0]
+    assert c["image"] == "img:1"
+    assert c["resources"] == defaults
+    assert c["imagePullPolicy"] == "Always"
+    assert pod["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "other"}]
+    # spec.resources replaces the default document as a whole; spec.image the image.
+    own = EtlSpec.from_dict({"code": {"source": "x=1"}, "image": "mine:2", **_RES})
+    c = pods.transformer_pod(REF, own, TARGET, image="img:1", with_token=False, **kw)["spec"][
+        "containers"
+    ][0]
+    assert c["resources"] == _RES["resources"] and c["image"] == "mine:2"
+    assert c["imagePullPolicy"] == "Always"
+    # No defaults: no resources, IfNotPresent, no pull secrets.
+    bare = pods.transformer_pod(REF, plain, TARGET, image="img:1", with_token=False)
+    assert "resources" not in bare["spec"]["containers"][0]
+    assert bare["spec"]["containers"][0]["imagePullPolicy"] == "IfNotPresent"
+    assert "imagePullSecrets" not in bare["spec"]
+
+
+_RES = {"resources": {"limits": {"cpu": "1"}}}
