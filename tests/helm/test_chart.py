@@ -60,6 +60,8 @@ COMBOS: dict[str, dict[str, Any]] = {
         "images.pullSecrets": ["regcred"],
         "images.runtime.digest": "sha256:" + "a" * 64,
         "transformer.resources.limits": {"cpu": "4", "memory": "8Gi"},
+        "transformer.imagePullPolicy": "Always",
+        "transformer.imagePullSecrets": ["regcred", "gpu-registry"],
         "gateway.affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -322,12 +324,26 @@ def test_operator_gets_transformer_defaults_and_peering(combo: tuple[dict, Manif
     assert resources["limits"] == values.get(
         "transformer.resources.limits", {"cpu": "2", "memory": "2Gi"}
     )
+    # What the operator reads for every transformer pod (OperatorConfig.from_env).
+    assert env["SLUICE_TRANSFORMER_PULL_POLICY"]["value"] == values.get(
+        "transformer.imagePullPolicy", "IfNotPresent"
+    )
+    secrets = list(values.get("images.pullSecrets", []))
+    secrets += [s for s in values.get("transformer.imagePullSecrets", []) if s not in secrets]
+    assert env["SLUICE_TRANSFORMER_PULL_SECRETS"]["value"] == ",".join(secrets)
+    from etl_operator.controller import OperatorConfig
+
+    config = OperatorConfig.from_env({k: e["value"] for k, e in env.items() if "value" in e})
+    assert config.resources == resources and config.pull_secrets == tuple(secrets)
     assert op["command"][0] == "sluice-operator"
     assert op["livenessProbe"]["httpGet"]["path"] == "/healthz"
     peering = values.get("operator.replicas", 1) > 1 or values.get("operator.peering.enabled")
     crds = {c["metadata"]["name"] for c in m.of_kind("CustomResourceDefinition")}
     if peering:
         assert op["command"][op["command"].index("--peering") + 1] == "sluice"
+        assert op["command"][op["command"].index("--peering-lifetime") + 1] == "60"
+        # No fixed --priority: every replica draws its own, so they never tie.
+        assert "--priority" not in op["command"]
         assert "kopfpeerings.kopf.dev" in crds
         (peer,) = m.of_kind("KopfPeering")
         assert peer["metadata"]["name"] == "sluice"
