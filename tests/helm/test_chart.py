@@ -336,6 +336,10 @@ def test_operator_gets_transformer_defaults_and_peering(combo: tuple[dict, Manif
     config = OperatorConfig.from_env({k: e["value"] for k, e in env.items() if "value" in e})
     assert config.resources == resources and config.pull_secrets == tuple(secrets)
     assert op["command"][0] == "sluice-operator"
+    from etl_operator.__main__ import parse_args
+
+    args = parse_args(op["command"][1:])  # the chart's flags are the CLI's
+    assert args.namespace == ["$(POD_NAMESPACE)"]
     assert op["livenessProbe"]["httpGet"]["path"] == "/healthz"
     peering = values.get("operator.replicas", 1) > 1 or values.get("operator.peering.enabled")
     crds = {c["metadata"]["name"] for c in m.of_kind("CustomResourceDefinition")}
@@ -344,6 +348,7 @@ def test_operator_gets_transformer_defaults_and_peering(combo: tuple[dict, Manif
         assert op["command"][op["command"].index("--peering-lifetime") + 1] == "60"
         # No fixed --priority: every replica draws its own, so they never tie.
         assert "--priority" not in op["command"]
+        assert args.peering == "sluice" and args.peering_lifetime == 60
         assert "kopfpeerings.kopf.dev" in crds
         (peer,) = m.of_kind("KopfPeering")
         assert peer["metadata"]["name"] == "sluice"

@@ -288,19 +288,33 @@ def _leftovers(cluster: Cluster, ns: str) -> list[str]:
     return out
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="kopf pauses every peer of equal priority, and sluice-operator has no --priority "
-    "yet: with operator.replicas=2 both replicas pause and no ETL is reconciled",
-)
-def test_two_operator_replicas_share_an_etl_through_kopf_peering(
+def operator_logs(rel: Release, kubelet: Any) -> dict[str, str]:
+    """Every operator pod's output so far (pods that are gone included), by pod name."""
+    out = {}
+    for log in sorted((kubelet.state_dir / "pods").glob(f"{rel.namespace}_*/logs/operator.log")):
+        pod = log.parent.parent.name.split("_")[1]  # <namespace>_<pod>_<uid>
+        out[pod] = out.get(pod, "") + log.read_text(errors="replace")
+    return out
+
+
+def assert_clean_operator_logs(rel: Release, kubelet: Any) -> None:
+    """A namespaced operator does not try (and fail) to list namespaces or CRDs,
+    and peers never tie (kopf would pause all of them)."""
+    logs = operator_logs(rel, kubelet)
+    assert logs
+    for pod, text in logs.items():
+        for bad in ("Not enough permissions", "forbidden", "Possibly conflicting operators"):
+            assert bad not in text, f"{pod}: {bad!r} in the operator log:\n{text[-3000:]}"
+
+
+def test_two_operator_replicas_are_active_standby_and_fail_over(
     control_plane: Cluster,
     kubelet: Any,
     k8s_namespace: str,
     volumes: None,
     tmp_path: Path,
 ) -> None:
-    """operator.replicas=2: the chart's KopfPeering CRD and object let kopf elect one."""
+    """operator.replicas=2: one replica reconciles, the other takes over when it goes."""
     ns = k8s_namespace
     rel = Release(control_plane, ns, tmp_path / "helm")
     custom = client.CustomObjectsApi(control_plane.api_client)
@@ -319,20 +333,15 @@ def test_two_operator_replicas_share_an_etl_through_kopf_peering(
         "--set",
         "operator.replicas=2",
     )
-    try:
 
-        def peers() -> dict[str, Any]:
-            peering = custom.get_namespaced_custom_object(
-                "kopf.dev", "v1", ns, "kopfpeerings", "sluice"
-            )
-            return peering.get("status") or {}
+    def peers() -> dict[str, Any]:
+        peering = custom.get_namespaced_custom_object(
+            "kopf.dev", "v1", ns, "kopfpeerings", "sluice"
+        )
+        return peering.get("status") or {}
 
-        operators = {p.metadata.name for p in rel.pods("app.kubernetes.io/component=operator")}
-        assert len(operators) == 2
-        # Both replicas announce themselves in the peering object (POD_ID = pod name).
-        wait_for("both operators in the peering", lambda: set(peers()) >= operators, 120)
-
-        # One of them reconciles an ETL applied with kubectl-style source code.
+    def apply_etl(name: str, expr: str) -> None:
+        source = f"def transform(data):\n    return {expr}\n"
         custom.create_namespaced_custom_object(
             "sluice.dev",
             "v1alpha1",
@@ -341,21 +350,58 @@ def test_two_operator_replicas_share_an_etl_through_kopf_peering(
             {
                 "apiVersion": "sluice.dev/v1alpha1",
                 "kind": "ETL",
-                "metadata": {"name": "upper"},
-                "spec": {
-                    "mode": "object",
-                    "code": {"source": "def transform(data):\n    return data.upper()\n"},
-                },
+                "metadata": {"name": name},
+                "spec": {"mode": "object", "code": {"source": source}},
             },
         )
-        wait_for(
-            "the ETL to run",
-            lambda: (rel.etls()[0].get("status") or {}).get("phase") == "Running",
-            timeout=90,
-        )
+
+    def phase(name: str) -> str | None:
+        etl = custom.get_namespaced_custom_object("sluice.dev", "v1alpha1", ns, "etls", name)
+        return (etl.get("status") or {}).get("phase")
+
+    try:
+        operators = {p.metadata.name for p in rel.pods("app.kubernetes.io/component=operator")}
+        assert len(operators) == 2
+        # Both replicas announce themselves (POD_ID = pod name), with distinct priorities.
+        wait_for("both operators in the peering", lambda: set(peers()) >= operators, 120)
+        priorities = {pod: info["priority"] for pod, info in peers().items()}
+        assert len(set(priorities.values())) == len(priorities), priorities
+        active = max(priorities, key=lambda pod: priorities[pod])
+
+        apply_etl("upper", "data.upper()")
+        wait_for("the ETL to run", lambda: phase("upper") == "Running", timeout=90)
         assert len(rel.pods("sluice.dev/etl=upper")) == TARGETS
-        custom.delete_namespaced_custom_object("sluice.dev", "v1alpha1", ns, "etls", "upper")
-        wait_for("the ETL to be finalized", lambda: not rel.etls(), timeout=120)
+        logs = operator_logs(rel, kubelet)
+        standby = next(pod for pod in operators if pod != active)
+        assert "created 2 transformer pods" in logs[active]
+        assert "Pausing operations in favour of" in logs[standby]
+        assert "transformer pods" not in logs[standby]
+
+        # The active replica goes (a clean exit: kopf removes it from the
+        # peering at once); the standby, or the Deployment's new pod if it drew
+        # a higher priority, reconciles what comes next.
+        control_plane.core.delete_namespaced_pod(active, ns)
+        wait_for("the active operator to leave the peering", lambda: active not in peers(), 60)
+        apply_etl("lower", "data.lower()")
+        wait_for("the new ETL to run", lambda: phase("lower") == "Running", timeout=120)
+        assert len(rel.pods("sluice.dev/etl=lower")) == TARGETS
+        # ... and a spec change of the first one rolls out.
+        custom.patch_namespaced_custom_object(
+            "sluice.dev", "v1alpha1", ns, "etls", "upper", {"spec": {"workers": 2}}
+        )
+        wait_for(
+            "the changed ETL to be observed",
+            lambda: (rel.etls() and all(
+                (e.get("status") or {}).get("observedGeneration") == e["metadata"]["generation"]
+                and e["status"]["phase"] == "Running"
+                for e in rel.etls()
+            )),
+            timeout=120,
+        )  # fmt: skip
+        for name in ("upper", "lower"):
+            custom.delete_namespaced_custom_object("sluice.dev", "v1alpha1", ns, "etls", name)
+        wait_for("the ETLs to be finalized", lambda: not rel.etls(), timeout=120)
+        assert_clean_operator_logs(rel, kubelet)
     except BaseException:
         print(rel.diagnostics())
         raise
