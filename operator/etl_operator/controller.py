@@ -27,6 +27,7 @@ from etl_operator.reconcile import ObservedTransformer, Plan, plan, summarize
 from etl_operator.status import (
     error_status,
     etl_status,
+    gave_up_message,
     observe,
     status_changed,
     transformer_statuses,
@@ -150,12 +151,20 @@ def hold_for_rollout(
     return Plan(create=p.create, delete=[t for t in p.delete if t not in held])
 
 
-def restarts_for(target: str, deleted: list[ObservedTransformer], want_hash: str) -> int:
-    """Restart count for a new transformer replacing one that failed transiently."""
+def replaced(
+    target: str, deleted: list[ObservedTransformer], want_hash: str
+) -> ObservedTransformer | None:
+    """The current-spec transformer of ``target`` that failed transiently and is being replaced."""
     for t in deleted:
         if t.target == target and t.spec_hash == want_hash and t.terminated:
-            return t.restarts + 1
-    return 0
+            return t
+    return None
+
+
+def restarts_for(target: str, deleted: list[ObservedTransformer], want_hash: str) -> int:
+    """Restart count for a new transformer replacing one that failed transiently."""
+    old = replaced(target, deleted, want_hash)
+    return old.restarts + 1 if old is not None else 0
 
 
 class Controller:
@@ -249,6 +258,7 @@ class Controller:
                 pull_secrets=self.config.pull_secrets,
                 with_token=with_token,
                 restarts=restarts_for(target.id, todo.delete, want_hash),
+                last_failure=getattr(replaced(target.id, todo.delete, want_hash), "message", None),
                 target_pod=target_pods.get(target.id),
             )
             for target in todo.create
@@ -263,6 +273,7 @@ class Controller:
                 spec_hash=want_hash,
                 node=target.node,
                 restarts=int(pod["metadata"]["annotations"][manifests.RESTARTS_ANNOTATION]),
+                message=gave_up_message(pod["metadata"]["annotations"]),
             )
             for target, pod in zip(todo.create, new_pods, strict=True)
         ]

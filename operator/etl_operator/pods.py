@@ -26,6 +26,8 @@ MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 MANAGED_BY = "sluice-operator"
 SPEC_HASH_ANNOTATION = "sluice.dev/spec-hash"
 RESTARTS_ANNOTATION = "sluice.dev/restarts"
+# Why the previous pod of this transformer was replaced (a restart's cause).
+LAST_FAILURE_ANNOTATION = "sluice.dev/last-failure"
 TOKEN_KEY = "token"
 TRANSFORMER_PORT = 8000
 CONTAINER_NAME = "transformer"
@@ -163,6 +165,7 @@ def transformer_pod(
     resources: dict[str, Any] | None = None,
     pull_policy: str = "IfNotPresent",
     pull_secrets: Sequence[str] = (),
+    last_failure: str | None = None,
 ) -> dict[str, Any]:
     """The transformer pod for ``ref`` beside ``target``, pinned to the target's node.
 
@@ -259,6 +262,14 @@ def transformer_pod(
         pod_spec["imagePullSecrets"] = [{"name": n} for n in pull_secrets]
     if target.node:
         pod_spec["nodeName"] = target.node
+    annotations = {
+        SPEC_HASH_ANNOTATION: spec_hash,
+        RESTARTS_ANNOTATION: str(restarts),
+        # The label holds a sanitized id; the annotation keeps it exact.
+        TARGET_LABEL: target.id,
+    }
+    if restarts and last_failure:
+        annotations[LAST_FAILURE_ANNOTATION] = last_failure
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -266,12 +277,7 @@ def transformer_pod(
             "name": pod_name(ref.name, target.id, spec_hash),
             "namespace": ref.namespace,
             "labels": labels,
-            "annotations": {
-                SPEC_HASH_ANNOTATION: spec_hash,
-                RESTARTS_ANNOTATION: str(restarts),
-                # The label holds a sanitized id; the annotation keeps it exact.
-                TARGET_LABEL: target.id,
-            },
+            "annotations": annotations,
             "ownerReferences": [ref.owner_reference()],
         },
         "spec": pod_spec,

@@ -11,8 +11,13 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from etl_operator.pods import RESTARTS_ANNOTATION, SPEC_HASH_ANNOTATION, TARGET_LABEL
-from etl_operator.reconcile import ObservedTransformer, Summary
+from etl_operator.pods import (
+    LAST_FAILURE_ANNOTATION,
+    RESTARTS_ANNOTATION,
+    SPEC_HASH_ANNOTATION,
+    TARGET_LABEL,
+)
+from etl_operator.reconcile import MAX_RESTARTS, ObservedTransformer, Summary
 from etl_runtime.cluster import TargetInfo, TransformerStatus
 from etl_runtime.kube.records import pod_is_ready
 
@@ -55,6 +60,8 @@ def observe(
         if late is not None and late <= init_timeout:
             late = None
     if late is not None:
+        kubelet = _pod_message(status, container, None)
+        why = f": {kubelet}" if kubelet else ""
         return ObservedTransformer(
             name=meta["name"],
             target=annotations.get(TARGET_LABEL) or labels.get(TARGET_LABEL, ""),
@@ -65,7 +72,7 @@ def observe(
             terminated=True,
             exit_code=None,
             restarts=restarts,
-            message=f"not ready after {init_timeout:g}s (initSeconds)",
+            message=_clip(f"not ready after {init_timeout:g}s (initSeconds){why}"),
         )
     return ObservedTransformer(
         name=meta["name"],
@@ -77,8 +84,21 @@ def observe(
         terminated=done,
         exit_code=(terminated or {}).get("exitCode") if done else None,
         restarts=restarts,
-        message=_pod_message(status, container, terminated if done else None),
+        message=_pod_message(status, container, terminated if done else None)
+        or gave_up_message(annotations),
     )
+
+
+def gave_up_message(annotations: dict[str, str]) -> str | None:
+    """For the pod after the last allowed restart, why its predecessors failed."""
+    try:
+        restarts = int(annotations.get(RESTARTS_ANNOTATION, 0))
+    except ValueError:
+        return None
+    last = annotations.get(LAST_FAILURE_ANNOTATION)
+    if restarts < MAX_RESTARTS or not last:
+        return None
+    return _clip(f"gave up after {restarts} restarts; last: {last}")
 
 
 def not_ready_for(pod: dict[str, Any], now: dt.datetime) -> float | None:

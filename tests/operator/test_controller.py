@@ -233,6 +233,11 @@ def test_pod_not_ready_past_init_seconds_is_replaced_then_error(kube, ctl):
         assert kube.deleted_now[-1] == old["metadata"]["name"]
         new = kube.transformer("target-0")
         assert new["metadata"]["annotations"]["sluice.dev/restarts"] == str(n + 1)
+    # The last allowed pod exists: Error, saying why its predecessors went.
+    st = status(kube)
+    assert st["phase"] == "Error"
+    assert f"gave up after {MAX_RESTARTS} restarts; last: not ready after 60s" in st["message"]
+    # It hangs too: kept (no crash loop), still Error.
     kube.set_hung(kube.transformer("target-0"))
     ctl.reconcile("ns", "reverse")
     assert len(kube.created) == 3 + MAX_RESTARTS

@@ -17,10 +17,14 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from etl_operator.reconcile import MAX_RESTARTS
 
 from tests.operator.harness import (
     CRD,
+    GROUP,
+    PLURAL,
     REVERSE_YAML,
+    VERSION,
     OperatorProcess,
     SluiceNamespace,
     wait_for,
@@ -210,6 +214,42 @@ def test_dependencies_that_fail_to_install_are_an_error(sluice):
     sluice.apply(yaml_text)
     status = sluice.wait_phase("deps", "Error", timeout=120)
     assert "sluice-no-such-package" in status["message"] or "depend" in status["message"], status
+
+
+def test_transformer_not_ready_within_init_seconds_is_restarted_then_error(sluice):
+    """As in the local cluster: a pod stuck not-ready past initSeconds is replaced
+    (restart counted), and after MAX_RESTARTS the ETL is Error.
+
+    The transformer enforces initSeconds on its own start-up; what only the
+    operator sees is a pod that never starts (image pull back-off, a node that
+    does not run it). Here: a target bound to a node no kubelet serves, so its
+    transformer pod stays Pending.
+    """
+    ghost = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "ghost-target", "labels": {"tier": "ghost"}},
+        "spec": {"nodeName": "no-such-node", "containers": [{"name": "c", "image": "x"}]},
+    }
+    sluice.core.create_namespaced_pod(sluice.ns, ghost)
+    sluice.apply(
+        REVERSE_YAML.format(name="stuck")
+        + "  targetSelector: {tier: ghost}\n  timeouts: {initSeconds: 2}\n"
+    )
+    try:
+        status = sluice.wait_phase("stuck", "Error", timeout=150)
+        assert "not ready after 2s (initSeconds)" in status["message"], status
+        (pod,) = sluice.transformers("stuck")
+        assert pod["metadata"]["annotations"]["sluice.dev/restarts"] == str(MAX_RESTARTS)
+        assert pod["spec"]["nodeName"] == "no-such-node"
+    finally:
+        # No kubelet will confirm a graceful deletion on that node.
+        sluice.crs.delete_namespaced_custom_object(GROUP, VERSION, sluice.ns, PLURAL, "stuck")
+        for p in sluice.pods("tier=ghost") + sluice.pods("sluice.dev/etl=stuck"):
+            sluice.core.delete_namespaced_pod(
+                p["metadata"]["name"], sluice.ns, grace_period_seconds=0
+            )
+        wait_for("the ETL to be finalized", lambda: sluice.etl("stuck") is None, timeout=60)
 
 
 def test_targets_added_moved_and_removed(sluice):
