@@ -35,3 +35,52 @@ def test_command_line():
     args = parse_args(["-n", "a", "--namespace", "b", "--standalone", "-v"])
     assert args.namespace == ["a", "b"] and args.standalone and args.verbose
     assert parse_args(["-A"]).all_namespaces
+
+
+def test_resync_requests_only_where_this_replica_is_active():
+    import asyncio
+    import datetime as dt
+
+    from etl_operator.handlers import _resync
+    from etl_operator.peering import Peering
+
+    now = dt.datetime.now(dt.UTC).isoformat()
+    statuses = {
+        "mine": {"me": {"priority": 9, "lastseen": now}, "other": {"priority": 3, "lastseen": now}},
+        "theirs": {
+            "me": {"priority": 9, "lastseen": now},
+            "other": {"priority": 12, "lastseen": now},
+        },
+    }
+
+    class Kube:
+        def peering_status(self, namespace, name):
+            assert name == "sluice"
+            return statuses.get(namespace)
+
+    class Controller:
+        kube = Kube()
+
+    class Queue:
+        def __init__(self):
+            self.requested: set[tuple[str, str]] = set()
+
+        def request(self, namespace, name):
+            self.requested.add((namespace, name))
+
+    memo = Memo(SelectorBook())
+    memo.book.put("mine", "a", {})
+    memo.book.put("theirs", "b", {})
+    memo.controller, memo.queue = Controller(), Queue()  # type: ignore[attr-defined]
+
+    async def run(peering):
+        memo.peering = peering  # type: ignore[attr-defined]
+        memo.queue = Queue()  # type: ignore[attr-defined]
+        task = asyncio.create_task(_resync(memo, 0.01))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        return memo.queue.requested  # type: ignore[attr-defined]
+
+    me = Peering(name="sluice", identity="me", priority=9, clusterwide=False)
+    assert asyncio.run(run(me)) == {("mine", "a")}
+    assert asyncio.run(run(None)) == {("mine", "a"), ("theirs", "b")}
