@@ -225,8 +225,11 @@ class LocalEtlBackend:
                 await self.reconcile()
             except Exception:
                 log.exception("local ETL reconcile pass failed")
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
+            # cancellation that stops this loop if a kick() lands at the same time.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.interval)
+                async with asyncio.timeout(self.interval):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def reconcile(self) -> None:

@@ -97,10 +97,13 @@ class Task:
 
     async def next_frame(self) -> tuple[int, bytes]:
         """Next reply: (SIZE|CHUNK, bytes), (END, b""), (RESULT, bytes); raises on ERROR."""
+        # ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for``
+        # returns the frame and swallows a cancellation that arrives as the frame
+        # does (a response whose client left would go on pulling frames); it also
+        # costs a task per frame.
         try:
-            kind, payload = await asyncio.wait_for(
-                self.channel.get(), timeout=self.pool.request_timeout
-            )
+            async with asyncio.timeout(self.pool.request_timeout):
+                kind, payload = await self.channel.get()
         except TimeoutError:
             self.worker.kill()
             raise TransformTimeout(
@@ -200,14 +203,12 @@ class WorkerPool:
         reader, writer = await asyncio.open_unix_connection(sock=ours, limit=ipc.MAX_CHUNK)
         worker = Worker(process, reader, writer)
         try:
-            while True:
-                kind, payload = await asyncio.wait_for(
-                    ipc.read_frame(reader), timeout=self.spec.init_timeout_seconds
-                )
-                if kind == ipc.LOG:
-                    self.on_log(worker.pid, payload.decode("utf-8", "replace"))
-                    continue
-                break
+            while True:  # the init timeout bounds each wait (``asyncio.timeout``: see next_frame)
+                async with asyncio.timeout(self.spec.init_timeout_seconds):
+                    kind, payload = await ipc.read_frame(reader)
+                if kind != ipc.LOG:
+                    break
+                self.on_log(worker.pid, payload.decode("utf-8", "replace"))
         except (asyncio.IncompleteReadError, ConnectionError, TimeoutError) as e:
             worker.kill()
             writer.close()
