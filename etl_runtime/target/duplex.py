@@ -20,8 +20,14 @@ Timeouts: ``connect_timeout`` for opening a connection; ``timeout`` bounds each
 wait for progress (reading a piece of the response, writing a piece of the
 body), like httpx's read/write timeouts, not the whole exchange.
 
-Framing is h11's: ``Content-Length`` for a ``bytes`` body, chunked transfer
-encoding for an async iterable one. Only ``bytes`` bodies are retried (once,
+Framing: h11 writes the request (``Content-Length`` for a ``bytes`` body,
+chunked transfer encoding for an async iterable one, the body passed through
+uncopied) and parses the response *head*, which is cut off the socket stream
+first so h11 never sees body bytes. The response body is read straight from
+the ``asyncio.StreamReader`` (``Content-Length``, chunked, or until close): h11
+would copy every body byte twice (into its receive buffer and out of it), the
+single most expensive step of this hop for big objects. A connection is then
+reused with a fresh h11 state machine. Only ``bytes`` bodies are retried (once,
 on a fresh connection) when a pooled connection turns out to be closed before
 any answer; idle connections are dropped before the server's keep-alive
 timeout (uvicorn: 5 s) to keep that race rare.
@@ -32,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
@@ -84,7 +90,7 @@ class _Connection:
 
 
 class DuplexResponse:
-    """Status and headers of an answer; the body is read with ``aiter_bytes``."""
+    """Status and headers of an answer; the body is read with ``aiter_bytes`` or ``read``."""
 
     def __init__(
         self,
@@ -94,6 +100,7 @@ class DuplexResponse:
         head: h11.Response,
         sender: asyncio.Task[None],
         timeout: float,
+        method: bytes,
     ) -> None:
         self.status_code = head.status_code
         self.headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in head.headers}
@@ -102,34 +109,118 @@ class DuplexResponse:
         self._conn: _Connection | None = conn
         self._sender = sender
         self._timeout = timeout
+        # Body framing (RFC 9112 6.3; h11 already rejected contradictory headers).
+        self._length: int | None = None  # None: chunked or until close
+        self._chunked = False
+        te = self.headers.get("transfer-encoding", "").lower()
+        if method == b"HEAD" or self.status_code in (204, 304):
+            self._length = 0
+        elif te:
+            self._chunked = True  # h11 accepts only "chunked" here
+        elif "content-length" in self.headers:
+            self._length = int(self.headers["content-length"])
+        connection = {t.strip() for t in self.headers.get("connection", "").lower().split(",")}
+        self._keep_alive = (
+            head.http_version == b"1.1"
+            and "close" not in connection
+            and (self._chunked or self._length is not None)
+        )
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes | memoryview]:
+    async def aiter_bytes(self) -> AsyncIterator[bytes]:
         """The body as it arrives; ``StreamBroken``/``Timeout`` if it does not end well."""
         conn = self._conn
         if conn is None:
             raise StreamBroken("response already consumed or closed")
         try:
-            while True:
-                event = await _next_event(conn, self._timeout)
-                if isinstance(event, h11.Data):
-                    # h11 hands out a fresh bytearray per event: wrap it, no copy
-                    yield memoryview(event.data)
-                elif isinstance(event, h11.EndOfMessage):
-                    break
-                else:
-                    raise StreamBroken(f"unexpected {type(event).__name__} in the response body")
+            if self._chunked:
+                async for chunk in self._chunks(conn.reader):
+                    yield chunk
+            elif self._length is None:
+                while chunk := await self._io(conn.reader.read(READ_SIZE)):
+                    yield chunk
+            else:
+                remaining = self._length
+                while remaining:
+                    chunk = await self._io(conn.reader.read(min(remaining, READ_SIZE)))
+                    if not chunk:
+                        raise StreamBroken(
+                            f"the server closed the connection {remaining} bytes before "
+                            f"the end of a {self._length}-byte body"
+                        )
+                    remaining -= len(chunk)
+                    yield chunk
         except BaseException:
             await self.aclose()
             raise
         await self._finish()
 
+    async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        """The data of a chunked body, in pieces of at most ``READ_SIZE``."""
+        while True:
+            line = await self._io(reader.readuntil(b"\r\n"))
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+                if size < 0 or not size_text.isalnum():
+                    raise ValueError(size_text)
+            except ValueError:
+                raise StreamBroken(f"bad chunk header {line[:40]!r}") from None
+            if size == 0:
+                while await self._io(reader.readuntil(b"\r\n")) != b"\r\n":
+                    pass  # trailer fields: ignored
+                return
+            while size:
+                chunk = await self._io(reader.read(min(size, READ_SIZE)))
+                if not chunk:
+                    raise StreamBroken("the server closed the connection inside a chunk")
+                size -= len(chunk)
+                yield chunk
+            if await self._io(reader.readexactly(2)) != b"\r\n":
+                raise StreamBroken("bad chunked framing: no CRLF after a chunk")
+
+    async def _io(self, read: Awaitable[bytes]) -> bytes:
+        """One read from the socket: the inactivity timeout, errors as ``DuplexError``."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                return await read
+        except TimeoutError:
+            raise Timeout(f"no data from the server for {self._timeout:.0f}s") from None
+        except asyncio.IncompleteReadError:
+            raise StreamBroken("the server closed the connection before the body ended") from None
+        except asyncio.LimitOverrunError as e:
+            raise StreamBroken(f"bad chunked framing: {e}") from None
+        except OSError as e:
+            raise StreamBroken(f"connection lost: {e!r}") from e
+
     async def read(self, limit: int) -> bytes:
         """Up to ``limit`` bytes of the body; the whole body if it is no longer.
 
         Reading to the end keeps the connection for reuse; stopping early
-        (body longer than ``limit``) closes it.
+        (body longer than ``limit``) closes it. A ``Content-Length`` body is
+        taken out of the stream buffer in pieces of ``READ_SIZE`` (one copy
+        each, the inactivity timeout per piece) and joined only when there
+        are several.
         """
-        chunks: list[bytes | memoryview] = []
+        conn = self._conn
+        if conn is None:
+            raise StreamBroken("response already consumed or closed")
+        if self._length is None or self._length > limit:
+            return await self._read_some(limit)
+        pieces: list[bytes] = []
+        try:
+            remaining = self._length
+            while remaining:
+                n = min(remaining, READ_SIZE)
+                pieces.append(await self._io(conn.reader.readexactly(n)))
+                remaining -= n
+        except BaseException:
+            await self.aclose()
+            raise
+        await self._finish()
+        return pieces[0] if len(pieces) == 1 else b"".join(pieces)
+
+    async def _read_some(self, limit: int) -> bytes:
+        chunks: list[bytes] = []
         size = 0
         try:
             async for chunk in self.aiter_bytes():
@@ -139,7 +230,7 @@ class DuplexResponse:
                     break
         finally:
             await self.aclose()
-        body = b"".join(chunks)  # the one copy
+        body = b"".join(chunks)
         return body[:limit] if size > limit else body
 
     async def _finish(self) -> None:
@@ -151,7 +242,7 @@ class DuplexResponse:
             await _cancel(self._sender)
             conn.close()
             return
-        if self._sender.exception() is None and conn.h11.our_state is h11.DONE:
+        if self._keep_alive and self._sender.exception() is None and conn.h11.our_state is h11.DONE:
             self._client._release(self._key, conn)
         else:
             conn.close()
@@ -221,7 +312,7 @@ class DuplexClient:
                 if isinstance(event, h11.InformationalResponse):
                     continue
                 if isinstance(event, h11.Response):
-                    return DuplexResponse(self, key, conn, event, sender, timeout)
+                    return DuplexResponse(self, key, conn, event, sender, timeout, request.method)
                 raise StreamBroken(f"expected a response, got {type(event).__name__}")
         except BaseException:
             await _cancel(sender)
@@ -248,11 +339,8 @@ class DuplexClient:
         return _Connection(reader, writer)
 
     def _release(self, key: tuple[str, int], conn: _Connection) -> None:
-        try:
-            conn.h11.start_next_cycle()
-        except h11.LocalProtocolError:
-            conn.close()
-            return
+        # The body was read past h11, which still expects it: a fresh state machine.
+        conn.h11 = h11.Connection(h11.CLIENT)
         idle = self._idle.setdefault(key, [])
         if self._closed or len(idle) >= MAX_IDLE_PER_ENDPOINT or not conn.usable():
             conn.close()
@@ -303,25 +391,36 @@ async def _send(conn: _Connection, request: h11.Request, body: Body, timeout: fl
 async def _next_event(
     conn: _Connection, timeout: float, sender: asyncio.Task[None] | None = None
 ) -> Any:
-    """The next h11 event, reading from the socket as needed."""
+    """The next h11 event of the response head.
+
+    h11 is fed exactly the head (up to its blank line), so the body stays in
+    the stream reader for ``DuplexResponse`` to read without h11's copies.
+    """
     while True:
         try:
             event = conn.h11.next_event()
         except h11.RemoteProtocolError as e:
             raise StreamBroken(f"bad HTTP from the server: {e}") from e
         if event is h11.NEED_DATA:
+            eof = False
             try:
                 async with asyncio.timeout(timeout):
-                    data = await conn.reader.read(READ_SIZE)
+                    data = await conn.reader.readuntil(b"\r\n\r\n")
             except TimeoutError:
                 raise Timeout(f"no data from the server for {timeout:.0f}s") from None
+            except asyncio.IncompleteReadError as e:
+                data, eof = e.partial, True
+            except asyncio.LimitOverrunError:
+                raise StreamBroken("the server's response head is too long") from None
             except OSError as e:
                 raise StreamBroken(f"connection lost: {e!r}") from e
-            if not data and sender is not None and sender.done() and not sender.cancelled():
+            if eof and sender is not None and sender.done() and not sender.cancelled():
                 failure = sender.exception()
                 if failure is not None and not isinstance(failure, ConnectionError):
                     raise StreamBroken(f"sending the request failed: {failure!r}") from failure
             conn.h11.receive_data(data)
+            if eof:
+                conn.h11.receive_data(b"")
             continue
         if event is h11.PAUSED:
             raise StreamBroken("the server sent data after its response")
