@@ -7,6 +7,8 @@ import http.client
 import os
 import socket
 import threading
+import time
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 import httpx
@@ -128,6 +130,7 @@ def test_name_clash_is_409(target: RunningTarget) -> None:
 def raw_request(url: str, method: str, path: str, body: bytes = b"") -> tuple[int, bytes]:
     """Send a path exactly as written (clients would normalize '..' away)."""
     u = urlsplit(url)
+    assert u.hostname is not None
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=10)
     conn.request(method, path, body=body)
     r = conn.getresponse()
@@ -233,19 +236,28 @@ def test_concurrent_reader_never_sees_partial_object(target: RunningTarget) -> N
     assert c.head("/v1/objects/b/hot").headers["etag"].strip('"') in etags
 
 
+def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting until {what}"
+        time.sleep(0.02)
+
+
 def test_aborted_upload_leaves_nothing(target: RunningTarget) -> None:
     mkbucket(target.client)
     u = urlsplit(target.url)
+    assert u.hostname is not None and u.port is not None
+    tmp = target.data_dir / ".tmp"
     with socket.create_connection((u.hostname, u.port)) as s:
         s.sendall(
             b"PUT /v1/objects/b/partial HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
         )
         s.sendall(b"only a little")
-    for _ in range(50):
-        if not os.listdir(target.data_dir / ".tmp"):
-            break
-        threading.Event().wait(0.05)
-    assert os.listdir(target.data_dir / ".tmp") == []
+        # The handler holds its temp file while it waits for the rest of the body.
+        # Checking only after the close raced the handler: an empty .tmp seen
+        # before it even started passed the poll, and the file appeared right after.
+        _wait_until(lambda: bool(os.listdir(tmp)), "the upload's temp file exists")
+    _wait_until(lambda: not os.listdir(tmp), "the aborted upload's temp file is removed")
     assert target.client.get("/v1/objects/b/partial").status_code == 404
 
 
