@@ -368,12 +368,11 @@ async def _send(conn: _Connection, request: h11.Request, body: Body, timeout: fl
         writer.write(conn.h11.send(request) or b"")
         if isinstance(body, bytes):
             if body:
-                writer.writelines(conn.h11.send_with_data_passthrough(h11.Data(data=body)) or [])
+                _write(writer, conn.h11.send_with_data_passthrough(h11.Data(data=body)))
         else:
             async for chunk in body:
                 if chunk:
-                    pieces = conn.h11.send_with_data_passthrough(h11.Data(data=chunk))
-                    writer.writelines(pieces or [])
+                    _write(writer, conn.h11.send_with_data_passthrough(h11.Data(data=chunk)))
                     async with asyncio.timeout(timeout):
                         await writer.drain()
         writer.write(conn.h11.send(h11.EndOfMessage()) or b"")
@@ -386,6 +385,17 @@ async def _send(conn: _Connection, request: h11.Request, body: Body, timeout: fl
     except BaseException:
         writer.close()  # a local failure (body source, timeout): the reader must fail too
         raise
+
+
+def _write(writer: asyncio.StreamWriter, pieces: list[bytes] | None) -> None:
+    """Write h11's pieces (framing + our data) without copying the data.
+
+    Not ``writelines``: on Python 3.11 it joins the pieces (a copy of the whole
+    body). Each piece goes as a ``memoryview``, so the part the socket does not
+    take at once is copied into the transport's buffer once, not sliced first.
+    """
+    for piece in pieces or ():
+        writer.write(memoryview(piece))
 
 
 async def _next_event(

@@ -220,7 +220,11 @@ class EtlForwarder:
                     bucket=bucket,
                     object=name,
                 ) from None
-            return Response(body, media_type=media_type, headers={"X-Sluice-Etl": etl_name})
+            # memoryview: uvicorn's transport then buffers what the socket does not
+            # take at once without slicing a copy of it first.
+            return Response(
+                memoryview(body), media_type=media_type, headers={"X-Sluice-Etl": etl_name}
+            )
         return StreamingResponse(
             self._relay(response, etl_name, obj),
             media_type=media_type,

@@ -80,4 +80,6 @@ def write_frame(
 ) -> None:
     writer.write(HEADER.pack(kind, len(payload)))
     if payload:
-        writer.write(payload)
+        # memoryview: the part the socket does not take at once is buffered
+        # with one copy (the transport would slice a bytes payload first).
+        writer.write(memoryview(payload))

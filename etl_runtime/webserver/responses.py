@@ -60,7 +60,10 @@ class TransformedStream(Response):
                 }
             )
             async for chunk in self.chunks:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                # A memoryview: the transport slices off what the socket did not
+                # take without copying it first (bytes[n:] would).
+                body = memoryview(chunk)
+                await send({"type": "http.response.body", "body": body, "more_body": True})
             state["finished"] = True
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
