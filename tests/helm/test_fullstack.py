@@ -238,6 +238,7 @@ def test_helm_install_runs_a_wds_etl_end_to_end_and_uninstall_keeps_only_pvcs(
         # The operator finalizes the ETL (its pods and token Secret) before it goes.
         wait_for("the ETL to be finalized", lambda: not rel.etls(), timeout=120)
         assert not rel.pods("sluice.dev/etl")
+        assert_clean_operator_logs(rel, kubelet)
     except BaseException:
         print(rel.diagnostics())
         raise
@@ -374,7 +375,8 @@ def test_two_operator_replicas_are_active_standby_and_fail_over(
         logs = operator_logs(rel, kubelet)
         standby = next(pod for pod in operators if pod != active)
         assert "created 2 transformer pods" in logs[active]
-        assert "Pausing operations in favour of" in logs[standby]
+        # The standby never acted (whether it logs kopf's "Pausing operations"
+        # depends on which replica started first).
         assert "transformer pods" not in logs[standby]
 
         # The active replica goes (a clean exit: kopf removes it from the
