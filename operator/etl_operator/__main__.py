@@ -21,6 +21,7 @@ from typing import Any, cast
 
 import kopf
 
+from etl_operator.controller import OperatorConfig
 from etl_operator.peering import DEFAULT_LIFETIME, Peering, default_priority, own_identity
 
 # Characters that make a --namespace a kopf pattern rather than a name.
@@ -106,6 +107,11 @@ def peering_of(args: argparse.Namespace, clusterwide: bool) -> Peering | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    try:
+        OperatorConfig.from_env()  # read again at start-up; fail here, clearly, if malformed
+    except ValueError as e:
+        print(f"sluice-operator: {e}", file=sys.stderr)
+        return 2
     namespaces = args.namespace or (
         [os.environ["SLUICE_NAMESPACE"]] if os.environ.get("SLUICE_NAMESPACE") else []
     )

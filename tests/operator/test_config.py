@@ -68,3 +68,11 @@ def test_controller_creates_pods_with_the_defaults():
     for spec in (plain, own):
         assert spec["containers"][0]["imagePullPolicy"] == "Never"
         assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+
+
+def test_operator_refuses_to_start_with_malformed_env(monkeypatch, capsys):
+    from etl_operator.__main__ import main
+
+    monkeypatch.setenv("SLUICE_TRANSFORMER_PULL_POLICY", "sometimes")
+    assert main(["-n", "ns"]) == 2
+    assert "SLUICE_TRANSFORMER_PULL_POLICY must be one of" in capsys.readouterr().err
