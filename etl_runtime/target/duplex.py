@@ -24,7 +24,7 @@ Framing: h11 writes the request (``Content-Length`` for a ``bytes`` body,
 chunked transfer encoding for an async iterable one, the body passed through
 uncopied) and parses the response *head*, which is cut off the socket stream
 first so h11 never sees body bytes. The response body is read straight from
-the ``asyncio.StreamReader`` (``Content-Length``, chunked, or until close): h11
+the ``streambuf.ReceiveStream`` (``Content-Length``, chunked, or until close): h11
 would copy every body byte twice (into its receive buffer and out of it), the
 single most expensive step of this hop for big objects. A connection is then
 reused with a fresh h11 state machine. Only ``bytes`` bodies are retried (once,
@@ -39,10 +39,13 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 import h11
+
+from etl_runtime import streambuf
+from etl_runtime.streambuf import ReceiveStream
 
 READ_SIZE = 1 << 20
 STREAM_LIMIT = 1 << 20  # asyncio stream buffer: pauses reading above 2x this
@@ -50,6 +53,7 @@ IDLE_SECONDS = 4.0
 MAX_IDLE_PER_ENDPOINT = 64
 
 Body = bytes | AsyncIterable[bytes]
+_B = TypeVar("_B", bound=bytes | bytearray)
 
 
 class DuplexError(Exception):
@@ -71,7 +75,7 @@ class StreamBroken(DuplexError):
 class _Connection:
     """One socket, its h11 state machine, and when it was last idle."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, reader: ReceiveStream, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.h11 = h11.Connection(h11.CLIENT)
@@ -154,7 +158,7 @@ class DuplexResponse:
             raise
         await self._finish()
 
-    async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+    async def _chunks(self, reader: ReceiveStream) -> AsyncIterator[bytes]:
         """The data of a chunked body, in pieces of at most ``READ_SIZE``."""
         while True:
             line = await self._io(reader.readuntil(b"\r\n"))
@@ -178,7 +182,7 @@ class DuplexResponse:
             if await self._io(reader.readexactly(2)) != b"\r\n":
                 raise StreamBroken("bad chunked framing: no CRLF after a chunk")
 
-    async def _io(self, read: Awaitable[bytes]) -> bytes:
+    async def _io(self, read: Awaitable[_B]) -> _B:
         """One read from the socket: the inactivity timeout, errors as ``DuplexError``."""
         try:
             async with asyncio.timeout(self._timeout):
@@ -192,7 +196,7 @@ class DuplexResponse:
         except OSError as e:
             raise StreamBroken(f"connection lost: {e!r}") from e
 
-    async def read(self, limit: int) -> bytes:
+    async def read(self, limit: int) -> bytes | bytearray:
         """Up to ``limit`` bytes of the body; the whole body if it is no longer.
 
         Reading to the end keeps the connection for reuse; stopping early
@@ -206,7 +210,7 @@ class DuplexResponse:
             raise StreamBroken("response already consumed or closed")
         if self._length is None or self._length > limit:
             return await self._read_some(limit)
-        pieces: list[bytes] = []
+        pieces: list[bytes | bytearray] = []
         try:
             remaining = self._length
             while remaining:
@@ -331,7 +335,7 @@ class DuplexClient:
             conn.close()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await asyncio.open_connection(*key, limit=STREAM_LIMIT)
+                reader, writer = await streambuf.open_connection(*key, limit=STREAM_LIMIT)
         except TimeoutError:
             raise ConnectError(f"connecting to {key[0]}:{key[1]} timed out") from None
         except OSError as e:

@@ -31,6 +31,8 @@ import socket
 import struct
 import threading
 
+from etl_runtime.streambuf import ReceiveStream
+
 HEADER = struct.Struct("!BQ")
 
 OBJECT, DATA, DATA_END, SAMPLE = 1, 2, 3, 4
@@ -68,7 +70,9 @@ class FrameSocket:
         return kind, payload
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[int, bytes]:
+async def read_frame(
+    reader: asyncio.StreamReader | ReceiveStream,
+) -> tuple[int, bytes | bytearray]:
     """Next frame from a worker; ``asyncio.IncompleteReadError`` on EOF."""
     kind, size = HEADER.unpack(await reader.readexactly(HEADER.size))
     payload = await reader.readexactly(size) if size else b""

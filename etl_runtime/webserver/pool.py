@@ -27,7 +27,9 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from etl_runtime import streambuf
 from etl_runtime.spec import EtlSpec
+from etl_runtime.streambuf import ReceiveStream
 from etl_runtime.webserver import ipc
 from etl_runtime.webserver.errors import (
     CodeLoadError,
@@ -125,7 +127,7 @@ class Task:
 class Worker:
     """One worker process and the server's end of its socket."""
 
-    def __init__(self, process: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
+    def __init__(self, process: Any, reader: ReceiveStream, writer: asyncio.StreamWriter):
         self.process = process
         self.reader = reader
         self.writer = writer
@@ -200,7 +202,8 @@ class WorkerPool:
         )
         await asyncio.to_thread(process.start)
         theirs.close()
-        reader, writer = await asyncio.open_unix_connection(sock=ours, limit=ipc.MAX_CHUNK)
+        # ReceiveStream: a result frame is received straight into its own buffer.
+        reader, writer = await streambuf.open_unix_connection(ours, limit=ipc.MAX_CHUNK)
         worker = Worker(process, reader, writer)
         try:
             while True:  # the init timeout bounds each wait (``asyncio.timeout``: see next_frame)

@@ -44,10 +44,10 @@ def test_timeout_still_reported() -> None:
     from etl_runtime.webserver.errors import TransformTimeout
 
     async def main() -> None:
-        task = _task()
-        task.pool.request_timeout = 0.05
         killed: list[bool] = []
-        task.worker.kill = lambda: killed.append(True)
+        pool: Any = SimpleNamespace(request_timeout=0.05)
+        worker: Any = SimpleNamespace(pid=0, kill=lambda: killed.append(True))
+        task = Task(pool, worker, OBJECT_TASK)
         with pytest.raises(TransformTimeout):
             await task.next_frame()
         assert killed == [True]

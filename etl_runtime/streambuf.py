@@ -1,0 +1,193 @@
+"""``ReceiveStream``: an asyncio stream reader that can receive into the caller's buffer.
+
+``asyncio.StreamReader`` copies every byte twice on the way in: the transport
+receives into a fresh ``bytes``, ``feed_data`` appends it to the reader's
+buffer, and ``read``/``readexactly`` copy it out again. On the data path
+(target <-> transformer, transformer <-> worker) those copies of every object
+were the largest CPU cost after the kernel's own. ``ReceiveStream`` is a
+``BufferedProtocol``: small reads (headers, chunk lines) go through one
+internal buffer, and ``readexactly(n)`` of a large ``n`` lets the socket
+``recv_into`` the returned ``bytearray`` directly (no copy in user space).
+
+It offers the part of the ``StreamReader`` API the data path uses (``read``,
+``readexactly``, ``readuntil``, ``at_eof``, ``exception``) with the same
+exceptions (``IncompleteReadError``, ``LimitOverrunError``) and flow control
+(reading pauses while more than ``2 * limit`` bytes are buffered). Writing
+uses a normal ``asyncio.StreamWriter`` (``open_connection`` /
+``open_unix_connection`` below), so ``drain()`` backpressure is unchanged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from asyncio.streams import FlowControlMixin
+
+SCRATCH = 256 << 10  # what one recv may take when nobody waits with a buffer
+DIRECT_MIN = 64 << 10  # readexactly of at least this much receives in place
+
+
+class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
+    def __init__(self, limit: int = 1 << 20) -> None:
+        super().__init__()
+        self._limit = limit
+        self._buffer = bytearray()
+        self._scratch = bytearray(SCRATCH)
+        self._scratch_view = memoryview(self._scratch)
+        self._target: memoryview | None = None  # a readexactly's destination
+        self._filled = 0
+        self._into_target = False  # the last get_buffer handed out the target
+        self._eof = False
+        self._exception: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._transport: asyncio.Transport | None = None
+        self._reading_paused = False
+
+    # -- protocol side -------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        assert isinstance(transport, asyncio.Transport)
+        self._transport = transport
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        self._into_target = self._target is not None and self._filled < len(self._target)
+        if self._into_target:
+            assert self._target is not None
+            return self._target[self._filled :]
+        return self._scratch_view
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self._into_target:
+            assert self._target is not None
+            self._filled += nbytes
+            if self._filled < len(self._target):
+                return
+        else:
+            self._buffer += self._scratch_view[:nbytes]
+            if len(self._buffer) > 2 * self._limit:
+                self._pause()
+        self._wake()
+
+    def eof_received(self) -> bool:
+        self._eof = True
+        self._wake()
+        return False  # close the transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)  # wakes drain() waiters
+        self._eof = True
+        if exc is not None:
+            self._exception = exc
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _pause(self) -> None:
+        if not self._reading_paused and self._transport is not None:
+            self._reading_paused = True
+            self._transport.pause_reading()
+
+    def _resume(self) -> None:
+        if self._reading_paused and self._transport is not None:
+            self._reading_paused = False
+            self._transport.resume_reading()
+
+    async def _wait(self) -> None:
+        if self._exception is not None:
+            raise self._exception
+        if self._eof:
+            return
+        self._resume()
+        self._waiter = asyncio.get_running_loop().create_future()
+        try:
+            await self._waiter
+        finally:
+            self._waiter = None
+        if self._exception is not None:
+            raise self._exception
+
+    # -- reader side -----------------------------------------------------------
+
+    def exception(self) -> BaseException | None:
+        return self._exception
+
+    def at_eof(self) -> bool:
+        return self._eof and not self._buffer
+
+    def _take(self, n: int) -> bytes:
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        if len(self._buffer) <= self._limit:
+            self._resume()
+        return data
+
+    async def read(self, n: int) -> bytes:
+        """Up to ``n`` bytes (at least one), ``b""`` at EOF."""
+        while not self._buffer and not self._eof:
+            await self._wait()
+        return self._take(n)
+
+    async def readexactly(self, n: int) -> bytes | bytearray:
+        """Exactly ``n`` bytes; a large ``n`` is received straight into the result."""
+        if len(self._buffer) >= n:
+            return self._take(n)
+        if n < DIRECT_MIN:
+            while len(self._buffer) < n:
+                if self._eof:
+                    raise asyncio.IncompleteReadError(self._take(len(self._buffer)), n)
+                await self._wait()
+            return self._take(n)
+        out = bytearray(n)
+        view = memoryview(out)
+        have = len(self._buffer)
+        view[:have] = self._buffer
+        self._buffer.clear()
+        self._target, self._filled = view, have
+        try:
+            while self._filled < n:
+                if self._eof:
+                    raise asyncio.IncompleteReadError(bytes(view[: self._filled]), n)
+                await self._wait()
+        finally:
+            self._target = None
+        return out
+
+    async def readuntil(self, separator: bytes) -> bytes:
+        """Up to and including ``separator``; ``LimitOverrunError`` past ``limit``."""
+        start = 0
+        while True:
+            i = self._buffer.find(separator, start)
+            if i >= 0:
+                return self._take(i + len(separator))
+            if len(self._buffer) > self._limit:
+                raise asyncio.LimitOverrunError("separator not found within the limit", 0)
+            if self._eof:
+                raise asyncio.IncompleteReadError(self._take(len(self._buffer)), None)
+            start = max(0, len(self._buffer) - len(separator) + 1)
+            await self._wait()
+
+
+def _streams(
+    transport: asyncio.BaseTransport, protocol: ReceiveStream
+) -> tuple[ReceiveStream, asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    return protocol, asyncio.StreamWriter(transport, protocol, None, loop)  # type: ignore[arg-type]
+
+
+async def open_connection(
+    host: str, port: int, limit: int = 1 << 20
+) -> tuple[ReceiveStream, asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.create_connection(lambda: ReceiveStream(limit), host, port)
+    return _streams(transport, protocol)
+
+
+async def open_unix_connection(
+    sock: socket.socket, limit: int = 1 << 20
+) -> tuple[ReceiveStream, asyncio.StreamWriter]:
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.create_unix_connection(lambda: ReceiveStream(limit), sock=sock)
+    return _streams(transport, protocol)
