@@ -42,8 +42,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import httpx
-from etl_operator import reconcile
 
+from etl_operator import reconcile
 from etl_runtime import auth
 from etl_runtime.cluster import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
 from etl_runtime.local import processes

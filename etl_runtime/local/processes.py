@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from etl_operator.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
-
 from etl_runtime.local import launch
 
 LOG_TAIL_BYTES = 16 * 1024

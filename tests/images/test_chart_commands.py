@@ -48,7 +48,6 @@ def test_default_transformer_image_runs_the_transformer() -> None:
 def test_operator_transformer_pods_fit_the_runtime_image() -> None:
     """The operator's transformer pod runs a script the runtime image has, as its UID."""
     from etl_operator.pods import EtlRef, transformer_pod
-
     from etl_runtime.cluster import TargetInfo
     from etl_runtime.spec import EtlSpec
 
