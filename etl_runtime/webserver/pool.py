@@ -45,6 +45,7 @@ log = logging.getLogger("sluice.transformer")
 OBJECT_TASK, SAMPLE_TASK = "object", "sample"
 SAMPLES_PER_WORKER = 2  # running + one queued in the worker's socket
 CHANNEL_FRAMES = 8  # result frames (<= 1 MiB each) buffered per task
+SOCKET_BUFFER = 2 << 20  # SO_SNDBUF of each end of a worker socket
 
 
 class Channel:
@@ -194,6 +195,11 @@ class WorkerPool:
 
     async def _spawn(self) -> Worker:
         ours, theirs = socket.socketpair()
+        for end in (ours, theirs):
+            # Room for a whole result frame in flight: the worker's sendall and
+            # the server's writes then take a syscall or two instead of many
+            # wake-ups (the kernel caps this at net.core.wmem_max; still bounded).
+            end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
         process = self._ctx.Process(
             target=worker_main,
             args=(theirs, self.spec.to_json(), self.deps_dir),
