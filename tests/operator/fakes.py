@@ -11,7 +11,6 @@ from typing import Any
 
 from etl_operator.actuator import FINALIZER
 from etl_operator.pods import ETL_LABEL, label_value, secret_name
-
 from etl_runtime.kube.records import labels_match
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from etl_operator.controller import Controller, OperatorConfig
 
 from .fakes import FakeKube

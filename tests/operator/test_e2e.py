@@ -17,8 +17,8 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-from etl_operator.reconcile import MAX_RESTARTS
 
+from etl_operator.reconcile import MAX_RESTARTS
 from tests.operator.harness import (
     CRD,
     GROUP,

@@ -7,7 +7,6 @@ from typing import Any
 
 from etl_operator import pods
 from etl_operator.reconcile import transformer_name
-
 from etl_runtime.cluster import TargetInfo
 from etl_runtime.spec import EtlSpec
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from etl_operator.reconcile import ObservedTransformer, Summary
 from etl_operator.status import etl_status, last_line, observe, serving, transformer_statuses
-
 from etl_runtime.cluster import TargetInfo
 
 
