@@ -71,7 +71,7 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
     def eof_received(self) -> bool:
         self._eof = True
         self._wake()
-        return False  # close the transport
+        return True  # like StreamReaderProtocol: the writer may still write; the owner closes
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)  # wakes drain() waiters
@@ -111,6 +111,10 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
 
     # -- reader side -----------------------------------------------------------
 
+    def _raise_if_failed(self) -> None:
+        if self._exception is not None:
+            raise self._exception
+
     def exception(self) -> BaseException | None:
         return self._exception
 
@@ -126,7 +130,11 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
 
     async def read(self, n: int) -> bytes:
         """Up to ``n`` bytes (at least one), ``b""`` at EOF."""
-        while not self._buffer and not self._eof:
+        while not self._buffer:
+            if self._exception is not None:
+                raise self._exception  # a reset is not a clean end
+            if self._eof:
+                return b""
             await self._wait()
         return self._take(n)
 
@@ -137,6 +145,7 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
         if n < DIRECT_MIN:
             while len(self._buffer) < n:
                 if self._eof:
+                    self._raise_if_failed()
                     raise asyncio.IncompleteReadError(self._take(len(self._buffer)), n)
                 await self._wait()
             return self._take(n)
@@ -149,6 +158,7 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
         try:
             while self._filled < n:
                 if self._eof:
+                    self._raise_if_failed()
                     raise asyncio.IncompleteReadError(bytes(view[: self._filled]), n)
                 await self._wait()
         finally:
@@ -165,6 +175,7 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
             if len(self._buffer) > self._limit:
                 raise asyncio.LimitOverrunError("separator not found within the limit", 0)
             if self._eof:
+                self._raise_if_failed()
                 raise asyncio.IncompleteReadError(self._take(len(self._buffer)), None)
             start = max(0, len(self._buffer) - len(separator) + 1)
             await self._wait()

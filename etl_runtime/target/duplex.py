@@ -164,9 +164,9 @@ class DuplexResponse:
             line = await self._io(reader.readuntil(b"\r\n"))
             size_text = line.split(b";", 1)[0].strip()
             try:
-                size = int(size_text, 16)
-                if size < 0 or not size_text.isalnum():
+                if not size_text or size_text.strip(b"0123456789abcdefABCDEF"):
                     raise ValueError(size_text)
+                size = int(size_text, 16)
             except ValueError:
                 raise StreamBroken(f"bad chunk header {line[:40]!r}") from None
             if size == 0:
