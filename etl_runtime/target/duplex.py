@@ -130,7 +130,7 @@ class DuplexResponse:
             and (self._chunked or self._length is not None)
         )
 
-    async def aiter_bytes(self) -> AsyncIterator[bytes]:
+    async def aiter_bytes(self) -> AsyncIterator[bytes | bytearray]:
         """The body as it arrives; ``StreamBroken``/``Timeout`` if it does not end well."""
         conn = self._conn
         if conn is None:
@@ -145,7 +145,7 @@ class DuplexResponse:
             else:
                 remaining = self._length
                 while remaining:
-                    chunk = await self._io(conn.reader.read(min(remaining, READ_SIZE)))
+                    chunk = await self._io(self._piece(conn.reader, min(remaining, READ_SIZE)))
                     if not chunk:
                         raise StreamBroken(
                             f"the server closed the connection {remaining} bytes before "
@@ -158,7 +158,7 @@ class DuplexResponse:
             raise
         await self._finish()
 
-    async def _chunks(self, reader: ReceiveStream) -> AsyncIterator[bytes]:
+    async def _chunks(self, reader: ReceiveStream) -> AsyncIterator[bytes | bytearray]:
         """The data of a chunked body, in pieces of at most ``READ_SIZE``."""
         while True:
             line = await self._io(reader.readuntil(b"\r\n"))
@@ -174,13 +174,18 @@ class DuplexResponse:
                     pass  # trailer fields: ignored
                 return
             while size:
-                chunk = await self._io(reader.read(min(size, READ_SIZE)))
+                chunk = await self._io(self._piece(reader, min(size, READ_SIZE)))
                 if not chunk:
                     raise StreamBroken("the server closed the connection inside a chunk")
                 size -= len(chunk)
                 yield chunk
             if await self._io(reader.readexactly(2)) != b"\r\n":
                 raise StreamBroken("bad chunked framing: no CRLF after a chunk")
+
+    @staticmethod
+    def _piece(reader: ReceiveStream, n: int) -> Awaitable[bytes | bytearray]:
+        """``n`` more body bytes we know are coming: a big piece is received in place."""
+        return reader.readexactly(n) if n >= streambuf.DIRECT_MIN else reader.read(n)
 
     async def _io(self, read: Awaitable[_B]) -> _B:
         """One read from the socket: the inactivity timeout, errors as ``DuplexError``."""
@@ -224,7 +229,7 @@ class DuplexResponse:
         return pieces[0] if len(pieces) == 1 else b"".join(pieces)
 
     async def _read_some(self, limit: int) -> bytes:
-        chunks: list[bytes] = []
+        chunks: list[bytes | bytearray] = []
         size = 0
         try:
             async for chunk in self.aiter_bytes():

@@ -253,7 +253,9 @@ class EtlForwarder:
     ) -> AsyncIterator[bytes | memoryview]:
         try:
             async for chunk in response.aiter_bytes():
-                yield chunk
+                # Starlette sends bytes and memoryviews as they are (a bytearray it
+                # would try to encode); a view is also sliced by the transport uncopied.
+                yield memoryview(chunk)
         except DuplexError as e:
             self._fail(etl, obj, f"transformer stream broke off: {e!r}")
             # Raising after the headers went out makes uvicorn drop the connection.

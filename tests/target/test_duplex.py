@@ -86,7 +86,7 @@ def test_full_duplex_echo_and_reuse(url: str) -> None:
         total = 0
         async for data in r.aiter_bytes():
             total += len(data)
-            echoed.put_nowait(data)
+            echoed.put_nowait(bytes(data))
         assert total == 20 * 1000
         ports = set()
         for _ in range(3):
