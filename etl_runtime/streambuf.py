@@ -23,7 +23,7 @@ import asyncio
 import socket
 from asyncio.streams import FlowControlMixin
 
-SCRATCH = 256 << 10  # what one recv may take when nobody waits with a buffer
+SCRATCH = 64 << 10  # one recv when no read waits with its own buffer (kept per connection)
 DIRECT_MIN = 64 << 10  # readexactly of at least this much receives in place
 
 
