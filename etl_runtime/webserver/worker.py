@@ -14,9 +14,11 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import select
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -63,11 +65,34 @@ class _LogStream(io.TextIOBase):
             self._send(text + "\n")
 
 
+_HANGUP = select.POLLHUP | getattr(select, "POLLRDHUP", 0)
+
+
+def _exit_when_server_hangs_up(sock: socket.socket) -> None:
+    """Exit as soon as the server's end of our socket is closed.
+
+    The main thread may be deep in user code (a slow import, a stuck
+    transform) and never read the socket again; if the transformer was killed
+    outright we must not live on as an orphan. (Dying with our parent does not
+    help: the parent is the multiprocessing forkserver, which itself lives as
+    long as any worker does.) Polling for hang-up only never consumes data.
+    """
+    poller = select.poll()
+    poller.register(sock.fileno(), _HANGUP)
+    while True:
+        for _fd, events in poller.poll():
+            if events & _HANGUP:
+                os._exit(0)
+
+
 def worker_main(sock: socket.socket, spec_json: str, deps_dir: str | None) -> None:
     # The server decides when we stop (by closing the socket): a Ctrl-C or a
     # SIGTERM sent to the whole process group must not kill workers under it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    threading.Thread(
+        target=_exit_when_server_hangs_up, args=(sock,), name="hangup-watch", daemon=True
+    ).start()
     frames = ipc.FrameSocket(sock)
     spec = EtlSpec.from_dict(__import__("json").loads(spec_json))
     os.environ.update(dict(spec.env))
