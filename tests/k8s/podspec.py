@@ -30,6 +30,15 @@ from tests.k8s.api import Api, ApiError
 JSON = dict[str, Any]
 VENV_BIN = str(Path(sys.executable).parent)
 BASE_PATH = f"{VENV_BIN}:/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+# What a real node would have in the container image: the project and the
+# Python it runs on. A volume mounted over a parent of one of these (an
+# emptyDir at /tmp while the checkout lives in /tmp/...) must not hide it.
+_roots = sorted({str(Path(p).resolve()) for p in (Path(__file__).parents[2], sys.prefix)})
+_roots.append(str(Path(sys.base_prefix).resolve()))
+IMAGE_ROOTS = tuple(
+    r for r in dict.fromkeys(_roots) if not any(r.startswith(o + "/") for o in _roots)
+)
+IMAGE_STASH = "/run/sluice-kubelet-image"  # inside each pod's private mount namespace
 
 
 class LaunchError(RuntimeError):
@@ -293,13 +302,21 @@ def launch(
             env[f"SLUICE_VOLUME_{mount_path.strip('/').replace('/', '_').upper()}"] = str(src)
         return Launch(argv, env, cwd if Path(cwd).is_dir() else "/")
     readonly = {m["mountPath"] for m in container.get("volumeMounts", []) if m.get("readOnly")}
+    # Image roots a volume would hide are stashed first and put back after.
+    hidden = [r for r in IMAGE_ROOTS if any(r.startswith(m.rstrip("/") + "/") for m in mounts)]
     script = []
+    for i, root in enumerate(hidden):
+        stash = shlex.quote(f"{IMAGE_STASH}/{i}")
+        script.append(f"mkdir -p {stash} && mount --bind {shlex.quote(root)} {stash} || exit 111")
     for mount_path, src in sorted(mounts.items(), key=lambda m: _mount_order(m[0], mounts)):
         dst, s = shlex.quote(mount_path), shlex.quote(str(src))
         make = f"mkdir -p {dst}" if src.is_dir() else f"mkdir -p $(dirname {dst}); touch {dst}"
         script.append(f"{make} && mount --bind {s} {dst} || exit 111")
         if mount_path in readonly:
             script.append(f"mount -o remount,bind,ro {dst} || exit 111")
+    for i, root in enumerate(hidden):
+        stash, r = shlex.quote(f"{IMAGE_STASH}/{i}"), shlex.quote(root)
+        script.append(f"mkdir -p {r} && mount --bind {stash} {r} || exit 111")
     script.append(f'cd {shlex.quote(cwd)} && exec "$@"')
     wrapper = ["unshare", "--mount", "--propagation", "private", "sh", "-c", "\n".join(script)]
     return Launch([*wrapper, "sh", *argv], env, "/")

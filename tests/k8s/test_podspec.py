@@ -64,3 +64,26 @@ def test_mounts_use_a_private_mount_namespace_or_env_fallback(tmp_path: Path) ->
     fallback = launch(spec, dict(env), {"/data": tmp_path}, use_unshare=False)
     assert fallback.env["SLUICE_VOLUME_DATA"] == str(tmp_path)
     assert fallback.argv[0].endswith("/python")
+
+
+def test_a_volume_over_the_checkout_does_not_hide_the_project(tmp_path: Path) -> None:
+    """An emptyDir at a parent of the checkout (e.g. /tmp while CI clones into
+    /tmp/...) must not hide the venv and code the pod runs from."""
+    import subprocess
+
+    from tests.k8s.podspec import IMAGE_ROOTS, can_unshare
+
+    assert can_unshare(), "the process kubelet needs root + unshare --mount here"
+    checkout = IMAGE_ROOTS[0]
+    parent = str(Path(checkout).parent)
+    env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    spec = {
+        "name": "c",
+        "command": ["python"],
+        "args": ["-c", "import etl_runtime, sys; print(etl_runtime.__file__)"],
+        "volumeMounts": [{"name": "v", "mountPath": parent}],
+    }
+    run = launch(spec, dict(env), {parent: tmp_path}, use_unshare=True)
+    out = subprocess.run(run.argv, env=run.env, cwd=run.cwd, capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip().startswith(checkout)
