@@ -32,7 +32,11 @@ log = logging.getLogger(__name__)
 
 class SluiceError(Exception):
     status = 500
-    kind = "InternalError"
+    kind = "InternalError"  # subclasses: their class name (see __init_subclass__)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = cls.__name__
 
     def __init__(self, message: str, headers: dict[str, str] | None = None, **context: Any):
         super().__init__(message)
@@ -46,24 +50,22 @@ class SluiceError(Exception):
 
 class BadRequest(SluiceError):
     status = 400
-    kind = "BadRequest"
 
 
 class InvalidName(BadRequest):
-    kind = "InvalidName"
+    pass
 
 
 class InvalidRequest(BadRequest):
-    kind = "InvalidRequest"
+    pass
 
 
 class InvalidSpec(BadRequest):
-    kind = "InvalidSpec"
+    pass
 
 
 class Unauthorized(SluiceError):
     status = 401
-    kind = "Unauthorized"
 
     def __init__(self, message: str = "", **context: Any):
         super().__init__(
@@ -75,54 +77,49 @@ class Unauthorized(SluiceError):
 
 class NotFound(SluiceError):
     status = 404
-    kind = "NotFound"
 
 
 class BucketNotFound(NotFound):
-    kind = "BucketNotFound"
+    pass
 
 
 class ObjectNotFound(NotFound):
-    kind = "ObjectNotFound"
+    pass
 
 
 class EtlNotFound(NotFound):
-    kind = "EtlNotFound"
+    pass
 
 
 class Conflict(SluiceError):
     status = 409
-    kind = "Conflict"
 
 
 class ObjectConflict(Conflict):
-    kind = "ObjectConflict"
+    pass
 
 
 class EtlStopped(Conflict):
-    kind = "EtlStopped"
+    pass
 
 
 class Unavailable(SluiceError):
     status = 503
-    kind = "Unavailable"
 
     def __init__(self, message: str, retry_after: int = 5, **context: Any):
         super().__init__(message, headers={"Retry-After": str(retry_after)}, **context)
 
 
 class EtlNotReady(Unavailable):
-    kind = "EtlNotReady"
+    pass
 
 
 class NoTargets(Unavailable):
-    kind = "NoTargets"
+    pass
 
 
 class TransformerError(SluiceError):
     """A transformer answered an error: its status and JSON body are passed on."""
-
-    kind = "TransformerError"
 
     def __init__(self, status: int, payload: dict[str, Any], **context: Any):
         super().__init__(str(payload.get("error") or f"transformer answered {status}"), **context)
