@@ -159,19 +159,19 @@ class EtlForwarder:
     async def transform(
         self, bucket: str, name: str, etl_name: str, etl_args: str | None
     ) -> Response:
-        peek = self.registry.get(etl_name)
-        fqn = peek is not None and peek.spec.arg_type == "fqn"
+        # Refuse unknown/stopped/not-ready ETLs before touching the disk.
+        record = self.record(etl_name)
+        tf = self.transformer(record)
+        fqn = record.spec.arg_type == "fqn"
         # One thread hop opens the object and, when small, reads it too.
         f, info, inline = await anyio.to_thread.run_sync(self._open, bucket, name, fqn)
         obj = f"{bucket}/{name}"
         try:
-            record = self.record(etl_name)
-            tf = self.transformer(record)
             params: dict[str, str] = {}
             if etl_args is not None:
                 params["etl_args"] = etl_args
             content: bytes | AsyncIterator[bytes]
-            if record.spec.arg_type == "fqn":
+            if fqn:
                 params["etl_fqn"] = str(Path(f.name).resolve())
                 content = b""
                 f.close()
