@@ -1,0 +1,122 @@
+"""``ShardReader``: WebDataset samples from tar shards, split across ranks and workers.
+
+Shards (whole objects) are the unit of work: every epoch the shard list is put
+in an order (shuffled with ``(seed, epoch)`` if asked), split across DDP ranks
+and DataLoader workers (``split.py``), and each reader streams its shards with
+the SDK's ``Object.open`` (optionally through an ETL) and groups the tar
+members into samples with webdataset's own ``tar_file_expander`` and
+``group_by_keys``, so a sample is exactly what ``wds.WebDataset`` would yield.
+
+It yields ``(key, {ext: bytes})``; with ``decode=`` the fields are decoded by
+webdataset's ``autodecode.Decoder``, built as ``WebDataset(...).decode(...)``
+builds it (a string is an image spec: ``"pil"``, ``"rgb"``, ``"torchrgb"``...;
+anything else is a decoder handler).
+
+A shard that fails after its first byte (a cut connection, a corrupt tar, a
+field that does not decode) raises ``ShardError`` naming it: the epoch never
+ends silently short. Errors before the first byte keep their SDK class
+(``NotFound``, ``TransformError``...), which names the object too.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from torch.utils.data import IterableDataset
+from webdataset import autodecode, tariterators
+
+from etl_runtime.pytorch.errors import ShardError
+from etl_runtime.pytorch.sources import PrefixMap, Sources, build_catalog
+from etl_runtime.pytorch.split import current_part, my_indices
+from etl_runtime.sdk.client import EtlArgs
+from etl_runtime.sdk.errors import HTTPError
+
+Decode = str | Callable[..., Any] | Sequence[str | Callable[..., Any]] | None
+READ_BUFFER = 1 << 20
+
+
+def make_decoder(decode: Decode) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """webdataset's decoder for ``decode`` (as ``WebDataset.decode(*decode)`` makes it)."""
+    if decode is None:
+        return None
+    specs = [decode] if isinstance(decode, str) or callable(decode) else list(decode)
+    handlers = [autodecode.imagehandler(s) if isinstance(s, str) else s for s in specs]
+    return autodecode.Decoder(handlers)
+
+
+class ShardReader(IterableDataset[tuple[str, dict[str, Any]]]):
+    """Iterable dataset of WebDataset samples from tar shards in Sluice buckets.
+
+    ``sources``: a ``Bucket``, a ``Source`` (prefix, names, or a brace template
+    such as ``"train-{0000..0099}.tar"``) or a list of them; ``prefix_map``
+    narrows whole buckets. ``etl_name``/``etl_args`` read every shard through an
+    ETL (e.g. a ``mode="wds"`` one transforming each sample on the target).
+    ``shuffle=True`` shuffles the shard order per epoch with ``seed``; call
+    ``set_epoch(e)`` before each epoch.
+    """
+
+    def __init__(
+        self,
+        sources: Sources,
+        *,
+        prefix_map: PrefixMap | None = None,
+        etl_name: str | None = None,
+        etl_args: EtlArgs = None,
+        decode: Decode = None,
+        shuffle: bool = False,
+        seed: int = 0,
+    ) -> None:
+        self.catalog = build_catalog(sources, prefix_map)
+        self.etl_name = etl_name
+        self.etl_args = etl_args
+        self.decode = decode
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        make_decoder(decode)  # a bad image spec fails here, not in a worker
+
+    @property
+    def shards(self) -> list[str]:
+        """``bucket/name`` of every shard, in catalog order."""
+        return [f"{b}/{n}" for b, n in zip(self.catalog.buckets, self.catalog.names, strict=True)]
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+        decoder = make_decoder(self.decode)
+        part = current_part()
+        for index in my_indices(len(self.catalog), part, self.shuffle, self.seed, self.epoch):
+            yield from self.read_shard(index, decoder)
+
+    def read_shard(
+        self, index: int, decoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    ) -> Iterator[tuple[str, dict[str, Any]]]:
+        """The samples of the ``index``-th shard of the catalog, in tar order."""
+        bucket, name = self.catalog.buckets[index], self.catalog.names[index]
+        obj = self.catalog.connection.client().bucket(bucket).object(name)
+        key = None
+        try:
+            with obj.open(etl_name=self.etl_name, etl_args=self.etl_args) as reader:
+                stream = io.BufferedReader(reader, READ_BUFFER)
+                files = tariterators.tar_file_expander(
+                    [{"url": f"{bucket}/{name}", "stream": stream}]
+                )
+                for sample in tariterators.group_by_keys(files):
+                    key = sample["__key__"]
+                    if decoder is not None:
+                        sample = decoder(sample)
+                    yield key, {k: v for k, v in sample.items() if not k.startswith("__")}
+        except HTTPError:
+            raise  # names bucket and object already (NotFound, TransformError, ...)
+        except Exception as exc:
+            after = f" after sample {key!r}" if key is not None else ""
+            raise ShardError(
+                f"shard '{bucket}/{name}' failed{after}: {type(exc).__name__}: {exc}",
+                bucket=bucket,
+                object=name,
+                etl=self.etl_name,
+                sample=key,
+            ) from exc
