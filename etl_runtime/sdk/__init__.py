@@ -29,6 +29,7 @@ from etl_runtime.sdk.errors import (
 )
 from etl_runtime.sdk.etl import Etl, EtlDetails, EtlSummary
 from etl_runtime.sdk.object import Object, ObjectInfo, ObjectReader
+from etl_runtime.sdk.retry import RetryPolicy
 
 __all__ = [
     "BadRequest",
@@ -45,6 +46,7 @@ __all__ = [
     "Object",
     "ObjectInfo",
     "ObjectReader",
+    "RetryPolicy",
     "ServerError",
     "SluiceError",
     "StreamError",

@@ -9,6 +9,9 @@ drops ``Authorization`` when a redirect changes port, and cannot re-send a
 streamed file body. We send the first request to the gateway without a body,
 then send the real request to the target named in ``Location`` with the same
 headers.
+
+Every call is retried on 503/429 and connection failures (``retry.py``); an
+object call starts again at the gateway, which may by then redirect elsewhere.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import httpx
 
 from etl_runtime.sdk import errors
 from etl_runtime.sdk.errors import SluiceError
+from etl_runtime.sdk.retry import RETRY_STATUSES, RETRY_TRANSPORT_ERRORS, Attempts, RetryPolicy
 
 if TYPE_CHECKING:
     from etl_runtime.sdk.bucket import Bucket
@@ -76,7 +80,10 @@ class Client:
 
     ``endpoint`` defaults to ``$SLUICE_ENDPOINT`` (else ``http://127.0.0.1:8080``),
     ``token`` to ``$SLUICE_TOKEN``. ``timeout`` (seconds) bounds connecting and
-    each read, not a whole transfer. Use it as a context manager, or ``close()``.
+    each read, not a whole transfer. ``retries`` is how many more times a call
+    answered 503/429, or whose connection failed, is tried (0: never), waiting
+    ``Retry-After`` or an exponential back-off; a ``RetryPolicy`` sets the
+    back-off too. Use it as a context manager, or ``close()``.
     """
 
     def __init__(
@@ -84,6 +91,7 @@ class Client:
         endpoint: str | None = None,
         token: str | None = None,
         timeout: float = 60.0,
+        retries: int | RetryPolicy = 5,
     ) -> None:
         endpoint = endpoint or os.environ.get("SLUICE_ENDPOINT") or DEFAULT_ENDPOINT
         if "://" not in endpoint:
@@ -91,6 +99,7 @@ class Client:
         self.endpoint = endpoint.rstrip("/")
         self.token = token if token is not None else (os.environ.get("SLUICE_TOKEN") or None)
         self.timeout = timeout
+        self.retry = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries)
         headers = {"User-Agent": "sluice-sdk"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
@@ -142,16 +151,25 @@ class Client:
         context: Mapping[str, str | None] | None = None,
     ) -> httpx.Response:
         """A non-object API call to the gateway; raises the typed error on 4xx/5xx."""
-        what = f"{method} {path}"
-        try:
-            response = self._http.request(
-                method, self.endpoint + path, params=params, json=json_body
-            )
-        except httpx.TransportError as exc:
-            raise errors.from_transport(exc, f"{what} on {self.endpoint}") from exc
-        if response.status_code >= 400:
-            raise errors.from_response(response, **dict(context or {}))
-        return response
+        what = f"{method} {path} on {self.endpoint}"
+        attempts = Attempts(self.retry, what)
+        while True:
+            try:
+                response = self._http.request(
+                    method, self.endpoint + path, params=params, json=json_body
+                )
+            except httpx.TransportError as exc:
+                error: SluiceError = errors.from_transport(exc, what)
+                if isinstance(exc, RETRY_TRANSPORT_ERRORS) and attempts.again(error):
+                    continue
+                raise attempts.exhausted(error) from exc
+            if response.status_code < 400:
+                return response
+            error = errors.from_response(response, **dict(context or {}))
+            retry_after = response.headers.get("retry-after")
+            if response.status_code in RETRY_STATUSES and attempts.again(error, retry_after):
+                continue
+            raise attempts.exhausted(error)
 
     def request_json(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
         data = self.request(method, path, **kwargs).json()
@@ -171,31 +189,66 @@ class Client:
         """An object call, redirects followed by hand; yields the open (streamed) response.
 
         ``content`` (bytes, or a callable returning a fresh iterable/file for each
-        attempt) is only sent once we know the final URL, with ``headers``.
+        attempt) is only sent once we know the final URL, with ``headers``. A
+        503/429 or a failed connection starts the call again at the gateway,
+        unless ``content`` is a one-shot iterator that already began to go out.
         """
         ctx = dict(context or {})
-        url = self.endpoint + path
         what = f"{method} {ctx.get('bucket')}/{ctx.get('object')}"
-
-        def send(url: str, params: Mapping[str, str] | None, body: Any) -> httpx.Response:
-            extra = headers if body is not None and body != b"" else None
+        body = _Body(content)
+        attempts = Attempts(self.retry, what)
+        while True:
             try:
-                request = self._http.build_request(
-                    method, url, params=params, content=body, headers=extra
-                )
-                return self._http.send(request, stream=True)
+                response = self._follow_redirects(method, path, params, body, headers, what)
             except httpx.TransportError as exc:
-                raise errors.from_transport(exc, what) from exc
+                error: SluiceError = errors.from_transport(exc, what)
+                retry = isinstance(exc, RETRY_TRANSPORT_ERRORS) and body.resendable
+                if retry and attempts.again(error):
+                    continue
+                raise attempts.exhausted(error) from exc
+            if response.status_code < 400:
+                break
+            try:
+                response.read()
+            except httpx.TransportError:
+                pass
+            finally:
+                response.close()
+            error = errors.from_response(response, **ctx)
+            retry = response.status_code in RETRY_STATUSES and body.resendable
+            if retry and attempts.again(error, response.headers.get("retry-after")):
+                continue
+            raise attempts.exhausted(error)
+        try:
+            yield response
+        finally:
+            response.close()
 
-        def fresh_body() -> Any:
-            return content() if callable(content) else content
+    def _follow_redirects(
+        self,
+        method: str,
+        path: str,
+        params: Mapping[str, str] | None,
+        body: _Body,
+        headers: Mapping[str, str] | None,
+        what: str,
+    ) -> httpx.Response:
+        """One try of an object call: gateway, then ``Location`` hops; the last answer."""
 
+        def send(url: str, params: Mapping[str, str] | None, content: Any) -> httpx.Response:
+            extra = headers if content is not None and content != b"" else None
+            request = self._http.build_request(
+                method, url, params=params, content=content, headers=extra
+            )
+            return self._http.send(request, stream=True)
+
+        url = self.endpoint + path
         # First hop: no body (the gateway only redirects); later hops carry it.
-        response = send(url, params, b"" if content is not None else None)
-        if content is not None and response.status_code < 300:
+        response = send(url, params, None if body.empty else b"")
+        if not body.empty and response.status_code < 300:
             # The endpoint is a target, not a gateway: the probe was the real call.
             response.close()
-            response = send(url, params, fresh_body())
+            response = send(url, params, body.fresh())
         hops = 0
         while response.status_code in REDIRECTS and "location" in response.headers:
             hops += 1
@@ -204,17 +257,8 @@ class Client:
                 raise SluiceError(f"{what}: more than {MAX_REDIRECTS} redirects")
             # The Location carries the whole query (and a signature); don't re-add params.
             url = str(response.url.join(response.headers["location"]))
-            response = send(url, None, fresh_body() if content is not None else None)
-        try:
-            if response.status_code >= 400:
-                try:
-                    response.read()
-                except httpx.TransportError:
-                    pass
-                raise errors.from_response(response, **ctx)
-            yield response
-        finally:
-            response.close()
+            response = send(url, None, None if body.empty else body.fresh())
+        return response
 
     def close(self) -> None:
         self._http.close()
@@ -227,3 +271,29 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({self.endpoint!r})"
+
+
+class _Body:
+    """A request body that knows whether it can be sent again.
+
+    Bytes and callables (which return a fresh iterable or file each time) can;
+    a bare iterator can only until its first byte went out.
+    """
+
+    def __init__(self, content: Any) -> None:
+        self.content = content
+        self.empty = content is None
+        self.started = False
+        self.replayable = (
+            self.empty
+            or callable(content)
+            or isinstance(content, bytes | bytearray | memoryview | str)
+        )
+
+    @property
+    def resendable(self) -> bool:
+        return self.replayable or not self.started
+
+    def fresh(self) -> Any:
+        self.started = True
+        return self.content() if callable(self.content) else self.content

@@ -8,7 +8,7 @@ Hierarchy::
     │   ├── Unauthorized             401: missing or wrong token
     │   ├── NotFound                 404: no such bucket, object or ETL
     │   ├── Conflict                 409: ETL stopped, name clash, bucket exists
-    │   ├── Unavailable              503: ETL not ready yet, no live targets
+    │   ├── Unavailable              503/429: ETL not ready yet, target away, busy
     │   └── ServerError              other 5xx
     │       └── TransformError       422 (or 5xx naming a sample): a transform failed
     │                                (also an EtlError)
@@ -20,7 +20,9 @@ Hierarchy::
 Every error carries ``message`` (the server's own words when there are any),
 ``status`` (HTTP status or ``None``), ``kind`` (the server's error kind) and the
 context the server or the call knew: ``bucket``, ``object``, ``etl``, ``sample``
-and ``detail`` (a traceback tail from a failing transform).
+and ``detail`` (a traceback tail from a failing transform), and ``tries``:
+how many times the call was sent (``Client`` retries 503/429 and connection
+failures, see ``retry.py``).
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class SluiceError(Exception):
         self.sample = sample
         self.detail = detail
         self.phase = phase
+        self.tries = 1
 
     def __str__(self) -> str:
         return self.message if self.status is None else f"{self.message} (HTTP {self.status})"
@@ -86,7 +89,10 @@ class Conflict(HTTPError):
 
 
 class Unavailable(HTTPError):
-    """503: try again later (ETL still initializing, no live targets)."""
+    """503 or 429: try again later (ETL initializing, owner target away, busy).
+
+    ``Client`` already retried it (``retries``) before raising it.
+    """
 
 
 class ServerError(HTTPError):
@@ -120,6 +126,7 @@ _BY_STATUS: dict[int, type[HTTPError]] = {
     401: Unauthorized,
     404: NotFound,
     409: Conflict,
+    429: Unavailable,
     503: Unavailable,
 }
 

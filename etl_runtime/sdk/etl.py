@@ -277,7 +277,12 @@ class Etl:
         path = f"{self._path}/stop"
         return EtlDetails.from_dict(self.client.request_json("POST", path, context=self._context))
 
-    def start(self, wait: bool = False, timeout: float = 120.0) -> EtlDetails:
+    def start(self, wait: bool = True, timeout: float = 120.0) -> EtlDetails:
+        """Start a stopped ETL and wait (like ``init_code``) until it is Running.
+
+        ``EtlError`` on phase Error or after ``timeout`` seconds; ``wait=False``
+        returns the details at once (GETs answer 503 until the ETL is Running).
+        """
         path = f"{self._path}/start"
         details = EtlDetails.from_dict(
             self.client.request_json("POST", path, context=self._context)

@@ -200,7 +200,7 @@ def test_open_is_a_streaming_file_like(client) -> None:
 
 
 def test_unreachable_cluster_is_a_network_error() -> None:
-    with Client(f"http://127.0.0.1:{free_port()}", timeout=2) as c:
+    with Client(f"http://127.0.0.1:{free_port()}", timeout=2, retries=0) as c:
         with pytest.raises(NetworkError) as exc_info:
             c.list_buckets()
     assert "127.0.0.1" in str(exc_info.value)
