@@ -7,7 +7,9 @@
 #   helm                                                          (helm.sh/helm/v3)
 #
 # Idempotent and cached: a binary whose version stamp (bin/.<name>.version)
-# matches is not rebuilt; GOCACHE/GOMODCACHE live under ~/.cache/sluice/go so a
+# matches is not rebuilt (helm's stamp also names the Kubernetes version baked
+# into it, so a helm built for another Kubernetes, or without the version
+# ldflags, is rebuilt); GOCACHE/GOMODCACHE live under ~/.cache/sluice/go so a
 # rebuild after a version bump is incremental.  Needs only `go` on PATH.
 #
 # k8s.io/kubernetes (and etcd's server module) use `replace` directives that
@@ -27,6 +29,8 @@ CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 BIN="$CACHE/bin"
 BUILD="$CACHE/build"
 JOBS="${K8S_TOOLS_JOBS:-2}"
+K8S_MINOR="${K8S_VERSION#v1.}"  # 34.4
+K8S_MINOR="${K8S_MINOR%%.*}"    # 34
 
 export GOCACHE="$CACHE/go/cache"
 export GOMODCACHE="$CACHE/go/mod"
@@ -77,10 +81,10 @@ gomodule() {
   echo "$dir"
 }
 
-# build NAME... : go build -o $BIN/.tmp-<stamp>/ the given packages, then move.
-# Usage: build_pkgs DIR VERSION LDFLAGS name=pkg...
+# build_pkgs DIR VERSION STAMP LDFLAGS name=pkg...: go build the packages of
+# the module pinned at VERSION into $BIN, each with version stamp STAMP.
 build_pkgs() {
-  local dir="$1" ver="$2" ldflags="$3"; shift 3
+  local dir="$1" ver="$2" stamp="$3" ldflags="$4"; shift 4
   local out="$dir/out" pkgs=() names=() pair
   for pair in "$@"; do names+=("${pair%%=*}"); pkgs+=("${pair#*=}"); done
   mkdir -p "$out"
@@ -94,7 +98,7 @@ build_pkgs() {
   for n in "${names[@]}"; do
     # go build -o dir/ names binaries after the last import path element.
     mv -f "$out/$n" "$BIN/$n"
-    echo "$ver" >"$BIN/.$n.version"
+    echo "$stamp" >"$BIN/.$n.version"
   done
 }
 
@@ -105,17 +109,15 @@ for n in "${k8s_names[@]}"; do up_to_date "$n" "$K8S_VERSION" || need+=("$n"); d
 if ((${#need[@]})); then
   t=$SECONDS
   log "building ${need[*]} $K8S_VERSION (cold build: ~10-20 min on 2 cores)"
-  minor="${K8S_VERSION#v1.}"           # 34.4
-  dir="$(gomodule kubernetes k8s.io/kubernetes "$K8S_VERSION" "v0.$minor")"
-  major=1 minor_only="${minor%%.*}"
+  dir="$(gomodule kubernetes k8s.io/kubernetes "$K8S_VERSION" "v0.${K8S_VERSION#v1.}")"
   ld=""
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=$major -X $p.gitMinor=$minor_only"
+    ld+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$K8S_MINOR"
     ld+=" -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
   done
   pairs=()
   for n in "${need[@]}"; do pairs+=("$n=k8s.io/kubernetes/cmd/$n"); done
-  build_pkgs "$dir" "$K8S_VERSION" "$ld" "${pairs[@]}"
+  build_pkgs "$dir" "$K8S_VERSION" "$K8S_VERSION" "$ld" "${pairs[@]}"
   log "kubernetes binaries done in $((SECONDS - t))s"
 else
   log "kubernetes $K8S_VERSION binaries up to date"
@@ -127,7 +129,7 @@ if ! up_to_date etcd "$ETCD_VERSION"; then
   log "building etcd $ETCD_VERSION"
   dir="$(gomodule etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION")"
   # go build -o dir/ names the binary "server" (major-version suffix dropped).
-  build_pkgs "$dir" "$ETCD_VERSION" "" "server=go.etcd.io/etcd/server/v3"
+  build_pkgs "$dir" "$ETCD_VERSION" "$ETCD_VERSION" "" "server=go.etcd.io/etcd/server/v3"
   mv -f "$BIN/server" "$BIN/etcd" && mv -f "$BIN/.server.version" "$BIN/.etcd.version"
   log "etcd done in $((SECONDS - t))s"
 else
@@ -135,15 +137,23 @@ else
 fi
 
 # --- helm ------------------------------------------------------------------
-if ! up_to_date helm "$HELM_VERSION"; then
+# The ldflags of helm's own Makefile: without them `helm version` is empty and
+# `helm template` (no cluster to ask) assumes Kubernetes v1.20, so a chart with
+# `kubeVersion: >=1.26` fails.  We bake in the Kubernetes we test against.
+helm_stamp="$HELM_VERSION k8s-1.$K8S_MINOR"
+if ! up_to_date helm "$helm_stamp"; then
   t=$SECONDS
-  log "building helm $HELM_VERSION"
+  log "building helm $HELM_VERSION (default Kubernetes v1.$K8S_MINOR)"
   dir="$(gomodule helm helm.sh/helm/v3 "$HELM_VERSION" "")"
-  build_pkgs "$dir" "$HELM_VERSION" \
-    "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" "helm=helm.sh/helm/v3/cmd/helm"
+  ld="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  ld+=" -X helm.sh/helm/v3/internal/version.gitTreeState=clean"
+  for p in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+    ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$K8S_MINOR"
+  done
+  build_pkgs "$dir" "$HELM_VERSION" "$helm_stamp" "$ld" "helm=helm.sh/helm/v3/cmd/helm"
   log "helm done in $((SECONDS - t))s"
 else
-  log "helm $HELM_VERSION up to date"
+  log "helm $helm_stamp up to date"
 fi
 
 log "all tools ready in $BIN ($((SECONDS - t_all))s total)"

@@ -23,9 +23,6 @@ REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "sluice"
 BIN_DIR = Path(os.environ.get("SLUICE_K8S_BIN", Path.home() / ".cache/sluice/bin"))
 COMPONENTS = ("operator", "target", "gateway")
-# `helm template` has no cluster to ask; a helm built without release ldflags
-# would otherwise assume Kubernetes 1.20 and refuse the chart's kubeVersion.
-KUBE_VERSION = "1.34.0"
 
 
 def helm_binary() -> Path:
@@ -136,8 +133,6 @@ def render(
         "--namespace",
         namespace,
         *(["--include-crds"] if include_crds else []),
-        "--kube-version",
-        KUBE_VERSION,
         *set_args(values or {}),
         *extra,
     )

@@ -20,7 +20,6 @@ import yaml
 from tests.helm.chart import (
     CHART,
     COMPONENTS,
-    KUBE_VERSION,
     REPO,
     Manifest,
     container,
@@ -95,8 +94,6 @@ def test_misspelt_value_is_refused() -> None:
         "template",
         "x",
         str(CHART),
-        "--kube-version",
-        KUBE_VERSION,
         "--set",
         "target.replica=3",
         check=False,
