@@ -9,9 +9,15 @@
   (``python -m etl_runtime.gateway``, port P, state in ``DIR/etl``), which runs
   the local ETL controller and so the transformers;
 * once everything answers ``/v1/health`` it prints ``Sluice is up: URL``;
+* a child that dies on its own is restarted with the same command (a target
+  keeps its id, port and data dir; the gateway its port, and adopts the
+  transformers that are still running) after a back-off of 0.5 s, 1 s, 2 s, ...
+  (10 s at most; it starts over once the child stayed up ``--restart-reset``
+  seconds); each restart is one ``sluice: ...`` line on stderr. After 5 crashes
+  in a row of one child the cluster is taken down with a non-zero exit that
+  names the child and why it died;
 * SIGINT/SIGTERM stops the gateway (and with it the transformers), then the
-  targets, and exits 0; a child that dies on its own is reported and the
-  cluster is taken down with a non-zero exit.
+  targets, and exits 0.
 
 ETLs (``DIR/etl/*.json``) and objects survive a restart. Server logs are in
 ``DIR/logs/``, transformer logs in ``DIR/etl/logs/``.
@@ -45,6 +51,7 @@ __all__ = ["LocalCluster", "main", "load_cluster_key"]
 GATEWAY_GRACE = 25.0  # the gateway itself gives each transformer 10 s
 TARGET_GRACE = 10.0
 HEALTH_TIMEOUT = 120.0
+RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
 
 
 class StartupFailed(RuntimeError):
@@ -79,9 +86,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--data-dir", default="./sluice-data", help="objects, ETLs, logs, cluster key")
     p.add_argument("--token", default=os.environ.get("SLUICE_TOKEN"), help="user token")
     p.add_argument("--host", default="127.0.0.1", help="address the servers bind to")
+    p.add_argument(
+        "--restart-reset",
+        type=float,
+        default=float(os.environ.get("SLUICE_RESTART_RESET", RESTART_RESET)),
+        metavar="SECONDS",
+        help="a crashed server that had stayed up this long starts a fresh back-off "
+        f"and crash count (default {RESTART_RESET:g})",
+    )
     args = p.parse_args(argv)
     if args.targets < 1:
         p.error("--targets must be at least 1")
+    if args.restart_reset < 0:
+        p.error("--restart-reset must not be negative")
     return args
 
 
@@ -180,15 +197,34 @@ class Supervisor:
     # -- run and stop --------------------------------------------------------------
 
     def watch(self) -> Child | None:
-        """Block until a signal arrives (None) or a child dies (that child)."""
-        known = {c.pid for c in self.children()}
+        """Restart children that die; block until a signal arrives (None) or a
+        child crashed ``max_crashes`` times in a row (that child)."""
+        for child in self.children():
+            child.policy.reset_after = self.args.restart_reset
         while not self.signals:
             for child in self.children():
-                if child.exit_code() is not None:
-                    return child
-            supervisor.reap_orphans(known)
-            time.sleep(0.25)
+                if child.restart_due():
+                    child.start(child.env)
+                    self.record_children()
+                elif child.restart_at is None and child.exit_code() is not None:
+                    if self.crashed(child) is None:
+                        return child
+            supervisor.reap_orphans({c.pid for c in self.children() if c.popen})
+            time.sleep(0.1)
         return None
+
+    def crashed(self, child: Child) -> float | None:
+        """Schedule the restart of a child that exited and say so; None: give up."""
+        delay = child.schedule_restart()
+        if delay is not None:
+            print(
+                f"sluice: {child.name} {child.exit_reason()[:300]}; restarting in {delay:.1f}s "
+                f"(crash {child.policy.crashes} of {child.policy.max_crashes})",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.record_children()
+        return delay
 
     def stop(self) -> None:
         """Gateway first (it stops its transformers), then targets, then sweep."""
@@ -247,7 +283,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         died = sup.watch()
         if died is not None:
-            print(f"sluice: {died.describe_exit()}; shutting down", file=sys.stderr, flush=True)
+            print(
+                f"sluice: {died.name} crashed {died.policy.crashes} times in a row, the last "
+                f"time: {died.describe_exit()}; shutting down",
+                file=sys.stderr,
+                flush=True,
+            )
             code = 1
     except StartupFailed as e:
         print(f"sluice: could not start the local cluster: {e}", file=sys.stderr, flush=True)

@@ -12,6 +12,12 @@ make sure nothing outlives the cluster, even when something dies hard:
   ``sluice up`` itself is SIGKILLed, its servers still get a SIGTERM;
 * ``run/up.json`` lists the children of the running ``sluice up``; a later
   ``sluice up`` on the same data dir stops any that are still alive.
+
+A child that exits on its own is restarted the way a kubelet restarts a
+container: same command (so a target keeps its id, port and data dir, the
+gateway its port), after a back-off that doubles with every crash in a row
+(``RestartPolicy``). A child that has stayed up long enough starts afresh;
+one that crashes ``max_crashes`` times in a row is given up on.
 """
 
 from __future__ import annotations
@@ -79,6 +85,32 @@ def children_of(pid: int) -> list[int]:
 
 
 @dataclass
+class RestartPolicy:
+    """Back-off for restarting one child: 0.5 s, 1 s, 2 s, ... up to ``max_delay``.
+
+    ``crashes`` counts crashes in a row; a child that stayed up at least
+    ``reset_after`` seconds before crashing starts a new row (and the shortest
+    delay again), like a kubelet's ``CrashLoopBackOff``.
+    """
+
+    max_crashes: int = 5
+    first_delay: float = 0.5
+    max_delay: float = 10.0
+    reset_after: float = 30.0
+    crashes: int = 0
+
+    def crashed(self, uptime: float) -> float | None:
+        """Count a crash after ``uptime`` seconds up: the delay before restarting, or None
+        when this was crash ``max_crashes`` in a row and the child should stay down."""
+        if uptime >= self.reset_after:
+            self.crashes = 0
+        self.crashes += 1
+        if self.crashes >= self.max_crashes:
+            return None
+        return min(self.max_delay, self.first_delay * 2.0 ** (self.crashes - 1))
+
+
+@dataclass
 class Child:
     """One server process of the local cluster (a target or the gateway)."""
 
@@ -88,6 +120,10 @@ class Child:
     health_url: str
     popen: subprocess.Popen[bytes] | None = field(default=None, repr=False)
     log_offset: int = 0
+    env: dict[str, str] = field(default_factory=dict, repr=False)
+    started_at: float = 0.0  # time.monotonic() of the last start
+    restart_at: float | None = None  # set while waiting out a back-off
+    policy: RestartPolicy = field(default_factory=RestartPolicy)
 
     @property
     def pid(self) -> int:
@@ -95,6 +131,8 @@ class Child:
         return self.popen.pid
 
     def start(self, env: dict[str, str]) -> None:
+        """Start the process (again, with the same ``argv``, when restarting)."""
+        self.env, self.restart_at = env, None
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.log_path, "ab") as log:
             stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -109,19 +147,37 @@ class Child:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
+        self.started_at = time.monotonic()
 
     def exit_code(self) -> int | None:
         return None if self.popen is None else self.popen.poll()
 
-    def describe_exit(self) -> str:
+    def uptime(self) -> float:
+        return time.monotonic() - self.started_at
+
+    def schedule_restart(self) -> float | None:
+        """After an exit: the back-off before the restart (now counted), or None to give up."""
+        delay = self.policy.crashed(self.uptime())
+        if delay is not None:
+            self.restart_at = time.monotonic() + delay
+        return delay
+
+    def restart_due(self) -> bool:
+        return self.restart_at is not None and time.monotonic() >= self.restart_at
+
+    def exit_reason(self) -> str:
+        """``exited with code 1`` / ``was killed by SIGKILL``, plus its last log line."""
         code = self.exit_code()
-        line = last_line(self.log_path, self.log_offset)
         how = f"exited with code {code}" if code is not None and code >= 0 else "was killed"
         if code is not None and code < 0:
+            how = f"was killed by signal {-code}"
             with contextlib.suppress(ValueError):
                 how = f"was killed by {signal.Signals(-code).name}"
-        tail = f": {line}" if line else ""
-        return f"{self.name} {how}{tail} (log: {self.log_path})"
+        line = last_line(self.log_path, self.log_offset)
+        return f"{how}: {line}" if line else how
+
+    def describe_exit(self) -> str:
+        return f"{self.name} {self.exit_reason()} (log: {self.log_path})"
 
     def signal(self, sig: int, group: bool = False) -> None:
         if self.popen is None:
@@ -151,7 +207,7 @@ def write_children_file(path: Path, children: Sequence[Child]) -> None:
     kids = [
         {"name": c.name, "pid": c.pid, "startTime": process_start_time(c.pid)}
         for c in children
-        if c.popen is not None
+        if c.popen is not None and c.exit_code() is None
     ]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"supervisor": me, "children": kids}))

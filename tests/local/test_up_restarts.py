@@ -1,0 +1,181 @@
+"""``sluice up`` restarts its servers like a kubelet: back-off, same address, same data.
+
+A target or the gateway that dies is started again with the same command
+(a target keeps its id, port and data dir; the gateway its port and, through
+the pid files, its transformers), one ``sluice: ...`` line per restart. Only
+a child that crashes 5 times in a row takes the cluster down, naming itself.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from etl_runtime.local import LocalCluster
+from etl_runtime.local.supervisor import RestartPolicy
+from tests.local.conftest import HAVE_CLUSTER
+from tests.local.test_up import UPPER, descendants, survivors, transformer_leaders, wait_running
+
+needs_cluster = pytest.mark.skipif(
+    not HAVE_CLUSTER, reason="needs etl_runtime.target, .gateway and .webserver"
+)
+
+
+def test_back_off_doubles_is_capped_and_starts_over_after_a_good_run() -> None:
+    policy = RestartPolicy(max_crashes=8, first_delay=0.5, max_delay=10.0, reset_after=30.0)
+    delays = [policy.crashed(uptime=1.0) for _ in range(7)]
+    assert delays == [0.5, 1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
+    assert policy.crashed(uptime=1.0) is None  # crash 8 of 8: give up
+    policy = RestartPolicy()
+    assert [policy.crashed(uptime=2.0) for _ in range(4)] == [0.5, 1.0, 2.0, 4.0]
+    assert policy.crashed(uptime=31.0) == 0.5  # it stayed up: a new row
+    assert policy.crashes == 1
+
+
+def server(cluster: LocalCluster, module: str, target_id: str | None = None) -> psutil.Process:
+    for p in descendants(cluster.pid):
+        try:
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if module in cmd and (target_id is None or cmd[cmd.index("--id") + 1] == target_id):
+            return p
+    raise AssertionError(f"no {module} {target_id or ''} below sluice up:\n{cluster.output}")
+
+
+def wait_for(cond, timeout: float, what: str, cluster: LocalCluster):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        with_value = cond()
+        if with_value:
+            return with_value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; sluice up said:\n{cluster.output}")
+        time.sleep(0.1)
+
+
+def healthy(url: str) -> dict | None:
+    try:
+        r = httpx.get(f"{url}/v1/health", timeout=2, trust_env=False)
+    except httpx.HTTPError:
+        return None
+    return r.json() if r.status_code == 200 else None
+
+
+def up_json_pids(data: Path) -> dict[str, int]:
+    kids = json.loads((data / "run" / "up.json").read_text())["children"]
+    return {k["name"]: k["pid"] for k in kids}
+
+
+@needs_cluster
+def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with LocalCluster(data, targets=2) as cluster:
+        c = httpx.Client(base_url=cluster.endpoint, follow_redirects=True, timeout=30)
+        assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        for i in range(12):
+            assert c.put(f"/v1/objects/b/o{i}", content=f"object {i}".encode()).status_code == 200
+        t1_url = next(t["url"] for t in c.get("/v1/cluster").json()["targets"] if t["id"] == "t1")
+        on_t1 = [o["name"] for o in httpx.get(f"{t1_url}/v1/buckets/b").json()["objects"]]
+        assert on_t1, "HRW put none of 12 objects on t1"
+
+        old = server(cluster, "etl_runtime.target", "t1")
+        old.kill()
+        line = wait_for(
+            lambda: next((ln for ln in cluster.output.splitlines() if "restarting" in ln), None),
+            30,
+            "the restart line",
+            cluster,
+        )
+        assert line.startswith("sluice: target t1 was killed by SIGKILL")
+        assert line.endswith("restarting in 0.5s (crash 1 of 5)")
+
+        wait_for(lambda: healthy(t1_url), 60, "t1 back on its URL", cluster)
+        new = server(cluster, "etl_runtime.target", "t1")
+        assert new.pid != old.pid
+        assert up_json_pids(data)["target t1"] == new.pid
+        for name in on_t1:  # straight from t1, and through the gateway
+            want = f"object {name[1:]}".encode()
+            assert httpx.get(f"{t1_url}/v1/objects/b/{name}").content == want
+        wait_for(
+            lambda: all(t["alive"] for t in c.get("/v1/cluster").json()["targets"]),
+            30,
+            "the gateway to see t1 alive",
+            cluster,
+        )
+        for i in range(12):
+            assert c.get(f"/v1/objects/b/o{i}").content == f"object {i}".encode()
+        c.close()
+        assert cluster.stop() == 0
+
+
+@needs_cluster
+def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    cluster = LocalCluster(data, targets=1)
+    with cluster:
+        c = httpx.Client(base_url=cluster.endpoint, follow_redirects=True, timeout=30)
+        assert c.put("/v1/etl", json={"name": "upper", "spec": UPPER}).status_code == 200
+        assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert c.put("/v1/objects/b/o", content=b"hello").status_code == 200
+        wait_running(c, "upper")
+
+        gateway = server(cluster, "etl_runtime.gateway")
+        gateway.kill()  # its transformers are orphaned to `sluice up`, then adopted or replaced
+        wait_for(
+            lambda: "sluice: gateway was killed by SIGKILL" in cluster.output,
+            30,
+            "the restart line",
+            cluster,
+        )
+        wait_for(lambda: healthy(cluster.endpoint), 60, "the gateway on its port", cluster)
+        assert server(cluster, "etl_runtime.gateway").pid != gateway.pid
+        wait_running(c, "upper")
+        r = wait_for(
+            lambda: (
+                (r := c.get("/v1/objects/b/o", params={"etl_name": "upper"})).status_code == 200
+                and r
+            ),
+            60,
+            "a transformed GET",
+            cluster,
+        )
+        assert r.content == b"HELLO"
+        assert len(transformer_leaders(cluster.pid)) == 1
+        c.close()
+        tree = descendants(cluster.pid)
+        assert cluster.stop() == 0
+    assert survivors(tree, data) == []
+    assert not list((data / "etl").glob("run/*.json"))
+
+
+@needs_cluster
+def test_a_target_that_cannot_start_takes_the_cluster_down_after_5_crashes(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    cluster = LocalCluster(data, targets=1)
+    with cluster:
+        tdir = data / "targets" / "t0"
+        os.rename(tdir, tmp_path / "t0-moved")
+        tdir.write_text("not a directory")  # every restart fails to open its data dir
+        tree = descendants(cluster.pid)
+        os.kill(server(cluster, "etl_runtime.target", "t0").pid, signal.SIGKILL)
+        assert cluster.wait(90) == 1
+        out = cluster.output
+        for n in range(1, 5):
+            assert f"(crash {n} of 5)" in out
+        assert "restarting in 4.0s (crash 4 of 5)" in out
+        last = out.splitlines()[-1]
+        assert last.startswith("sluice: target t0 crashed 5 times in a row, the last time: ")
+        assert re.search(r"exited with code 1: \w+Error: .*targets/t0", last), last  # the why
+    assert cluster.returncode == 1
+    assert survivors(tree, data) == []
