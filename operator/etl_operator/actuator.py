@@ -173,6 +173,12 @@ class KubeActuator:
             if e.status != 404:  # deleted meanwhile: nothing to report on
                 raise
 
+    def record_event(self, event: dict[str, Any]) -> None:
+        """Create a ``core/v1`` Event (see ``events.event_body``)."""
+        self.core.create_namespaced_event(
+            namespace=event["metadata"]["namespace"], body=client.CoreV1Event.model_validate(event)
+        )
+
     def set_finalizer(self, etl: dict[str, Any], present: bool) -> None:
         """Add or remove our finalizer, guarded by resourceVersion (409 if it moved)."""
         meta = etl["metadata"]

@@ -17,10 +17,12 @@ import datetime as dt
 import json
 import logging
 import os
+import socket
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from etl_operator import events
 from etl_operator import pods as manifests
 from etl_operator.actuator import FINALIZER, KubeActuator
 from etl_operator.reconcile import ObservedTransformer, Plan, plan, summarize
@@ -176,6 +178,28 @@ class Controller:
         # Pod creates/deletes of one reconcile go out concurrently: with 50
         # targets, one-at-a-time calls dominate the time to Running.
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="etl-actuate")
+        # Spec hash each ETL is rolling out to, for its RolledOut event. In
+        # memory only: an operator restarted mid-rollout does not report it.
+        self._rollouts: dict[tuple[str, str], str] = {}
+        self._instance = os.environ.get("POD_NAME") or socket.gethostname()
+
+    def record(self, etl: dict[str, Any], happened: list[events.EtlEvent]) -> None:
+        """Record Events on ``etl``; a failure is logged, never raised (events are best effort)."""
+        stamp = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+        def send(event: events.EtlEvent) -> None:
+            try:
+                self.kube.record_event(events.event_body(etl, event, stamp, self._instance))
+            except Exception as e:  # noqa: BLE001 - e.g. RBAC without events: keep reconciling
+                log.warning(
+                    "ETL %s/%s: cannot record event %s: %s",
+                    etl["metadata"]["namespace"],
+                    etl["metadata"]["name"],
+                    event.reason,
+                    e,
+                )
+
+        list(self._pool.map(send, happened))
 
     def reconcile(self, namespace: str, name: str) -> Outcome:
         etl = self.kube.get_etl(namespace, name)
@@ -198,6 +222,7 @@ class Controller:
             status = error_status(f"invalid spec: {e}", generation, previous)
             if status_changed(previous, status):
                 self.kube.patch_status(namespace, name, status)
+                self.record(etl, events.phase_change(previous, status, rolled_out=False))
             return Outcome(phase="Error")
         return self.converge(etl, spec)
 
@@ -225,6 +250,12 @@ class Controller:
             observed.append(observe(pod, spec.init_timeout_seconds, now))
 
         want_hash = spec.content_hash()
+        previous = etl.get("status") or {}
+        key = (namespace, name)
+        changed = previous.get("specHash") not in (None, "", want_hash)
+        if changed or any(t.spec_hash != want_hash for t in observed):
+            self._rollouts[key] = want_hash  # a spec change is rolling out
+        failures = events.failed(observed, want_hash, previous)
         todo = hold_for_rollout(plan(spec, targets, observed), observed, targets, want_hash)
         # Deletes first: a transformer recreated after a transient failure
         # reuses its name, so that pod goes at once (no grace period: it has
@@ -263,7 +294,8 @@ class Controller:
             )
             for target in todo.create
         ]
-        created = sum(self._pool.map(self.kube.create_pod, new_pods))
+        made = list(self._pool.map(self.kube.create_pod, new_pods))
+        created = sum(made)
         if new_pods:
             log.info("ETL %s/%s: created %d transformer pods", namespace, name, created)
         after = [t for t in observed if t not in todo.delete] + [
@@ -290,6 +322,20 @@ class Controller:
         )
         if status_changed(etl.get("status"), status):
             self.kube.patch_status(namespace, name, status)
+        rolled_out = (
+            status["phase"] == "Running"
+            and not rolling_out
+            and self._rollouts.get(key) == want_hash
+        )
+        if rolled_out:
+            del self._rollouts[key]
+        self.record(
+            etl,
+            failures
+            + events.created([p for p, ok in zip(new_pods, made, strict=True) if ok])
+            + events.became_ready(previous, status)
+            + events.phase_change(previous, status, rolled_out),
+        )
         settled = summary.phase in ("Running", "Stopped", "Error") and not rolling_out
         return Outcome(summary.phase, created, len(todo.delete), settled and not todo.create)
 
@@ -327,4 +373,6 @@ class Controller:
         if left:
             return Outcome(phase=None, deleted=left, settled=False)
         self.kube.set_finalizer(etl, present=False)
+        self._rollouts.pop((meta["namespace"], meta["name"]), None)
+        self.record(etl, [events.deleted()])
         return Outcome(phase=None)

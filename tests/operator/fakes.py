@@ -22,6 +22,7 @@ class FakeKube:
         self.created: list[str] = []
         self.deleted: list[str] = []
         self.deleted_now: list[str] = []  # deleted without grace period
+        self.events: list[dict[str, Any]] = []
 
     # -- test setup --------------------------------------------------------
 
@@ -130,6 +131,12 @@ class FakeKube:
     def patch_status(self, namespace: str, name: str, status: dict) -> None:
         if (namespace, name) in self.etls:
             self.etls[(namespace, name)]["status"] = copy.deepcopy(status)
+
+    def record_event(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
+
+    def reasons(self) -> list[str]:
+        return [e["reason"] for e in self.events]
 
     def set_finalizer(self, etl: dict, present: bool) -> None:
         meta = self.etls[(etl["metadata"]["namespace"], etl["metadata"]["name"])]["metadata"]

@@ -261,3 +261,46 @@ def _ago(seconds: float) -> str:
 
     stamp = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=seconds)
     return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def test_events_tell_the_story_once(kube, ctl):
+    def new_events() -> list[tuple[str, str]]:
+        out = [(e["type"], e["reason"]) for e in kube.events]
+        kube.events.clear()
+        return out
+
+    ctl.reconcile("ns", "reverse")
+    assert new_events() == [("Normal", "Created")]
+    for i in range(3):
+        kube.set_ready(kube.transformer(f"target-{i}"))
+    ctl.reconcile("ns", "reverse")
+    assert new_events() == [("Normal", "TransformerReady")] * 3
+    ctl.reconcile("ns", "reverse")
+    assert new_events() == []  # level-triggered reconciles do not repeat events
+
+    # A spec change: new pods, ready, old ones gone -> RolledOut.
+    kube.etls[("ns", "reverse")]["spec"]["workers"] = 2
+    kube.etls[("ns", "reverse")]["metadata"]["generation"] = 2
+    ctl.reconcile("ns", "reverse")
+    assert new_events() == [("Normal", "Created")]
+    for p in kube.transformer_pods("ns", "reverse"):
+        kube.set_ready(kube.pods[("ns", p["metadata"]["name"])])
+    ctl.reconcile("ns", "reverse")
+    assert new_events() == [("Normal", "TransformerReady")] * 3 + [("Normal", "RolledOut")]
+    ctl.reconcile("ns", "reverse")
+    assert new_events() == []
+
+    # A permanent failure: reported once, then the ETL is in Error.
+    kube.set_exit(kube.transformer("target-1"), 2, "sluice: ETL 'reverse': bad code")
+    ctl.reconcile("ns", "reverse")
+    ctl.reconcile("ns", "reverse")
+    story = kube.events[:]
+    assert new_events() == [("Warning", "TransformerFailed"), ("Warning", "Error")]
+    assert "bad code" in story[0]["message"] and "target-1" in story[0]["message"]
+    assert story[1]["involvedObject"]["kind"] == "ETL"
+    assert story[1]["involvedObject"]["name"] == "reverse"
+
+    kube.etls[("ns", "reverse")]["metadata"]["deletionTimestamp"] = "now"
+    ctl.reconcile("ns", "reverse")
+    ctl.reconcile("ns", "reverse")
+    assert new_events() == [("Normal", "Deleted")]
