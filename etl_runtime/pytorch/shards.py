@@ -109,8 +109,13 @@ class ShardReader(IterableDataset[tuple[str, dict[str, Any]]]):
                     if decoder is not None:
                         sample = decoder(sample)
                     yield key, {k: v for k, v in sample.items() if not k.startswith("__")}
-        except HTTPError:
-            raise  # names bucket and object already (NotFound, TransformError, ...)
+        except HTTPError as exc:
+            # Keep the SDK class (NotFound, TransformError...), but make sure the
+            # message names the shard: DataLoader workers pass on only the message.
+            if name not in exc.message:
+                exc.message = f"shard '{bucket}/{name}': {exc.message}"
+                exc.args = (exc.message,)
+            raise
         except Exception as exc:
             after = f" after sample {key!r}" if key is not None else ""
             raise ShardError(
