@@ -15,21 +15,29 @@ exceptions (``IncompleteReadError``, ``LimitOverrunError``) and flow control
 (reading pauses while more than ``2 * limit`` bytes are buffered). Writing
 uses a normal ``asyncio.StreamWriter`` (``open_connection`` /
 ``open_unix_connection`` below), so ``drain()`` backpressure is unchanged.
+
+It runs on asyncio's loop and on uvloop alike (uvicorn picks uvloop when it is
+installed). Two things matter there: uvloop's transports are not
+``asyncio.Transport`` subclasses, so only their methods are relied on; and
+uvloop treats a protocol that is also an ``asyncio.Protocol`` as a plain one
+(it calls ``data_received``), so the write-side flow control that
+``StreamWriter.drain()`` awaits is written out here instead of inheriting
+asyncio's ``FlowControlMixin``, which is an ``asyncio.Protocol``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
-from asyncio.streams import FlowControlMixin
+from typing import cast
 
 SCRATCH = 64 << 10  # one recv when no read waits with its own buffer (kept per connection)
 DIRECT_MIN = 64 << 10  # readexactly of at least this much receives in place
 
 
-class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
+class ReceiveStream(asyncio.BufferedProtocol):
     def __init__(self, limit: int = 1 << 20) -> None:
-        super().__init__()
+        self._loop = asyncio.get_running_loop()
         self._limit = limit
         self._buffer = bytearray()
         self._scratch = bytearray(SCRATCH)
@@ -42,12 +50,17 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
         self._waiter: asyncio.Future[None] | None = None
         self._transport: asyncio.Transport | None = None
         self._reading_paused = False
+        self._writing_paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self._lost = False
+        self._closed: asyncio.Future[None] = self._loop.create_future()
 
     # -- protocol side -------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # Duck-typed: uvloop's transports have the same methods but do not
+        # subclass ``asyncio.Transport`` (uvicorn picks uvloop when installed).
+        self._transport = cast(asyncio.Transport, transport)
 
     def get_buffer(self, sizehint: int) -> memoryview:
         self._into_target = self._target is not None and self._filled < len(self._target)
@@ -74,11 +87,46 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
         return True  # like StreamReaderProtocol: the writer may still write; the owner closes
 
     def connection_lost(self, exc: Exception | None) -> None:
-        super().connection_lost(exc)  # wakes drain() waiters
+        self._lost = True
         self._eof = True
         if exc is not None:
             self._exception = exc
         self._wake()
+        self._wake_drain(exc)
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    # -- write flow control: what ``StreamWriter.drain()``/``wait_closed()`` call --
+
+    def pause_writing(self) -> None:
+        self._writing_paused = True
+
+    def resume_writing(self) -> None:
+        self._writing_paused = False
+        self._wake_drain(None)
+
+    def _wake_drain(self, exc: Exception | None) -> None:
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                if exc is None:
+                    waiter.set_result(None)
+                else:
+                    waiter.set_exception(exc)
+
+    async def _drain_helper(self) -> None:
+        if self._lost:
+            raise ConnectionResetError("Connection lost")
+        if not self._writing_paused:
+            return
+        waiter = self._loop.create_future()
+        self._drain_waiters.append(waiter)
+        try:
+            await waiter
+        finally:
+            self._drain_waiters.remove(waiter)
+
+    def _get_close_waiter(self, stream: asyncio.StreamWriter) -> asyncio.Future[None]:
+        return self._closed
 
     def _wake(self) -> None:
         waiter, self._waiter = self._waiter, None
@@ -101,7 +149,7 @@ class ReceiveStream(FlowControlMixin, asyncio.BufferedProtocol):
         if self._eof:
             return
         self._resume()
-        self._waiter = asyncio.get_running_loop().create_future()
+        self._waiter = self._loop.create_future()
         try:
             await self._waiter
         finally:

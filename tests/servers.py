@@ -6,6 +6,7 @@ real socket, never a mocked transport.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -14,11 +15,17 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Hashable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
+
+from etl_runtime.eventloop import loop_factory
+
+EVENT_LOOPS = ("asyncio", "uvloop")  # the ``loop_name`` fixture runs a test on each
+T = TypeVar("T")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -45,6 +52,40 @@ def wait_http(url: str, timeout: float = 30.0, proc: subprocess.Popen | None = N
     raise TimeoutError(f"{url} not up after {timeout}s (last: {last!r})")
 
 
+def run_on(loop_name: str, coro: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coro)`` on the named loop (``asyncio``, ``uvloop``)."""
+    with asyncio.Runner(loop_factory=loop_factory(loop_name)) as runner:
+        return runner.run(coro)
+
+
+def loop_of(pid: int) -> str:
+    """``uvloop`` when the process has uvloop's extension loaded, else ``asyncio``.
+
+    Only for servers started with ``SLUICE_LOOP=asyncio|uvloop``: nothing else
+    in Sluice imports uvloop, so its presence tells which loop uvicorn built.
+    """
+    with open(f"/proc/{pid}/maps") as f:
+        return "uvloop" if "/uvloop/loop." in f.read() else "asyncio"
+
+
+class SessionServers:
+    """Servers started on first use and kept until the test session ends.
+
+    For servers whose start is slow (a wds transformer imports webdataset and
+    torch) and that tests in several packages need: ``get(key, start)`` enters
+    ``start()`` once per key and returns what it yielded.
+    """
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self._running: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, start: Callable[[], AbstractContextManager[T]]) -> T:
+        if key not in self._running:
+            self._running[key] = self._stack.enter_context(start())
+        return self._running[key]  # type: ignore[no-any-return]
+
+
 class _Server(uvicorn.Server):
     def install_signal_handlers(self) -> None:  # running in a thread
         pass
@@ -52,7 +93,10 @@ class _Server(uvicorn.Server):
 
 @contextlib.contextmanager
 def serve_in_thread(app: Any, host: str = "127.0.0.1", **config: Any) -> Iterator[str]:
-    """Run an ASGI app with uvicorn in a background thread; yield its base URL."""
+    """Run an ASGI app with uvicorn in a background thread; yield its base URL.
+
+    ``loop="asyncio"|"uvloop"`` pins uvicorn's event loop (default: uvloop if installed).
+    """
     port = free_port(host)
     server = _Server(uvicorn.Config(app, host=host, port=port, log_level="warning", **config))
     thread = threading.Thread(target=server.run, daemon=True)

@@ -17,6 +17,8 @@ from typing import Any
 
 import uvicorn
 
+from etl_runtime.eventloop import loop_factory, loop_from_env
+
 Hook = Callable[[], Any]  # plain or async function
 
 
@@ -69,9 +71,20 @@ def run_server(
     port: int,
     on_start: Sequence[Hook] = (),
     on_stop: Sequence[Hook] = (),
+    loop: str | None = None,
 ) -> None:
-    """Serve ``app``; ``on_start[i]`` runs first and ``on_stop[i]`` runs at exit."""
-    asyncio.run(_serve(app, host, port, on_start, on_stop))
+    """Serve ``app``; ``on_start[i]`` runs first and ``on_stop[i]`` runs at exit.
+
+    ``loop`` is ``auto``/``asyncio``/``uvloop`` (default: ``$SLUICE_LOOP``,
+    else ``auto``); the hooks and uvicorn share that loop.
+    """
+    if loop is None:
+        try:
+            loop = loop_from_env()
+        except ValueError as e:
+            raise SystemExit(f"sluice: {e}") from None
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        runner.run(_serve(app, host, port, on_start, on_stop))
 
 
 def noop() -> None:

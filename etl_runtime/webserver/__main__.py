@@ -16,6 +16,7 @@ import sys
 
 import uvicorn
 
+from etl_runtime.eventloop import loop_from_env
 from etl_runtime.spec import EtlSpec, InvalidSpec
 from etl_runtime.webserver.app import create_app
 from etl_runtime.webserver.code import check_code
@@ -72,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
+        loop = loop_from_env()
+    except ValueError as e:
+        return _fail(name, str(e))
+    try:
         spec = _load_spec(args.spec_file)
         check_code(spec)
     except (InvalidSpec, StartupError) as e:
@@ -87,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         deps_dir=os.environ.get("SLUICE_DEPS_DIR"),
     )
     server = uvicorn.Server(
-        uvicorn.Config(app, host=args.host, port=args.port, log_level="info", access_log=False)
+        uvicorn.Config(
+            app, host=args.host, port=args.port, loop=loop, log_level="info", access_log=False
+        )
     )
     transformer = app.state.transformer
 

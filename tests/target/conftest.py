@@ -22,16 +22,25 @@ class RunningTarget:
     client: httpx.Client
 
 
-def _run(tmp_path: Path, token: str | None) -> Iterator[RunningTarget]:
+def _run(tmp_path: Path, token: str | None, loop: str = "auto") -> Iterator[RunningTarget]:
     registry = DictRegistry()
     app = create_target_app("t0", tmp_path / "data", registry, token=token, cluster_key=CLUSTER_KEY)
-    with serve_in_thread(app) as url, httpx.Client(base_url=url, timeout=30) as client:
+    with (
+        serve_in_thread(app, loop=loop) as url,
+        httpx.Client(base_url=url, timeout=30) as client,
+    ):
         yield RunningTarget(url, tmp_path / "data", registry, client)
 
 
 @pytest.fixture
 def target(tmp_path: Path) -> Iterator[RunningTarget]:
     yield from _run(tmp_path, token=None)
+
+
+@pytest.fixture
+def target_on_loop(tmp_path: Path, loop_name: str) -> Iterator[RunningTarget]:
+    """The target on ``loop_name`` (``asyncio``, ``uvloop``; see ``tests/conftest.py``)."""
+    yield from _run(tmp_path, token=None, loop=loop_name)
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""``DuplexClient`` against a real uvicorn server on loopback."""
+"""``DuplexClient`` against a real uvicorn server on loopback; the client on both loops."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from etl_runtime.target.duplex import ConnectError, DuplexClient, StreamBroken, Timeout
 from etl_runtime.webserver.responses import TransformedStream
-from tests.servers import free_port, serve_in_thread
+from tests.servers import free_port, run_on, serve_in_thread
 
 
 def echo_app() -> FastAPI:
@@ -61,11 +61,7 @@ def url() -> Iterator[str]:
         yield base
 
 
-def run(coro: object) -> object:
-    return asyncio.run(coro)  # type: ignore[arg-type]
-
-
-def test_full_duplex_echo_and_reuse(url: str) -> None:
+def test_full_duplex_echo_and_reuse(url: str, loop_name: str) -> None:
     """Each chunk is sent only after the previous one came back: needs real duplex."""
 
     async def main() -> None:
@@ -97,10 +93,10 @@ def test_full_duplex_echo_and_reuse(url: str) -> None:
         assert len(ports) == 1  # one kept-alive connection served all three
         await client.aclose()
 
-    run(main())
+    run_on(loop_name, main())
 
 
-def test_early_answer_and_broken_stream(url: str) -> None:
+def test_early_answer_and_broken_stream(url: str, loop_name: str) -> None:
     async def main() -> None:
         client = DuplexClient()
 
@@ -125,4 +121,4 @@ def test_early_answer_and_broken_stream(url: str) -> None:
         assert b'"len":2' in await r.read(1000)
         await client.aclose()
 
-    run(main())
+    run_on(loop_name, main())

@@ -1,4 +1,4 @@
-"""``streambuf.ReceiveStream`` over a real socket pair."""
+"""``streambuf.ReceiveStream`` over a real socket pair, on asyncio's loop and on uvloop."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ import socket
 import pytest
 
 from etl_runtime import streambuf
+from tests.servers import run_on
 
 
-def test_reads_framing_and_direct_receive() -> None:
+def test_reads_framing_and_direct_receive(loop_name: str) -> None:
     async def main() -> None:
         ours, theirs = socket.socketpair()
         reader, writer = await streambuf.open_unix_connection(ours, limit=1 << 16)
@@ -37,10 +38,10 @@ def test_reads_framing_and_direct_receive() -> None:
         writer.close()
         theirs.close()
 
-    asyncio.run(main())
+    run_on(loop_name, main())
 
 
-def test_eof_inside_a_direct_read_and_limits() -> None:
+def test_eof_inside_a_direct_read_and_limits(loop_name: str) -> None:
     async def main() -> None:
         ours, theirs = socket.socketpair()
         reader, writer = await streambuf.open_unix_connection(ours, limit=1 << 16)
@@ -59,10 +60,10 @@ def test_eof_inside_a_direct_read_and_limits() -> None:
         writer.close()
         theirs.close()
 
-    asyncio.run(main())
+    run_on(loop_name, main())
 
 
-def test_slow_reader_pauses_the_socket() -> None:
+def test_slow_reader_pauses_the_socket(loop_name: str) -> None:
     """Unread data stays bounded: reading pauses above 2 * limit."""
 
     async def main() -> None:
@@ -89,4 +90,4 @@ def test_slow_reader_pauses_the_socket() -> None:
         writer.close()
         theirs.close()
 
-    asyncio.run(main())
+    run_on(loop_name, main())

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 import subprocess
 import sys
+import tarfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import cloudpickle
+import httpx
 
 from etl_runtime.spec import runtime_python_version
-from tests.servers import free_port, serve_process
+from tests.servers import SessionServers, free_port, loop_of, serve_process
 
 TOKEN = "test-etl-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -82,3 +85,56 @@ def run_to_exit(
 def last_line(text: str) -> str:
     lines = [ln for ln in text.splitlines() if ln.strip()]
     return lines[-1] if lines else ""
+
+
+# Transformers for the event-loop tests (tests/*/test_event_loops.py), one of
+# each kind per loop, started once per session: a wds transformer's start
+# imports webdataset and torch.
+LOOP_TEST_CODE = {
+    "object": """
+def transform(data, args):
+    if args == "failmid":
+        def broken():
+            yield b"x" * 200_000
+            raise RuntimeError("disk on fire")
+        return broken()
+    if args == "pieces":  # unknown length: a chunked answer
+        return (data[i : i + 100_000].upper() for i in range(0, len(data), 100_000))
+    return data.upper()
+""",
+    "wds": """
+def transform(sample):
+    if sample["__key__"] == "poison":
+        raise ValueError("poisoned sample")
+    return {"__key__": sample["__key__"], "txt": sample["txt"].upper()}
+""",
+}
+
+
+def loop_transformer(servers: SessionServers, mode: str, loop_name: str) -> str:
+    """The ``mode`` (object|wds) test transformer on ``SLUICE_LOOP=loop_name``; its URL."""
+    spec = {"mode": mode, "code": source_code(LOOP_TEST_CODE[mode])}
+
+    def start() -> contextlib.AbstractContextManager[str]:
+        return transformer(f"{mode}-{loop_name}", spec, workers=1, SLUICE_LOOP=loop_name)
+
+    url = servers.get(("loop-transformer", mode, loop_name), start)
+    # the env var is honoured, not just accepted
+    assert loop_of(httpx.get(f"{url}/health").json()["pid"]) == loop_name
+    return url
+
+
+def text_shard(keys: list[str], size: int = 20_000) -> bytes:
+    """A tar shard of one ``.txt`` member per key, each ``size`` bytes (the key, padded)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for key in keys:
+            info = tarfile.TarInfo(f"{key}.txt")
+            info.size = size
+            tar.addfile(info, io.BytesIO(key.encode().ljust(size, b".")))
+    return buf.getvalue()
+
+
+def tar_members(data: bytes) -> list[tuple[str, bytes]]:
+    with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar.getmembers()]  # type: ignore[union-attr]
