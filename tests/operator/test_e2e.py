@@ -10,6 +10,7 @@ without the binaries).
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -291,6 +292,38 @@ def test_deleting_the_etl_removes_pods_and_secret(control_plane, sluice):
     wait_for("pods gone", lambda: not sluice.pods("sluice.dev/etl=bye"), timeout=30)
     secrets = control_plane.core.list_namespaced_secret(sluice.ns).items
     assert "sluice-etl-bye-token" not in {s.metadata.name for s in secrets}
+
+
+def test_events_tell_the_story_of_an_etl(control_plane, sluice):
+    sluice.apply(REVERSE_YAML.format(name="story"))
+    sluice.wait_phase("story", "Running", "3/3")
+    sluice.patch_spec(
+        "story",
+        {"code": {"entrypoint": "transform", "source": "raise RuntimeError('story breaks')\n"}},
+    )
+    sluice.wait_phase("story", "Error")
+
+    def events() -> list[dict]:
+        done = control_plane.kubectl(
+            "get", "events", "-n", sluice.ns, "--field-selector",
+            "involvedObject.kind=ETL,involvedObject.name=story", "-o", "json",
+        )  # fmt: skip
+        return json.loads(done.stdout)["items"]
+
+    def reasons() -> list[str]:
+        return [e["reason"] for e in sorted(events(), key=lambda e: e["metadata"]["name"])]
+
+    wait_for("Error event", lambda: "Error" in reasons(), timeout=30)
+    got = events()
+    assert {"Created", "TransformerReady", "TransformerFailed", "Error"} <= set(reasons())
+    assert sum(e["reason"] == "TransformerReady" for e in got) == 3
+    failed = next(e for e in got if e["reason"] == "TransformerFailed")
+    assert failed["type"] == "Warning" and "story breaks" in failed["message"]
+    described = control_plane.kubectl("describe", "etl", "story", "-n", sluice.ns).stdout
+    assert "TransformerFailed" in described and "story breaks" in described
+
+    control_plane.kubectl("delete", "etl", "story", "-n", sluice.ns, "--timeout=60s")
+    wait_for("Deleted event", lambda: "Deleted" in reasons(), timeout=30)
 
 
 def test_operator_killed_mid_way_converges_without_duplicates(sluice):
