@@ -201,6 +201,7 @@ class Supervisor:
         child crashed ``max_crashes`` times in a row (that child)."""
         for child in self.children():
             child.policy.reset_after = self.args.restart_reset
+        next_reap = 0.0
         while not self.signals:
             for child in self.children():
                 if child.restart_due():
@@ -209,7 +210,9 @@ class Supervisor:
                 elif child.restart_at is None and child.exit_code() is not None:
                     if self.crashed(child) is None:
                         return child
-            supervisor.reap_orphans({c.pid for c in self.children() if c.popen})
+            if time.monotonic() >= next_reap:  # a scan of /proc: not on every tick
+                supervisor.reap_orphans({c.pid for c in self.children() if c.popen})
+                next_reap = time.monotonic() + 1.0
             time.sleep(0.1)
         return None
 
