@@ -6,6 +6,8 @@
   From it we derive, without any extra state:
     - ``transformer_token(key, name, uid)``: the bearer token a transformer of
       one ETL accepts, so only its own targets can call it;
+    - ``internal_token(key)``: what targets send each other (copies,
+      rebalance, get-from-neighbor) on their internal routes;
     - ``sign_redirect`` / ``verify_redirect``: the gateway signs the 307 it
       hands an authenticated client, because HTTP clients drop the
       ``Authorization`` header when a redirect changes host or port.
@@ -36,6 +38,17 @@ def _mac(key: str, message: str) -> str:
 
 def transformer_token(cluster_key: str, etl_name: str, etl_uid: str) -> str:
     return _mac(cluster_key, f"etl:{etl_name}:{etl_uid}")
+
+
+def internal_token(cluster_key: str) -> str:
+    return _mac(cluster_key, "target-to-target")
+
+
+def internal_ok(header: str | None, cluster_key: str | None) -> bool:
+    """True without a cluster key (nothing to check against), else an exact match."""
+    if not cluster_key:
+        return True
+    return bool(header) and hmac.compare_digest(header or "", internal_token(cluster_key))
 
 
 def bearer_ok(header: str | None, expected: str | None) -> bool:

@@ -36,6 +36,17 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="discover target pods and use ETL custom resources",
     )
     p.add_argument("--state-dir", default=env("SLUICE_STATE_DIR"), help="local ETL state dir")
+    p.add_argument(
+        "--cluster-map",
+        default=env("SLUICE_CLUSTER_MAP"),
+        help="file:PATH: the cluster map shared with the targets (members, buckets)",
+    )
+    p.add_argument(
+        "--members",
+        default=env("SLUICE_MEMBERS"),
+        help="t0,t1,...: the targets objects are placed on (default: every --targets id); "
+        "others in --targets are leaving and hand their objects over",
+    )
     args = p.parse_args(argv)
     if not args.kubernetes and not args.targets:
         p.error("give --targets t0=URL,... (or SLUICE_TARGETS), or --kubernetes")
@@ -84,7 +95,21 @@ def main(argv: Sequence[str] | None = None) -> None:
         discovery, backend, on_start, on_stop = kube_parts()
     else:
         discovery, backend, on_start, on_stop = local_parts(args, key)
-    app = create_gateway_app(discovery, backend, token=args.token, cluster_key=key)
+    from etl_runtime.clustermap import open_cluster_map
+
+    try:
+        cmap = open_cluster_map(args.cluster_map)
+    except ValueError as e:
+        raise SystemExit(f"sluice-gateway: {e}") from None
+    members = [m.strip() for m in args.members.split(",") if m.strip()] if args.members else None
+    app = create_gateway_app(
+        discovery,
+        backend,
+        token=args.token,
+        cluster_key=key,
+        cluster_map=cmap,
+        members=members,
+    )
     run_server(app, args.host, args.port, on_start=on_start, on_stop=on_stop)
 
 

@@ -12,11 +12,13 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from etl_runtime.cluster import EtlBackend, TargetDiscovery, TargetInfo
+from etl_runtime.cluster import EtlBackend, TargetDiscovery
+from etl_runtime.clustermap import ClusterMapStore
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.errors import install_error_handlers
 from etl_runtime.gateway.etl_api import etl_router
+from etl_runtime.gateway.membership import RebalanceMonitor, cluster_view, join
 from etl_runtime.gateway.redirect import redirect_router
 
 
@@ -25,15 +27,29 @@ def create_gateway_app(
     etl_backend: EtlBackend,
     token: str | None = None,
     cluster_key: str | None = None,
+    cluster_map: ClusterMapStore | None = None,
+    members: list[str] | None = None,
 ) -> FastAPI:
-    gw = Gateway(discovery, etl_backend, token=token or None, cluster_key=cluster_key or None)
+    """The gateway; with ``cluster_map`` placement is over its members (see placement)."""
+    gw = Gateway(
+        discovery,
+        etl_backend,
+        token=token or None,
+        cluster_key=cluster_key or None,
+        cmap=cluster_map,
+        members=members,
+    )
+    monitor = RebalanceMonitor(gw)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
+        await join(gw)
+        await monitor.start()
         try:
             yield
         finally:
+            await monitor.stop()
             await gw.stop()
 
     app = FastAPI(title="Sluice gateway", lifespan=lifespan)
@@ -49,13 +65,6 @@ def create_gateway_app(
 
     @app.get("/v1/cluster")
     async def cluster() -> dict[str, Any]:
-        live = {t.id for t in discovery.targets()}
-        # Discoveries that know dead targets too (StaticTargets) expose all_targets().
-        everyone: list[TargetInfo] = getattr(discovery, "all_targets", discovery.targets)()
-        return {
-            "targets": [
-                {"id": t.id, "url": t.url, "node": t.node, "alive": t.id in live} for t in everyone
-            ]
-        }
+        return await cluster_view(gw)
 
     return app

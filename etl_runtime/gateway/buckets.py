@@ -1,22 +1,32 @@
-"""Bucket calls on the gateway: broadcast to every target, or gather and merge.
+"""Bucket calls on the gateway: the cluster map's bucket table, plus the targets.
 
-A bucket exists on every target (objects of one bucket spread over all of
-them by HRW), so create and delete go to all live targets, and a listing asks
-each target for its first ``limit`` names after ``start_after`` and merges:
+A bucket exists cluster-wide: it is an entry of the cluster map (with its
+props, ``copies``), so a target that joins later or was away serves it too.
+Create and delete change the map, then tell every live target (a target also
+creates a bucket's directory on first use). A listing asks each reachable
+target for its first ``limit`` names after ``start_after`` and merges them:
 the first ``limit`` names of the union are the first ``limit`` names of the
-bucket.
+bucket. Replicas and objects not yet moved by a rebalance appear once.
+With a member away and ``copies = 1`` part of the bucket cannot be listed, so
+the listing is a 503 naming it rather than a silently short page.
+
+Without a cluster map (Kubernetes mode, for now) a bucket is what the live
+targets say it is, as before.
 """
 
 from __future__ import annotations
 
 import heapq
+import time
 from typing import Any
 
 import httpx
 from fastapi import APIRouter, Query, Request
 
+from etl_runtime.clustermap import MAX_COPIES, BucketProps
 from etl_runtime.gateway.context import Gateway, unreachable
-from etl_runtime.gateway.errors import BucketNotFound, SluiceError
+from etl_runtime.gateway.errors import BucketNotFound, InvalidRequest, NoTargets, SluiceError
+from etl_runtime.gateway.placement import RETRY_AFTER_SECONDS
 from etl_runtime.target.names import read_bucket_action, validate_bucket
 
 
@@ -39,11 +49,31 @@ def _passthrough(r: httpx.Response) -> SluiceError:
     return err
 
 
+def bucket_props(bucket: str, body: dict[str, Any], old: BucketProps | None) -> BucketProps:
+    """``props`` of a create-bck / set-bprops body (``{"copies": 1..3}``)."""
+    props = body.get("props") or {}
+    if not isinstance(props, dict):
+        raise InvalidRequest(f"'props' of bucket {bucket!r} must be an object", bucket=bucket)
+    unknown = sorted(set(props) - {"copies"})
+    if unknown:
+        raise InvalidRequest(
+            f"unknown bucket props {unknown} for {bucket!r}; known: copies", bucket=bucket
+        )
+    copies = props.get("copies", old.copies if old else 1)
+    if not isinstance(copies, int) or isinstance(copies, bool) or not 1 <= copies <= MAX_COPIES:
+        raise InvalidRequest(
+            f"copies of bucket {bucket!r} must be 1..{MAX_COPIES}, got {copies!r}", bucket=bucket
+        )
+    return BucketProps(copies=copies, created=old.created if old else time.time())
+
+
 def bucket_router(gw: Gateway) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/buckets")
     async def list_buckets() -> dict[str, Any]:
+        if gw.cmap is not None:
+            return {"buckets": sorted(gw.cmap.get().buckets)}
         names: set[str] = set()
         for t, r in await gw.fanout("GET", "/v1/buckets"):
             if not isinstance(r, httpx.Response) or r.status_code != 200:
@@ -55,6 +85,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
         validate_bucket(bucket)
         gw.require_write(request)
+        if gw.cmap is not None:
+            return await _map_bucket_action(bucket, request)
         body = await read_bucket_action(bucket, request)
         created = False
         for t, r in await gw.fanout("POST", f"/v1/buckets/{bucket}", json=body):
@@ -69,6 +101,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
     async def delete_bucket(bucket: str, request: Request) -> dict[str, Any]:
         validate_bucket(bucket)
         gw.require_write(request)
+        if gw.cmap is not None:
+            return await _map_delete_bucket(bucket)
         found = False
         for t, r in await gw.fanout("DELETE", f"/v1/buckets/{bucket}"):
             if not isinstance(r, httpx.Response) or r.status_code >= 500:
@@ -89,6 +123,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
         limit: int = Query(1000, ge=1, le=100_000),
     ) -> dict[str, Any]:
         validate_bucket(bucket)
+        if gw.cmap is not None:
+            _check_listable(bucket)
         params = {"prefix": prefix, "start_after": start_after, "limit": limit}
         pages: list[list[dict[str, Any]]] = []
         more = False
@@ -102,11 +138,55 @@ def bucket_router(gw: Gateway) -> APIRouter:
             page = r.json()
             pages.append(page["objects"])
             more = more or page["next"] is not None
-        if not pages:
+        if not pages and gw.cmap is None:
             raise _not_found(bucket)
-        merged = list(heapq.merge(*pages, key=lambda o: o["name"]))
+        merged: list[dict[str, Any]] = []
+        for obj in heapq.merge(*pages, key=lambda o: o["name"]):
+            if not merged or merged[-1]["name"] != obj["name"]:  # replicas, unmoved objects
+                merged.append(obj)
         more = more or len(merged) > limit
         objects = merged[:limit]
         return {"objects": objects, "next": objects[-1]["name"] if more and objects else None}
+
+    # -- with a cluster map ----------------------------------------------------------
+
+    async def _map_bucket_action(bucket: str, request: Request) -> dict[str, Any]:
+        assert gw.cmap is not None
+        body = await read_bucket_action(bucket, request, ("create-bck", "set-bprops"))
+        old = gw.cmap.get().buckets.get(bucket)
+        if body["action"] == "set-bprops" and old is None:
+            raise _not_found(bucket)
+        props = bucket_props(bucket, body, old)
+        if body["action"] == "create-bck" and old is not None and "props" not in body:
+            props = old
+        gw.cmap.update(lambda m: m.with_bucket(bucket, props))
+        # Tell the live targets now; one that is away creates it on first use.
+        await gw.fanout("POST", f"/v1/buckets/{bucket}", json={"action": "create-bck"})
+        return {"bucket": bucket, "created": old is None, "props": props.to_dict()}
+
+    async def _map_delete_bucket(bucket: str) -> dict[str, Any]:
+        assert gw.cmap is not None
+        if bucket not in gw.cmap.get().buckets:
+            raise _not_found(bucket)
+        gw.cmap.update(lambda m: m.without_bucket(bucket))
+        # Live targets drop the objects now; one that is away drops them when it
+        # sees the map (a bucket dir that the map does not list is never served).
+        await gw.fanout("DELETE", f"/v1/buckets/{bucket}")
+        return {"bucket": bucket, "deleted": True}
+
+    def _check_listable(bucket: str) -> None:
+        assert gw.cmap is not None
+        cmap = gw.cmap.get()
+        if bucket not in cmap.buckets:
+            raise _not_found(bucket)
+        away = [t for t in cmap.members if t not in gw.alive_ids()]
+        if len(away) >= cmap.copies(bucket):
+            raise NoTargets(
+                f"cannot list bucket {bucket!r} completely: target(s) {', '.join(away)} "
+                f"not reachable right now; retry in {RETRY_AFTER_SECONDS}s",
+                retry_after=RETRY_AFTER_SECONDS,
+                bucket=bucket,
+                target=away[0],
+            )
 
     return router

@@ -1,8 +1,13 @@
 """The gateway's collaborators and its fan-out to targets.
 
 ``Gateway`` holds what every handler needs — live targets (``TargetDiscovery``),
-the ETL write side (``EtlBackend``), secrets, one pooled HTTP client — and
-``fanout`` calls the same internal path on every live target at once.
+the cluster map (``ClusterMapStore``: members and buckets), the ETL write side
+(``EtlBackend``), secrets, one pooled HTTP client — and ``fanout`` calls the
+same internal path on every live target at once.
+
+Without a cluster map (Kubernetes mode, for now) placement and bucket
+existence follow the live targets, as before the map existed; see
+docs/architecture.md "Placement and membership".
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from fastapi import Request
 
 from etl_runtime import auth
 from etl_runtime.cluster import EtlBackend, TargetDiscovery, TargetInfo
+from etl_runtime.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.gateway.errors import NoTargets, Unauthorized
 
 FANOUT_TIMEOUT = 15.0
@@ -27,6 +33,8 @@ class Gateway:
     backend: EtlBackend
     token: str | None = None
     cluster_key: str | None = None
+    cmap: ClusterMapStore | None = None
+    members: list[str] | None = None  # configured members; default: every known target
     _http: httpx.AsyncClient | None = field(default=None, repr=False)
 
     async def start(self) -> None:
@@ -62,6 +70,20 @@ class Gateway:
 
     # -- targets ---------------------------------------------------------------
 
+    def known_targets(self) -> list[TargetInfo]:
+        """Every target we know an address for, reachable now or not."""
+        return list(getattr(self.discovery, "all_targets", self.discovery.targets)())
+
+    def alive_ids(self) -> set[str]:
+        return {t.id for t in self.discovery.targets()}
+
+    def target_info(self, target_id: str, cmap: ClusterMap | None = None) -> TargetInfo | None:
+        for t in self.known_targets():
+            if t.id == target_id:
+                return t
+        url = (cmap or (self.cmap.get() if self.cmap else ClusterMap())).urls.get(target_id)
+        return TargetInfo(id=target_id, url=url) if url else None
+
     def live_targets(self) -> list[TargetInfo]:
         targets = self.discovery.targets()
         if not targets:
@@ -72,7 +94,7 @@ class Gateway:
         self, method: str, path: str, **kwargs: Any
     ) -> list[tuple[TargetInfo, httpx.Response | httpx.HTTPError]]:
         """``method path`` on every live target; each answer or the error it raised."""
-        targets = self.live_targets()
+        targets = self.discovery.targets() if self.cmap is not None else self.live_targets()
         headers = {**self.target_headers(), **kwargs.pop("headers", {})}
 
         async def one(t: TargetInfo) -> httpx.Response | httpx.HTTPError:

@@ -1,27 +1,24 @@
 """Highest-random-weight (rendezvous) placement of objects on targets.
 
 Every target gets a pseudo-random score per object, ``blake2b(id + "/" +
-bucket/object)``; the highest score owns the object. Nothing is stored: any
-gateway computes the same owner from the list of live target ids, and when a
-target leaves only the objects it owned move (each to its runner-up), so the
-rest of the cluster is undisturbed.
+bucket/object)``; the highest score owns the object (and with ``copies = k``
+the top ``k`` hold it). Nothing is stored: any gateway or target computes the
+same owners from the list of member ids (``etl_runtime.clustermap``), and
+when a target joins or leaves only the objects it owns (or will own) move.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 from etl_runtime.cluster import TargetInfo
+from etl_runtime.clustermap import hrw_score
+
+__all__ = ["hrw_owner", "hrw_score", "object_key"]
 
 
 def object_key(bucket: str, name: str) -> str:
     return f"{bucket}/{name}"
-
-
-def hrw_score(target_id: str, key: str) -> int:
-    digest = hashlib.blake2b(f"{target_id}/{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
 
 
 def hrw_owner(targets: Sequence[TargetInfo], key: str) -> TargetInfo:

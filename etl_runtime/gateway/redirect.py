@@ -1,8 +1,9 @@
 """Object calls on the gateway: a 307 to the target that owns the object.
 
 The gateway never touches object bytes. It validates the names (so a bad name
-is a 400 here, not on some target), picks the HRW owner among live targets and
-redirects with the query string preserved. 307 keeps the method and body, so
+is a 400 here, not on some target), picks the target by ``placement.route``
+(the HRW owner over the cluster map's members, or a reachable replica for a
+read) and redirects with the query string preserved. 307 keeps the method and body, so
 ``curl -L``, ``httpx(follow_redirects=True)`` and ``requests`` re-send a PUT
 to the target. Those clients drop ``Authorization`` when the port changes, so
 for a caller that showed a valid token the gateway signs the redirect
@@ -19,7 +20,7 @@ from fastapi.responses import Response
 from etl_runtime import auth
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.errors import InvalidName
-from etl_runtime.gateway.hrw import hrw_owner, object_key
+from etl_runtime.gateway.placement import route
 from etl_runtime.target.access import SIGNATURE_PARAMS, object_path, object_url
 from etl_runtime.target.names import validate_names
 
@@ -28,7 +29,7 @@ METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH"]
 
 
 def redirect_location(gw: Gateway, request: Request, bucket: str, name: str) -> str:
-    owner = hrw_owner(gw.live_targets(), object_key(bucket, name))
+    owner = route(gw, request.method, bucket, name)
     query = [
         (k, v)
         for k, v in parse_qsl(request.url.query, keep_blank_values=True)

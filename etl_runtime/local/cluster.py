@@ -110,6 +110,7 @@ class Supervisor:
         self.data = Path(args.data_dir).resolve()
         self.url_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
         self.targets: list[Child] = []
+        self.members: list[str] = []
         self.gateway: Child | None = None
         self.signals = 0
 
@@ -136,15 +137,17 @@ class Supervisor:
         key = load_cluster_key(self.data / "cluster-key")
         env = self.env(key)
         logs, py, host = self.data / "logs", sys.executable, self.args.host
-        for i in range(self.args.targets):
-            tid, port = f"t{i}", free_port(host)
+        cmap = f"file:{self.data / 'cluster.json'}"
+        self.members = [f"t{i}" for i in range(self.args.targets)]
+        for tid in self.members + self.leaving_ids():
+            port = free_port(host)
             url = f"http://{self.url_host}:{port}"
             self.targets.append(
                 Child(
                     name=f"target {tid}",
                     argv=[py, "-m", "etl_runtime.target", "--id", tid, "--host", host]
                     + ["--port", str(port), "--data-dir", str(self.data / "targets" / tid)]
-                    + ["--registry", f"file:{self.data / 'etl'}"],
+                    + ["--registry", f"file:{self.data / 'etl'}", "--cluster-map", cmap],
                     log_path=logs / f"{tid}.log",
                     health_url=f"{url}/v1/health",
                 )
@@ -156,12 +159,14 @@ class Supervisor:
         port = self.args.port or free_port(host)
         gateway_url = f"http://{self.url_host}:{port}"
         target_list = ",".join(
-            f"t{i}={c.health_url.removesuffix('/v1/health')}" for i, c in enumerate(self.targets)
+            f"{c.name.removeprefix('target ')}={c.health_url.removesuffix('/v1/health')}"
+            for c in self.targets
         )
         self.gateway = Child(
             name="gateway",
             argv=[py, "-m", "etl_runtime.gateway", "--host", host, "--port", str(port)]
-            + ["--targets", target_list, "--state-dir", str(self.data / "etl")],
+            + ["--targets", target_list, "--state-dir", str(self.data / "etl")]
+            + ["--cluster-map", cmap, "--members", ",".join(self.members)],
             log_path=logs / "gateway.log",
             health_url=f"{gateway_url}/v1/health",
         )
@@ -169,6 +174,15 @@ class Supervisor:
         self.record_children()
         self.wait_healthy([self.gateway])
         return gateway_url
+
+    def leaving_ids(self) -> list[str]:
+        """Targets of an earlier run beyond ``--targets``: they hand their objects over."""
+        found = []
+        for d in (self.data / "targets").glob("t*"):
+            if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) >= self.args.targets:
+                if any(p.is_file() for p in (d / "buckets").rglob("*")):
+                    found.append(d.name)
+        return sorted(found, key=lambda t: int(t[1:]))
 
     def children(self) -> list[Child]:
         return ([self.gateway] if self.gateway else []) + self.targets

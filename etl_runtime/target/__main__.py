@@ -54,6 +54,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--data-dir", default=env("SLUICE_DATA_DIR"), help="object storage root")
     p.add_argument("--token", default=env("SLUICE_TOKEN"), help="user token for mutating calls")
     p.add_argument("--registry", default=env("SLUICE_REGISTRY"), help="file:DIR or kubernetes")
+    p.add_argument(
+        "--cluster-map",
+        default=env("SLUICE_CLUSTER_MAP"),
+        help="file:PATH: the cluster map shared with the gateway (members, buckets)",
+    )
     args = p.parse_args(argv)
     if not args.data_dir:
         p.error("--data-dir (or SLUICE_DATA_DIR) is required")
@@ -70,7 +75,15 @@ def main(argv: Sequence[str] | None = None) -> None:
             "will be refused",
             file=sys.stderr,
         )
-    app = create_target_app(args.id, args.data_dir, registry, token=args.token, cluster_key=key)
+    from etl_runtime.clustermap import open_cluster_map
+
+    try:
+        cmap = open_cluster_map(args.cluster_map)
+    except ValueError as e:
+        raise SystemExit(f"sluice-target: {e}") from None
+    app = create_target_app(
+        args.id, args.data_dir, registry, token=args.token, cluster_key=key, cluster_map=cmap
+    )
     close = getattr(registry, "close", None)  # the Kubernetes registry's watch
     run_server(app, args.host, args.port, on_start=[noop], on_stop=[close or noop])
 

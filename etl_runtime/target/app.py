@@ -16,10 +16,15 @@ from fastapi import FastAPI, Query
 from fastapi.responses import PlainTextResponse
 
 from etl_runtime.cluster import EtlRegistry
+from etl_runtime.clustermap import ClusterMapStore
 from etl_runtime.target.context import Target
+from etl_runtime.target.copies import Placement
 from etl_runtime.target.errors import install_error_handlers
 from etl_runtime.target.etl_forward import EtlForwarder
+from etl_runtime.target.internal import internal_router
 from etl_runtime.target.objects import object_router
+from etl_runtime.target.peers import Peers
+from etl_runtime.target.rebalance import Rebalancer
 from etl_runtime.target.store import ObjectStore
 
 
@@ -29,8 +34,17 @@ def create_target_app(
     registry: EtlRegistry,
     token: str | None = None,
     cluster_key: str | None = None,
+    cluster_map: ClusterMapStore | None = None,
 ) -> FastAPI:
-    store = ObjectStore(data_dir)
+    """A target; with ``cluster_map`` it keeps copies, rebalances and reads from neighbors."""
+    peers = Peers(target_id, cluster_map, cluster_key) if cluster_map is not None else None
+    store = ObjectStore(data_dir, bucket_known=lambda b: placement.bucket_known(b))
+    placement = Placement(target_id, store, cluster_map, peers)
+    rebalancer = (
+        Rebalancer(target_id, store, cluster_map, peers)
+        if cluster_map is not None and peers is not None
+        else None
+    )
     forwarder = EtlForwarder(target_id, registry, store, cluster_key)
     target = Target(
         id=target_id,
@@ -39,20 +53,28 @@ def create_target_app(
         forwarder=forwarder,
         token=token or None,
         cluster_key=cluster_key or None,
+        placement=placement,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await forwarder.start()
+        if rebalancer is not None:
+            await rebalancer.start()
         try:
             yield
         finally:
+            if rebalancer is not None:
+                await rebalancer.stop()
+            if peers is not None:
+                await peers.close()
             await forwarder.stop()
 
     app = FastAPI(title=f"Sluice target {target_id}", lifespan=lifespan)
     app.state.target = target
     install_error_handlers(app)
     app.include_router(object_router(target))
+    app.include_router(internal_router(store, cluster_key or None, rebalancer))
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from etl_runtime.cluster import EtlRegistry
+from etl_runtime.target.copies import Placement
 from etl_runtime.target.etl_forward import EtlForwarder
 from etl_runtime.target.store import ObjectStore
 
@@ -17,3 +18,4 @@ class Target:
     forwarder: EtlForwarder
     token: str | None = None
     cluster_key: str | None = None
+    placement: Placement | None = None

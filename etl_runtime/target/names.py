@@ -56,16 +56,16 @@ def validate_names(bucket: str, name: str) -> tuple[str, str]:
     return validate_bucket(bucket), validate_object(bucket, name)
 
 
-async def read_bucket_action(bucket: str, request: Request) -> dict[str, Any]:
-    """The JSON body of ``POST /v1/buckets/{bucket}``; only ``create-bck`` exists."""
+async def read_bucket_action(
+    bucket: str, request: Request, actions: tuple[str, ...] = ("create-bck",)
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/buckets/{bucket}`` with one of ``actions``."""
     try:
         body = await request.json()
     except ValueError:
         body = None
     action = body.get("action") if isinstance(body, dict) else None
-    if action != "create-bck":
-        raise InvalidRequest(
-            f'unknown bucket action {action!r}; send {{"action": "create-bck"}}',
-            bucket=bucket,
-        )
+    if action not in actions:
+        known = " or ".join(f'{{"action": "{a}"}}' for a in actions)
+        raise InvalidRequest(f"unknown bucket action {action!r}; send {known}", bucket=bucket)
     return body  # type: ignore[return-value]  # a dict, checked above

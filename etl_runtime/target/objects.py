@@ -1,7 +1,8 @@
 """The target's object and bucket HTTP API (the data-holding half of the public API).
 
 Handlers are thin: names are validated by ``names``, files handled by
-``ObjectStore``, transformed reads by ``EtlForwarder``; errors are raised as
+``ObjectStore``, transformed reads by ``EtlForwarder``, ownership, copies and
+get-from-neighbor by ``copies.Placement``; errors are raised as
 ``SluiceError`` and rendered by the handlers in ``errors``.
 """
 
@@ -17,7 +18,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from etl_runtime.target.access import object_path, require_write
 from etl_runtime.target.context import Target
-from etl_runtime.target.errors import InvalidName
+from etl_runtime.target.errors import InvalidName, ObjectNotFound
 from etl_runtime.target.names import read_bucket_action, validate_bucket, validate_names
 from etl_runtime.target.store import READ_CHUNK, ObjectInfo
 
@@ -47,6 +48,7 @@ def _read_small(f: IO[bytes]) -> bytes:
 
 def object_router(target: Target) -> APIRouter:
     store = target.store
+    placement = target.placement
     router = APIRouter()
 
     def require(request: Request, signed_path: str | None = None) -> None:
@@ -91,7 +93,10 @@ def object_router(target: Target) -> APIRouter:
     async def put_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
         validate_names(bucket, name)
         require(request, object_path(bucket, name))
-        info = await store.write_object(bucket, name, request.stream())
+        others = placement.check_owner(bucket, name) if placement else []
+        copies = placement.write_through(bucket, name, others) if placement else None
+        info = await store.write_object(bucket, name, request.stream(), before_publish=copies)
+        assert info is not None  # only if_absent writes keep an existing object
         return {"bucket": bucket, "object": name, "size": info.size, "etag": info.etag}
 
     @router.get("/v1/objects/{bucket}/{name:path}")
@@ -99,6 +104,8 @@ def object_router(target: Target) -> APIRouter:
         bucket: str, name: str, etl_name: str | None = None, etl_args: str | None = None
     ) -> Response:
         validate_names(bucket, name)
+        if placement:
+            await placement.ensure_local(bucket, name)
         if etl_name:
             return await target.forwarder.transform(bucket, name, etl_name, etl_args)
         f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)
@@ -113,6 +120,8 @@ def object_router(target: Target) -> APIRouter:
     @router.head("/v1/objects/{bucket}/{name:path}")
     async def head_object(bucket: str, name: str) -> Response:
         validate_names(bucket, name)
+        if placement:
+            await placement.ensure_local(bucket, name)
         info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)
         return Response(headers=_object_headers(info), media_type="application/octet-stream")
 
@@ -120,7 +129,16 @@ def object_router(target: Target) -> APIRouter:
     async def delete_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
         validate_names(bucket, name)
         require(request, object_path(bucket, name))
-        await anyio.to_thread.run_sync(store.delete_object, bucket, name)
+        if placement is None:
+            await anyio.to_thread.run_sync(store.delete_object, bucket, name)
+            return {"bucket": bucket, "object": name, "deleted": True}
+        others = placement.check_owner(bucket, name)
+        elsewhere = await placement.delete_elsewhere(bucket, name, others)
+        try:
+            await anyio.to_thread.run_sync(store.delete_object, bucket, name)
+        except ObjectNotFound:
+            if not elsewhere:  # not here, and not at a previous owner either
+                raise
         return {"bucket": bucket, "object": name, "deleted": True}
 
     return router

@@ -21,6 +21,13 @@ from etl_runtime.eventloop import loop_factory, loop_from_env
 
 Hook = Callable[[], Any]  # plain or async function
 
+# uvicorn closes a connection idle for longer than this. Its default (5 s) is
+# shorter than a GC pause, a SIGSTOP or a node hiccup: when the process resumed,
+# every pooled client connection was past it and was closed as the client sent
+# its next request on it, which the client saw as "connection reset by peer".
+# 75 s is nginx's default; clients' pools (httpx: 5 s, requests: none) expire first.
+KEEP_ALIVE_SECONDS = 75
+
 
 class _Server(uvicorn.Server):
     """uvicorn, minus re-raising SIGTERM/SIGINT once it has drained.
@@ -58,7 +65,14 @@ async def _serve(
         for hook, stop in zip(on_start, on_stop, strict=True):
             await _call(hook)
             started.append(stop)
-        config = uvicorn.Config(app, host=host, port=port, log_level="info", access_log=False)
+        config = uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=False,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
+        )
         await _Server(config).serve()
     finally:
         for stop in reversed(started):

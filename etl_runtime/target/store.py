@@ -3,8 +3,14 @@
 Layout (see docs/architecture.md): ``DATA/buckets/<bucket>/<object path>``,
 temp files in ``DATA/.tmp/`` on the same filesystem. A write streams into a
 temp file while hashing it, fsyncs, stores the MD5 in an extended attribute
-of the temp file and renames it into place, so a reader opens either the whole
-old object or the whole new one, each with its own ETag.
+of the temp file, renames it into place and fsyncs the directory, so a reader
+opens either the whole old object or the whole new one, each with its own
+ETag, and an acknowledged write survives a power loss, not only a kill.
+
+With a cluster map, the map says which buckets exist (``bucket_known``): a
+bucket of the map gets its directory on first use (a target that joined
+later, or was away when it was made), and a directory the map no longer lists
+is never served.
 
 The store is plain synchronous Python except ``write_object``, which consumes
 the request body as it arrives; the web layer runs the blocking calls in a
@@ -18,7 +24,7 @@ import hashlib
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterable
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -30,6 +36,18 @@ from etl_runtime.target.names import validate_bucket, validate_object
 
 ETAG_XATTR = "user.sluice.md5"
 READ_CHUNK = 1 << 20
+
+# Called with (temp path, etag, size) after the body is on disk and before it is
+# published: replication writes through to the other copies here.
+BeforePublish = Callable[[Path, str, int], Awaitable[None]]
+
+
+def fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -62,7 +80,11 @@ def _info(name: str, fd: int) -> ObjectInfo:
 
 
 class ObjectStore:
-    def __init__(self, data_dir: Path | str):
+    def __init__(
+        self, data_dir: Path | str, bucket_known: Callable[[str], bool | None] | None = None
+    ):
+        # bucket_known(b): True/False from the cluster map, None without one.
+        self.bucket_known = bucket_known or (lambda b: None)
         self.root = Path(data_dir)
         self.buckets_dir = self.root / "buckets"
         self.tmp_dir = self.root / ".tmp"
@@ -75,7 +97,11 @@ class ObjectStore:
 
     def bucket_dir(self, bucket: str) -> Path:
         path = self.buckets_dir / validate_bucket(bucket)
-        if not path.is_dir():
+        known = self.bucket_known(bucket)
+        if known:
+            path.mkdir(exist_ok=True)
+            return path
+        if known is False or not path.is_dir():
             raise BucketNotFound(
                 f"bucket {bucket!r} does not exist; create it with POST /v1/buckets/{bucket}",
                 bucket=bucket,
@@ -96,11 +122,48 @@ class ObjectStore:
         # Rename first so the bucket disappears at once, then remove at leisure.
         trash = self.tmp_dir / f"deleted-{uuid.uuid4().hex}"
         try:
-            os.rename(self.bucket_dir(bucket), trash)
+            os.rename(self.buckets_dir / validate_bucket(bucket), trash)
         except FileNotFoundError:
-            self.bucket_dir(bucket)  # raises BucketNotFound
-            raise
+            if self.bucket_known(bucket) is None:
+                self.bucket_dir(bucket)  # raises BucketNotFound
+            return  # with a map: already gone here (e.g. never used on this target)
         shutil.rmtree(trash, ignore_errors=True)
+
+    def bucket_dirs(self) -> list[str]:
+        """Buckets that have a directory here, whatever the map says."""
+        return sorted(p.name for p in self.buckets_dir.iterdir() if p.is_dir())
+
+    def iter_names(self, bucket: str) -> Iterator[str]:
+        """Every object name stored here in ``bucket`` (unsorted; published objects only)."""
+        bdir = self.buckets_dir / bucket
+        for dirpath, _dirs, files in os.walk(bdir):
+            rel_dir = os.path.relpath(dirpath, bdir)
+            for fname in files:
+                yield fname if rel_dir == "." else f"{rel_dir}/{fname}"
+
+    def local_path(self, bucket: str, name: str) -> Path:
+        """Where ``bucket/name`` lives here, without any existence check."""
+        return self.buckets_dir / validate_bucket(bucket) / validate_object(bucket, name)
+
+    def remove_if_unchanged(self, bucket: str, name: str, stamp: tuple[int, int, int]) -> bool:
+        """Delete the object if it is still the file of ``stamp`` (inode, mtime, size)."""
+        path = self.local_path(bucket, name)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        if (st.st_ino, st.st_mtime_ns, st.st_size) != stamp:
+            return False
+        path.unlink(missing_ok=True)
+        bdir = self.buckets_dir / bucket
+        parent = path.parent
+        while parent != bdir:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+        return True
 
     # -- objects ---------------------------------------------------------------
 
@@ -202,8 +265,19 @@ class ObjectStore:
                 object=name,
             )
 
-    async def write_object(self, bucket: str, name: str, body: AsyncIterable[bytes]) -> ObjectInfo:
-        """Stream ``body`` into a temp file, then atomically publish it as the object."""
+    async def write_object(
+        self,
+        bucket: str,
+        name: str,
+        body: AsyncIterable[bytes],
+        before_publish: BeforePublish | None = None,
+        if_absent: bool = False,
+    ) -> ObjectInfo | None:
+        """Stream ``body`` into a temp file, then atomically publish it as the object.
+
+        ``if_absent``: keep an existing object and return None (a rebalance
+        never overwrites what the new owner already has: it is as new or newer).
+        """
         bdir = self.bucket_dir(bucket)
         validate_object(bucket, name)
         self._check_clash(bdir, bucket, name)
@@ -217,16 +291,23 @@ class ObjectStore:
                 f.write(chunk)  # page-cache writes are fast; fsync happens in a thread
                 size += len(chunk)
             etag = md5.hexdigest()
-            await anyio.to_thread.run_sync(self._publish, f, tmp, bdir, bucket, name, etag)
+            await anyio.to_thread.run_sync(self._flush, f, etag)
+            if before_publish is not None:
+                await before_publish(tmp, etag, size)
+            stored = await anyio.to_thread.run_sync(
+                self._publish, tmp, bdir, bucket, name, if_absent
+            )
+            if not stored:
+                tmp.unlink(missing_ok=True)
+                return None
         except BaseException:
             f.close()
             tmp.unlink(missing_ok=True)
             raise
         return ObjectInfo(name=name, size=size, etag=etag, mtime=os.stat(bdir / name).st_mtime)
 
-    def _publish(
-        self, f: IO[bytes], tmp: Path, bdir: Path, bucket: str, name: str, etag: str
-    ) -> None:
+    @staticmethod
+    def _flush(f: IO[bytes], etag: str) -> None:
         f.flush()
         try:
             os.setxattr(f.fileno(), ETAG_XATTR, etag.encode())
@@ -234,6 +315,8 @@ class ObjectStore:
             pass  # no xattrs here: the ETag is recomputed when read
         os.fsync(f.fileno())
         f.close()
+
+    def _publish(self, tmp: Path, bdir: Path, bucket: str, name: str, if_absent: bool) -> bool:
         parts = name.split("/")
         for _attempt in range(10):  # a concurrent delete may prune our parent dirs
             try:
@@ -244,8 +327,16 @@ class ObjectStore:
                         parent.mkdir()
                     except FileExistsError:
                         pass
-                os.replace(tmp, bdir / name)
-                return
+                if if_absent:
+                    try:
+                        os.link(tmp, bdir / name)  # atomic: fails if the name exists
+                    except FileExistsError:
+                        return False
+                    tmp.unlink()
+                else:
+                    os.replace(tmp, bdir / name)
+                fsync_dir((bdir / name).parent)
+                return True
             except FileNotFoundError:
                 if not bdir.is_dir():
                     self.bucket_dir(bucket)  # raises BucketNotFound

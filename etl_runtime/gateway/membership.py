@@ -1,0 +1,164 @@
+"""Membership changes seen from the gateway: join, rebalance, repair, ``/v1/cluster``.
+
+* ``join`` (at start): writes the configured members and the targets'
+  current addresses into the cluster map. A new member set starts a rebalance
+  (the map keeps the previous members until it ends). A brand-new map adopts
+  the buckets the targets already hold, so a data dir from before the map
+  existed keeps its buckets.
+* ``RebalanceMonitor`` (background, once a second): asks every reachable
+  target for its rebalance progress (``GET /v1/_rebalance``) and marks the
+  rebalance finished in the map once every member and every leaving target
+  has moved what it holds for the current ``rebalance_id``. When a member
+  comes back after being away and a bucket keeps more than one copy, it bumps
+  ``rebalance_id`` so that the targets repair missing copies.
+* ``cluster_view``: the body of ``GET /v1/cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import replace
+from typing import Any
+
+import httpx
+
+from etl_runtime.clustermap import BucketProps, ClusterMap
+from etl_runtime.gateway.context import Gateway
+
+log = logging.getLogger(__name__)
+MONITOR_INTERVAL = 1.0
+
+
+async def join(gw: Gateway) -> None:
+    if gw.cmap is None:
+        return
+    known = gw.known_targets()
+    members = gw.members or [t.id for t in known]
+    urls = {t.id: t.url for t in known}
+    seeded: set[str] = set()
+    if gw.cmap.get().version == 0:
+        for _t, r in await gw.fanout("GET", "/v1/buckets"):
+            if isinstance(r, httpx.Response) and r.status_code == 200:
+                seeded.update(r.json().get("buckets", []))
+
+    def change(m: ClusterMap) -> ClusterMap:
+        if m.version == 0 and seeded:
+            m = replace(m, buckets={b: BucketProps(copies=1) for b in sorted(seeded)})
+        return replace(m.with_members(members), urls={**m.urls, **urls})
+
+    cmap = gw.cmap.update(change)
+    if cmap.rebalancing:
+        log.warning(
+            "membership changed to %s (was %s): rebalance %d started",
+            ",".join(cmap.members),
+            ",".join(cmap.previous or ()),
+            cmap.rebalance_id,
+        )
+
+
+async def target_progress(gw: Gateway) -> dict[str, dict[str, Any] | None]:
+    """Each reachable target's ``/v1/_rebalance`` answer (None when it did not answer)."""
+    out: dict[str, dict[str, Any] | None] = {}
+    with contextlib.suppress(Exception):
+        for t, r in await gw.fanout("GET", "/v1/_rebalance", timeout=2.0):
+            ok = isinstance(r, httpx.Response) and r.status_code == 200
+            out[t.id] = r.json() if ok and isinstance(r, httpx.Response) else None
+    return out
+
+
+class RebalanceMonitor:
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self._task: asyncio.Task[None] | None = None
+        self._alive: set[str] | None = None
+
+    async def start(self) -> None:
+        if self.gw.cmap is not None and self._task is None:
+            self._task = asyncio.create_task(self._loop(), name="sluice-rebalance-monitor")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(MONITOR_INTERVAL)
+            try:
+                await self.check()
+            except Exception:  # keep monitoring whatever one round hit
+                log.exception("rebalance monitor round failed")
+
+    async def check(self) -> None:
+        gw = self.gw
+        assert gw.cmap is not None
+        cmap = gw.cmap.get()
+        alive = gw.alive_ids()
+        back = (alive - self._alive) & set(cmap.members) if self._alive is not None else set()
+        self._alive = alive
+        if back and any(p.copies > 1 for p in cmap.buckets.values()):
+            log.warning("target(s) %s back: repairing copies", ",".join(sorted(back)))
+            gw.cmap.update(lambda m: replace(m, rebalance_id=m.rebalance_id + 1))
+            return
+        if not cmap.rebalancing:
+            return
+        holders = set(cmap.members) | set(cmap.previous or ())
+        known = {t.id for t in gw.known_targets()}
+        if not (holders & known) <= alive:
+            return  # someone who holds objects is away: not done
+        progress = await target_progress(gw)
+        for tid in holders & known:
+            p = progress.get(tid)
+            if not p or p.get("rebalance_id") != cmap.rebalance_id or p.get("state") != "done":
+                return
+        gw.cmap.update(lambda m: m.rebalanced(cmap.rebalance_id))
+        log.warning("rebalance %d finished", cmap.rebalance_id)
+
+
+async def cluster_view(gw: Gateway) -> dict[str, Any]:
+    live = gw.alive_ids()
+    everyone = gw.known_targets()
+    if gw.cmap is None:
+        return {
+            "targets": [
+                {"id": t.id, "url": t.url, "node": t.node, "alive": t.id in live} for t in everyone
+            ]
+        }
+    cmap = gw.cmap.get()
+    progress = await target_progress(gw)
+    ids = list(dict.fromkeys([*cmap.members, *(t.id for t in everyone)]))
+    targets = []
+    for tid in ids:
+        info = gw.target_info(tid, cmap)
+        targets.append(
+            {
+                "id": tid,
+                "url": info.url if info else None,
+                "node": info.node if info else None,
+                "alive": tid in live,
+                "member": tid in cmap.members,
+                "rebalance": progress.get(tid),
+            }
+        )
+    totals = {"objects_moved": 0, "bytes_moved": 0, "objects_scanned": 0, "errors": 0}
+    for p in progress.values():
+        for k in totals:
+            totals[k] += int((p or {}).get(k, 0))
+    away = [t for t in cmap.members if t not in live]
+    return {
+        "version": cmap.version,
+        "members": list(cmap.members),
+        "away": away,
+        "buckets": {b: p.to_dict() for b, p in sorted(cmap.buckets.items())},
+        "rebalance": {
+            "id": cmap.rebalance_id,
+            "state": "running" if cmap.rebalancing else "idle",
+            "previous_members": list(cmap.previous) if cmap.previous is not None else None,
+            **totals,
+        },
+        "targets": targets,
+    }
