@@ -226,9 +226,41 @@ class Supervisor:
                         return child
             if time.monotonic() >= next_reap:  # a scan of /proc: not on every tick
                 supervisor.reap_orphans({c.pid for c in self.children() if c.popen})
+                self.retire_leaving()
                 next_reap = time.monotonic() + 1.0
             time.sleep(0.1)
         return None
+
+    def retire_leaving(self) -> None:
+        """Stop the targets beyond ``--targets`` once the rebalance moved their objects off."""
+        leaving = [c for c in self.targets if c.name.removeprefix("target ") not in self.members]
+        if not leaving or self.gateway is None:
+            return
+        try:
+            view = httpx.get(
+                self.gateway.health_url.replace("/v1/health", "/v1/cluster"),
+                timeout=5.0,
+                trust_env=False,
+            ).json()
+        except (httpx.HTTPError, ValueError):
+            return
+        if view.get("rebalance", {}).get("state") != "idle":
+            return
+        status = {t["id"]: t.get("rebalance") or {} for t in view.get("targets", [])}
+        for child in leaving:
+            tid = child.name.removeprefix("target ")
+            done = status.get(tid, {})
+            if done.get("state") != "done" or done.get("rebalance_id") != view["rebalance"]["id"]:
+                continue
+            child.stop(TARGET_GRACE, self.hurry)
+            self.targets.remove(child)
+            self.record_children()
+            print(
+                f"sluice: {child.name} left the cluster: its objects moved to "
+                f"{', '.join(self.members)}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def crashed(self, child: Child) -> float | None:
         """Schedule the restart of a child that exited and say so; None: give up."""

@@ -1,0 +1,106 @@
+"""Changing the number of targets: 3 -> 4 -> 2 on one data dir, with ``sluice up``.
+
+Every object stays readable with its content during and after each rebalance
+(reads that reach a new owner before the object moved are served from the
+previous owner: get-from-neighbor), and afterwards each object is stored at
+its owner and nowhere else; targets that leave hand everything over first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from etl_runtime.clustermap import FileClusterMap
+from etl_runtime.local import LocalCluster
+from tests.cluster.conftest import wait_for
+
+OBJECTS = 500
+
+
+def body(i: int) -> bytes:
+    return hashlib.sha256(str(i).encode()).digest() * (8 + i % 64)
+
+
+def read_all(ep: str) -> list[str]:
+    """Names whose read failed or returned the wrong bytes."""
+
+    def one(i: int) -> str | None:
+        with httpx.Client(timeout=60, follow_redirects=True) as c:
+            r = c.get(f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}")
+        return None if r.status_code == 200 and r.content == body(i) else f"{i}:{r.status_code}"
+
+    with ThreadPoolExecutor(8) as pool:
+        return [bad for bad in pool.map(one, range(OBJECTS)) if bad]
+
+
+def stored(data: Path) -> dict[str, set[str]]:
+    out = {}
+    for tdir in sorted((data / "targets").iterdir()):
+        root = tdir / "buckets" / "data"
+        out[tdir.name] = {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+    return out
+
+
+def check_placement(data: Path, members: list[str]) -> None:
+    cmap = FileClusterMap(data / "cluster.json").get()
+    assert list(cmap.members) == members and not cmap.rebalancing
+    where = stored(data)
+    for i in range(OBJECTS):
+        name = f"dir{i % 7}/obj-{i}"
+        holders = {t for t, names in where.items() if name in names}
+        assert holders == {cmap.owners("data", name)[0]}, (name, holders)
+
+
+def wait_rebalanced(ep: str) -> None:
+    wait_for(
+        lambda: httpx.get(f"{ep}/v1/cluster").json()["rebalance"]["state"] == "idle",
+        120,
+        "the rebalance to finish",
+    )
+
+
+@pytest.mark.timeout(420)
+def test_three_four_two_targets(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    with LocalCluster(data, targets=3) as cluster:
+        ep = cluster.endpoint
+        assert httpx.post(f"{ep}/v1/buckets/data", json={"action": "create-bck"}).is_success
+
+        def put(i: int) -> int:
+            with httpx.Client(timeout=60, follow_redirects=True) as c:
+                return c.put(
+                    f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}", content=body(i)
+                ).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            assert set(pool.map(put, range(OBJECTS))) == {200}
+        check_placement(data, ["t0", "t1", "t2"])
+
+    with LocalCluster(data, targets=4) as cluster:  # t3 joins
+        ep = cluster.endpoint
+        assert read_all(ep) == []  # during the rebalance (or right after it)
+        wait_rebalanced(ep)
+        view = httpx.get(f"{ep}/v1/cluster").json()
+        assert (
+            view["members"] == ["t0", "t1", "t2", "t3"] and view["rebalance"]["objects_moved"] > 0
+        )
+        assert httpx.get(f"{ep}/v1/buckets").json()["buckets"] == ["data"]  # t3 knows it
+        assert read_all(ep) == []
+        check_placement(data, ["t0", "t1", "t2", "t3"])
+        assert 0 < len(stored(data)["t3"]) < OBJECTS
+
+    with LocalCluster(data, targets=2) as cluster:  # t2 and t3 leave
+        ep = cluster.endpoint
+        assert read_all(ep) == []
+        wait_rebalanced(ep)
+        wait_for(lambda: "target t3 left the cluster" in cluster.output, 30, "t3 to leave")
+        assert "target t2 left the cluster" in cluster.output
+        assert read_all(ep) == []
+        listing = httpx.get(f"{ep}/v1/buckets/data", params={"limit": 1000}).json()
+        assert len(listing["objects"]) == OBJECTS
+        check_placement(data, ["t0", "t1"])
