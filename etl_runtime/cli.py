@@ -46,11 +46,40 @@ def cmd_bucket(client: Client, args: argparse.Namespace) -> None:
         raise CliError(f"'sluice bucket {args.action}' needs a bucket name")
     bucket = client.bucket(args.name)
     if args.action == "create":
-        bucket.create(exist_ok=True)
+        bucket.create(exist_ok=True, copies=args.copies)
         print(f"bucket {args.name!r} ready")
     else:
         bucket.delete()
         print(f"bucket {args.name!r} deleted")
+
+
+def format_cluster(view: dict[str, Any]) -> str:
+    """``sluice cluster``: members, who is away, and the rebalance's progress."""
+    lines = []
+    rb = view.get("rebalance") or {}
+    if "version" in view:
+        lines.append(
+            f"cluster map v{view['version']}: {len(view.get('members', []))} member(s); "
+            f"rebalance {rb.get('state', '?')} (id {rb.get('id')}), "
+            f"{rb.get('objects_moved', 0)} object(s) / {rb.get('bytes_moved', 0)} bytes moved"
+            + (f", {rb['errors']} error(s)" if rb.get("errors") else "")
+        )
+    lines.append(f"{'TARGET':<16} {'STATE':<8} {'MEMBER':<7} {'REBALANCE':<10} URL")
+    for t in view.get("targets", []):
+        st = t.get("rebalance") or {}
+        progress = st.get("state", "-")
+        if st.get("state") == "running":
+            progress += f" {st.get('objects_moved', 0)}/{st.get('objects_scanned', 0)}"
+        member = "yes" if t.get("member", True) else "leaving"
+        state = "up" if t.get("alive") else "AWAY"
+        lines.append(f"{t['id']:<16} {state:<8} {member:<7} {progress:<10} {t.get('url') or '-'}")
+    for name, props in sorted((view.get("buckets") or {}).items()):
+        lines.append(f"bucket {name}: copies={props.get('copies', 1)}")
+    return "\n".join(lines)
+
+
+def cmd_cluster(client: Client, args: argparse.Namespace) -> None:
+    print(format_cluster(client.cluster()))
 
 
 def cmd_put(client: Client, args: argparse.Namespace) -> None:
@@ -244,7 +273,11 @@ def build_parser() -> argparse.ArgumentParser:
     b = sub.add_parser("bucket", help="create, list or remove buckets")
     b.add_argument("action", choices=["create", "ls", "rm"])
     b.add_argument("name", nargs="?")
+    b.add_argument("--copies", type=int, help="create: targets holding each object (1-3)")
     b.set_defaults(func=cmd_bucket)
+
+    cl = sub.add_parser("cluster", help="targets, who is away, rebalance progress, buckets")
+    cl.set_defaults(func=cmd_cluster)
 
     put = sub.add_parser("put", help="upload a file (or - for stdin) to BUCKET/OBJECT")
     put.add_argument("file")

@@ -8,7 +8,7 @@ browser) can read a transformed dataset without the SDK in the loop.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from braceexpand import braceexpand
 
@@ -35,17 +35,38 @@ class Bucket:
     def _path(self) -> str:
         return f"/v1/buckets/{quote_path(self.name)}"
 
-    def create(self, exist_ok: bool = True) -> Bucket:
-        """Create the bucket; with ``exist_ok=False`` an existing one raises ``Conflict``."""
+    def create(self, exist_ok: bool = True, copies: int | None = None) -> Bucket:
+        """Create the bucket; with ``exist_ok=False`` an existing one raises ``Conflict``.
+
+        ``copies`` (1-3): how many targets hold each object; every write reaches
+        all of them before it is acknowledged, so reads survive one target away.
+        """
+        body: dict[str, Any] = {"action": "create-bck"}
+        if copies is not None:
+            body["props"] = {"copies": copies}
         data = self.client.request_json(
-            "POST",
-            self._path,
-            json_body={"action": "create-bck"},
-            context={"bucket": self.name},
+            "POST", self._path, json_body=body, context={"bucket": self.name}
         )
         if not exist_ok and data.get("created") is False:
             raise Conflict(f"bucket {self.name!r} already exists", status=409, bucket=self.name)
         return self
+
+    def set_props(self, copies: int) -> dict[str, Any]:
+        """Change the bucket's props; more copies start a repair that adds them."""
+        data = self.client.request_json(
+            "POST",
+            self._path,
+            json_body={"action": "set-bprops", "props": {"copies": copies}},
+            context={"bucket": self.name},
+        )
+        return dict(data.get("props") or {})
+
+    def props(self) -> dict[str, Any]:
+        """The bucket's props (``copies``, ``created``) from the cluster map."""
+        buckets = self.client.cluster().get("buckets") or {}
+        if self.name not in buckets:
+            raise NotFound(f"bucket {self.name!r} does not exist", status=404, bucket=self.name)
+        return dict(buckets[self.name])
 
     def delete(self, missing_ok: bool = False) -> None:
         """Delete the bucket and every object in it."""

@@ -130,7 +130,12 @@ class Client:
         return self.request_json("GET", "/v1/health")
 
     def cluster(self) -> dict[str, Any]:
-        """The targets the gateway knows: ``{"targets": [{"id","url","node","alive"}]}``."""
+        """The cluster map and targets: members, away, buckets, rebalance progress.
+
+        ``{"version", "members", "away", "buckets", "rebalance": {"id", "state",
+        ...}, "targets": [{"id","url","node","alive","member","rebalance"}]}``
+        (docs/architecture.md, "Placement and membership").
+        """
         return self.request_json("GET", "/v1/cluster")
 
     # -- plumbing shared by the handles -----------------------------------------

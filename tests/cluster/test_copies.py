@@ -1,0 +1,102 @@
+"""Buckets with ``copies``: write-through, reads from a copy, repair, deletes, bucket metadata.
+
+Targets and the gateway share one cluster map in this process (servers in
+threads); "away" is the gateway's liveness view of a target, which is what a
+paused or restarting target looks like to it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from etl_runtime.cli import format_cluster
+from tests.cluster.conftest import MapCluster, wait_for
+
+
+def three(c: MapCluster) -> None:
+    for i in range(3):
+        c.add_target(f"t{i}")
+    c.start_gateway()
+
+
+def test_copies_written_through_and_read_while_owner_away(map_cluster: MapCluster) -> None:
+    c = map_cluster
+    three(c)
+    http = c.client()
+    r = http.post("/v1/buckets/b", json={"action": "create-bck", "props": {"copies": 2}})
+    assert r.json()["props"]["copies"] == 2
+    blobs = {f"o{i}": hashlib.sha256(bytes([i])).digest() * 100 for i in range(30)}
+    for name, data in blobs.items():
+        assert http.put(f"/v1/objects/b/{name}", content=data).status_code == 200
+    cmap = c.cmap.get()
+    for name in blobs:  # acknowledged = on both owners, nowhere else
+        holders = {t for t in ("t0", "t1", "t2") if name in c.objects_on(t, "b")}
+        assert holders == set(cmap.owners("b", name))
+    c.live.down = {"t1"}
+    for name, data in blobs.items():  # every read served by a copy
+        assert http.get(f"/v1/objects/b/{name}").content == data
+    on_t1 = next(n for n in blobs if "t1" in cmap.owners("b", n))
+    r = http.put(f"/v1/objects/b/{on_t1}", content=b"new")
+    assert r.status_code == 503 and r.json()["target"] == "t1" and r.headers["retry-after"]
+    listing = http.get("/v1/buckets/b").json()["objects"]  # complete with one target away
+    assert [o["name"] for o in listing] == sorted(blobs)
+    view = http.get("/v1/cluster").json()
+    assert view["away"] == ["t1"]
+    text = format_cluster(view)
+    assert "t1" in text and "AWAY" in text and "copies=2" in text
+    c.live.down = set()
+    assert http.delete(f"/v1/objects/b/{on_t1}").status_code == 200
+    assert all(on_t1 not in c.objects_on(t, "b") for t in ("t0", "t1", "t2"))
+    assert http.get(f"/v1/objects/b/{on_t1}").status_code == 404
+
+
+def test_more_copies_repairs_and_owner_away_without_copy_is_503(map_cluster: MapCluster) -> None:
+    c = map_cluster
+    three(c)
+    http = c.client()
+    http.post("/v1/buckets/b", json={"action": "create-bck"})
+    for i in range(20):
+        assert http.put(f"/v1/objects/b/o{i}", content=b"x" * i).status_code == 200
+    c.live.down = {"t2"}
+    on_t2 = next(f"o{i}" for i in range(20) if c.cmap.get().owners("b", f"o{i}") == ["t2"])
+    r = http.get(f"/v1/objects/b/{on_t2}")
+    assert r.status_code == 503 and r.json()["kind"] == "TargetAway" and "t2" in r.json()["error"]
+    r = http.get("/v1/buckets/b")  # part of the bucket cannot be listed: said, not hidden
+    assert r.status_code == 503 and r.json()["target"] == "t2"
+    c.live.down = set()
+    r = http.post("/v1/buckets/b", json={"action": "set-bprops", "props": {"copies": 2}})
+    assert r.status_code == 200, r.text
+
+    def repaired() -> bool:
+        cmap = c.cmap.get()
+        return all(
+            {t for t in ("t0", "t1", "t2") if f"o{i}" in c.objects_on(t, "b")}
+            == set(cmap.owners("b", f"o{i}"))
+            for i in range(20)
+        )
+
+    wait_for(repaired, 30, "copies repaired")
+    r = http.post("/v1/buckets/b", json={"action": "set-bprops", "props": {"copies": 9}})
+    assert r.status_code == 400 and "copies" in r.json()["error"]
+    r = http.post("/v1/buckets/nope", json={"action": "set-bprops", "props": {"copies": 2}})
+    assert r.status_code == 404
+
+
+def test_late_target_serves_existing_buckets(map_cluster: MapCluster) -> None:
+    c = map_cluster
+    c.add_target("t0")
+    c.start_gateway()
+    http = c.client()
+    http.post("/v1/buckets/early", json={"action": "create-bck"})
+    http.put("/v1/objects/early/a", content=b"a")
+    c.add_target("t1")  # joins later: never saw the create
+    c.start_gateway(["t0", "t1"])
+    http = c.client()
+    wait_for(lambda: http.get("/v1/cluster").json()["rebalance"]["state"] == "idle", 30)
+    for i in range(10):
+        assert http.put(f"/v1/objects/early/n{i}", content=b"n").status_code == 200
+    assert c.objects_on("t1", "early")  # it stores objects of the bucket it never saw made
+    assert len(http.get("/v1/buckets/early").json()["objects"]) == 11
+    assert http.delete("/v1/buckets/early").status_code == 200
+    assert http.get("/v1/buckets").json() == {"buckets": []}
+    assert http.get("/v1/objects/early/a").status_code == 404
