@@ -18,7 +18,8 @@ gateway and the targets share one versioned record:
 Every change goes through ``ClusterMapStore.update(fn)``, an atomic
 read-modify-write that bumps ``version``. ``FileClusterMap`` keeps the map in
 one JSON file shared by the local cluster's gateway and targets;
-``MemoryClusterMap`` serves tests and single-process setups.
+``etl_runtime.kube.clustermap.KubeClusterMap`` keeps it in a ConfigMap on
+Kubernetes; ``MemoryClusterMap`` serves tests and single-process setups.
 """
 
 from __future__ import annotations
@@ -159,7 +160,7 @@ class ClusterMapStore(Protocol):
         ...
 
 
-def _bump(old: ClusterMap, new: ClusterMap) -> ClusterMap:
+def bump_version(old: ClusterMap, new: ClusterMap) -> ClusterMap:
     if new == old:
         return old
     return replace(new, version=old.version + 1)
@@ -177,7 +178,7 @@ class MemoryClusterMap:
 
     def update(self, change: Callable[[ClusterMap], ClusterMap]) -> ClusterMap:
         with self._lock:
-            self._map = _bump(self._map, change(self._map))
+            self._map = bump_version(self._map, change(self._map))
             return self._map
 
 
@@ -225,7 +226,7 @@ class FileClusterMap:
         with self._locked():
             self._stamp = None  # re-read under the lock
             old = self.get()
-            new = _bump(old, change(old))
+            new = bump_version(old, change(old))
             if new is not old:
                 write_json_atomic(self.path, new.to_dict())
                 with self._lock:
@@ -253,9 +254,17 @@ def fsync_dir(path: Path) -> None:
 
 
 def open_cluster_map(spec: str | None) -> ClusterMapStore | None:
-    """``file:PATH`` -> ``FileClusterMap``; ``None``/empty -> no shared map."""
+    """``file:PATH`` -> ``FileClusterMap``; ``kubernetes[:NAME]`` -> ``KubeClusterMap``
+    (the ConfigMap NAME, default ``$SLUICE_CLUSTER_MAP_NAME`` or ``sluice-cluster-map``,
+    in ``$SLUICE_NAMESPACE``); ``None``/empty -> no shared map."""
     if not spec:
         return None
     if spec.startswith("file:"):
         return FileClusterMap(spec[len("file:") :])
-    raise ValueError(f"bad cluster map {spec!r}: use file:PATH")
+    kind, _, name = spec.partition(":")
+    if kind == "kubernetes":
+        from etl_runtime.kube.clustermap import DEFAULT_NAME, KubeClusterMap
+
+        name = name or os.environ.get("SLUICE_CLUSTER_MAP_NAME") or DEFAULT_NAME
+        return KubeClusterMap(name=name)  # its watch starts here
+    raise ValueError(f"bad cluster map {spec!r}: use file:PATH or kubernetes[:CONFIGMAP]")
