@@ -22,19 +22,19 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
 
 from etl_runtime.clustermap import MAX_COPIES, BucketProps
 from etl_runtime.gateway.context import Gateway, unreachable
 from etl_runtime.gateway.errors import BucketNotFound, InvalidRequest, NoTargets, SluiceError
 from etl_runtime.gateway.placement import RETRY_AFTER_SECONDS
+from etl_runtime.target.errors import BucketExists, bucket_not_found
 from etl_runtime.target.names import read_bucket_action, validate_bucket
+from etl_runtime.target.params import refuse_unknown
 
 
 def _not_found(bucket: str) -> BucketNotFound:
-    return BucketNotFound(
-        f"bucket {bucket!r} does not exist; create it with POST /v1/buckets/{bucket}",
-        bucket=bucket,
-    )
+    return bucket_not_found(bucket)
 
 
 def _passthrough(r: httpx.Response) -> SluiceError:
@@ -67,6 +67,17 @@ def bucket_props(bucket: str, body: dict[str, Any], old: BucketProps | None) -> 
     return BucketProps(copies=copies, created=old.created if old else time.time())
 
 
+def _refuse_existing(bucket: str, request: Request, created: bool) -> None:
+    """409 for the aistore SDK's create of an existing bucket; Sluice's SDK gets ``created``.
+
+    The aistore SDK always sends ``?provider=ais`` and expects ``ErrBckAlreadyExists``
+    (which its ``create(exist_ok=True)`` swallows); Sluice's own SDK and ``curl``
+    send no ``provider`` and read ``"created": false``.
+    """
+    if not created and "provider" in request.query_params:
+        raise BucketExists(f"bucket ais://{bucket} already exists", bucket=bucket)
+
+
 def bucket_router(gw: Gateway) -> APIRouter:
     router = APIRouter()
 
@@ -95,7 +106,20 @@ def bucket_router(gw: Gateway) -> APIRouter:
             if r.status_code != 200:
                 raise _passthrough(r)
             created = created or bool(r.json().get("created"))
+        _refuse_existing(bucket, request, created)
         return {"bucket": bucket, "created": created}
+
+    @router.head("/v1/buckets/{bucket}")
+    async def head_bucket(bucket: str, request: Request) -> Response:
+        validate_bucket(bucket)
+        refuse_unknown(request, ("provider",), bucket=bucket)
+        if gw.cmap is not None:
+            exists = bucket in gw.cmap.get().buckets
+        else:
+            exists = bucket in (await list_buckets())["buckets"]
+        if not exists:
+            raise _not_found(bucket)
+        return Response()
 
     @router.delete("/v1/buckets/{bucket}")
     async def delete_bucket(bucket: str, request: Request) -> dict[str, Any]:
@@ -157,6 +181,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
         if body["action"] == "set-bprops" and old is None:
             raise _not_found(bucket)
         props = bucket_props(bucket, body, old)
+        if body["action"] == "create-bck":
+            _refuse_existing(bucket, request, old is None)
         if body["action"] == "create-bck" and old is not None and "props" not in body:
             props = old
         gw.cmap.update(lambda m: m.with_bucket(bucket, props))

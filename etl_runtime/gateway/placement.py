@@ -23,6 +23,7 @@ from etl_runtime.cluster import TargetInfo
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.errors import BucketNotFound, NoTargets
 from etl_runtime.gateway.hrw import hrw_owner, object_key
+from etl_runtime.target import errors as target_errors
 
 RETRY_AFTER_SECONDS = 2
 READS = frozenset({"GET", "HEAD"})
@@ -33,10 +34,7 @@ class TargetAway(NoTargets):
 
 
 def bucket_not_found(bucket: str) -> BucketNotFound:
-    return BucketNotFound(
-        f"bucket {bucket!r} does not exist; create it with POST /v1/buckets/{bucket}",
-        bucket=bucket,
-    )
+    return target_errors.bucket_not_found(bucket)
 
 
 def _away(target: str, bucket: str, name: str, role: str) -> TargetAway:

@@ -1,31 +1,47 @@
 """Object calls on the gateway: a 307 to the target that owns the object.
 
-The gateway never touches object bytes. It validates the names (so a bad name
-is a 400 here, not on some target), picks the target by ``placement.route``
-(the HRW owner over the cluster map's members, or a reachable replica for a
-read) and redirects with the query string preserved. 307 keeps the method and body, so
-``curl -L``, ``httpx(follow_redirects=True)`` and ``requests`` re-send a PUT
-to the target. Those clients drop ``Authorization`` when the port changes, so
-for a caller that showed a valid token the gateway signs the redirect
-(``sluice_exp``/``sluice_sig``) for exactly that method and object.
+The gateway validates the names and the query (so a bad name or an unknown
+parameter is a 400 here, not on some target), picks the target by
+``placement.route`` (the HRW owner over the cluster map's members, or a
+reachable replica for a read) and redirects with the query string preserved.
+307 keeps the method and body, so ``curl -L``, ``httpx(follow_redirects=True)``
+and ``requests`` re-send the call to the target. Those clients drop
+``Authorization`` when the port changes, so for a caller that showed a valid
+token the gateway signs the redirect (``sluice_exp``/``sluice_sig``) for
+exactly that method and object.
+
+Uploads cross the wire once. A client that sends ``Expect: 100-continue``
+(curl, for bodies over 1 MiB) has not sent the body yet: it gets the 307 and
+sends the body to the target only. httpx and requests never wait for
+``100 Continue``; they send the whole body before they read any answer, and on
+loopback the kernel's socket buffers take megabytes of it before a 307 could
+stop them, so a redirect would make them send it twice (once to the gateway,
+which drops it, then to the target). For such a PUT the gateway streams the
+body to the owner itself and passes the owner's answer back.
 """
 
 from __future__ import annotations
 
 from urllib.parse import parse_qsl, urlencode
 
+import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from etl_runtime import auth
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.errors import InvalidName
+from etl_runtime.gateway.errors import InvalidName, InvalidRequest, NoTargets
 from etl_runtime.gateway.placement import route
 from etl_runtime.target.access import SIGNATURE_PARAMS, object_path, object_url
 from etl_runtime.target.names import validate_names
+from etl_runtime.target.params import refuse_unknown_object_params
 
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH"]
+UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # per read/write, not for the whole body
+# What the owner's answer to a proxied PUT keeps; the rest is hop-by-hop or ours.
+PASSED_BACK = ("content-type", "retry-after", "www-authenticate", "etag")
 
 
 def redirect_location(gw: Gateway, request: Request, bucket: str, name: str) -> str:
@@ -42,15 +58,45 @@ def redirect_location(gw: Gateway, request: Request, bucket: str, name: str) -> 
     return f"{location}?{urlencode(query)}" if query else location
 
 
+def _expects_continue(request: Request) -> bool:
+    return request.headers.get("expect", "").lower() == "100-continue"
+
+
+async def _proxy_put(gw: Gateway, request: Request, location: str, obj: str) -> Response:
+    """Stream the body of a PUT to its owner and pass the owner's answer back."""
+    headers = {
+        k: v
+        for k, v in request.headers.items()
+        if k in ("content-length", "content-type", "authorization")
+    }
+    try:
+        upload = gw.http.build_request(
+            "PUT", location, content=request.stream(), headers=headers, timeout=UPLOAD_TIMEOUT
+        )
+        r = await gw.http.send(upload)
+    except ClientDisconnect:
+        raise InvalidRequest(f"the client went away while uploading {obj}") from None
+    except httpx.HTTPError as e:
+        raise NoTargets(
+            f"the owner of {obj} did not take the upload ({type(e).__name__}: {e}); retry",
+            object=obj,
+        ) from None
+    kept = {k: v for k, v in r.headers.items() if k.lower() in PASSED_BACK}
+    return Response(r.content, r.status_code, headers=kept)
+
+
 async def _drain(request: Request) -> None:
     """Read and drop a body the client already sends, so it can read our 307 cleanly.
 
     A client that asked ``Expect: 100-continue`` (curl, for big uploads) has
     not sent it: we answer without reading, and it sends the body to the target.
     """
-    if request.headers.get("expect", "").lower() == "100-continue":
+    if _expects_continue(request):
         return
-    async for _ in request.stream():
+    try:
+        async for _ in request.stream():
+            pass
+    except (RuntimeError, ClientDisconnect):  # already read (proxied), or the client left
         pass
 
 
@@ -63,11 +109,15 @@ def redirect_router(gw: Gateway) -> APIRouter:
 
     @router.api_route("/v1/objects/{bucket}/{name:path}", methods=METHODS)
     async def object_call(bucket: str, name: str, request: Request) -> Response:
+        proxy = request.method == "PUT" and not _expects_continue(request)
         try:
             validate_names(bucket, name)
+            refuse_unknown_object_params(request, bucket, name)
             if request.method in MUTATING:
                 gw.require_write(request)
             location = redirect_location(gw, request, bucket, name)
+            if proxy:
+                return await _proxy_put(gw, request, location, f"{bucket}/{name}")
         finally:  # also before an error answer, or the client may see a reset
             if request.method in MUTATING:
                 await _drain(request)

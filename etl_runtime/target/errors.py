@@ -9,7 +9,9 @@ name the thing that went wrong::
     ├── BadRequest (400)          InvalidName, InvalidRequest, InvalidSpec
     ├── Unauthorized (401)
     ├── NotFound (404)            BucketNotFound, ObjectNotFound, EtlNotFound
-    ├── Conflict (409)            ObjectConflict, EtlStopped
+    ├── Conflict (409)            ObjectConflict, BucketExists, EtlStopped
+    ├── PreconditionFailed (412)  ``If-Match`` names another version
+    ├── RangeNotSatisfiable (416) ``Range`` starts past the end of the object
     ├── Unavailable (503)         EtlNotReady, NoTargets
     └── TransformerError          status and body chosen by the transformer
 
@@ -101,6 +103,30 @@ class ObjectConflict(Conflict):
 
 class EtlStopped(Conflict):
     pass
+
+
+class BucketExists(Conflict):
+    pass
+
+
+class PreconditionFailed(SluiceError):
+    status = 412
+
+
+class RangeNotSatisfiable(SluiceError):
+    status = 416
+
+
+def bucket_not_found(bucket: str) -> BucketNotFound:
+    """The one message for a missing bucket.
+
+    ``ais://<bucket>`` in the text is what the aistore SDK parses to raise
+    ``ErrBckNotFound`` (and ``ais://<bucket>/<object>`` ``ErrObjNotFound``).
+    """
+    return BucketNotFound(
+        f"bucket ais://{bucket} does not exist; create it with POST /v1/buckets/{bucket}",
+        bucket=bucket,
+    )
 
 
 class Unavailable(SluiceError):

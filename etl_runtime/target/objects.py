@@ -18,32 +18,46 @@ from fastapi.responses import Response, StreamingResponse
 
 from etl_runtime.target.access import object_path, require_write
 from etl_runtime.target.context import Target
-from etl_runtime.target.errors import InvalidName, ObjectNotFound
+from etl_runtime.target.errors import InvalidName, InvalidRequest, ObjectNotFound
 from etl_runtime.target.names import read_bucket_action, validate_bucket, validate_names
+from etl_runtime.target.params import refuse_unknown, refuse_unknown_object_params
+from etl_runtime.target.ranges import byte_range, preconditions
 from etl_runtime.target.store import READ_CHUNK, ObjectInfo
 
 INLINE_GET_MAX = 1 << 20  # read small objects in one go, stream bigger ones
 
 
 def _object_headers(info: ObjectInfo) -> dict[str, str]:
+    """Validators and size; the MD5 also as the aistore SDK reads it (``Ais-Checksum-*``)."""
     return {
         "Content-Length": str(info.size),
         "ETag": f'"{info.etag}"',
         "Last-Modified": email.utils.formatdate(info.mtime, usegmt=True),
+        "Accept-Ranges": "bytes",
+        "Ais-Checksum-Type": "md5",
+        "Ais-Checksum-Value": info.etag,
     }
 
 
-def _file_iter(f: IO[bytes]) -> Iterator[bytes]:
+def _file_iter(f: IO[bytes], remaining: int) -> Iterator[bytes]:
     try:
-        while chunk := f.read(READ_CHUNK):
+        while remaining > 0 and (chunk := f.read(min(READ_CHUNK, remaining))):
+            remaining -= len(chunk)
             yield chunk
     finally:
         f.close()
 
 
-def _read_small(f: IO[bytes]) -> bytes:
+def _read_small(f: IO[bytes], start: int, length: int) -> bytes:
     with f:
-        return f.read()
+        f.seek(start)
+        return f.read(length)
+
+
+def _not_modified(headers: dict[str, str]) -> Response:
+    return Response(
+        status_code=304, headers={k: v for k, v in headers.items() if k != "Content-Length"}
+    )
 
 
 def object_router(target: Target) -> APIRouter:
@@ -89,9 +103,17 @@ def object_router(target: Target) -> APIRouter:
     async def missing_object_name(bucket: str) -> None:
         raise InvalidName(f"missing object name: use /v1/objects/{bucket}/<object>", bucket=bucket)
 
+    @router.head("/v1/buckets/{bucket}")
+    async def head_bucket(bucket: str, request: Request) -> Response:
+        validate_bucket(bucket)
+        refuse_unknown(request, ("provider",), bucket=bucket)
+        await anyio.to_thread.run_sync(store.bucket_dir, bucket)  # BucketNotFound: 404
+        return Response()
+
     @router.put("/v1/objects/{bucket}/{name:path}")
     async def put_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
         validate_names(bucket, name)
+        refuse_unknown_object_params(request, bucket, name)
         require(request, object_path(bucket, name))
         others = placement.check_owner(bucket, name) if placement else []
         copies = placement.write_through(bucket, name, others) if placement else None
@@ -101,33 +123,71 @@ def object_router(target: Target) -> APIRouter:
 
     @router.get("/v1/objects/{bucket}/{name:path}")
     async def get_object(
-        bucket: str, name: str, etl_name: str | None = None, etl_args: str | None = None
+        bucket: str,
+        name: str,
+        request: Request,
+        etl_name: str | None = None,
+        etl_args: str | None = None,
     ) -> Response:
         validate_names(bucket, name)
+        refuse_unknown_object_params(request, bucket, name)
+        if etl_name and "range" in request.headers:
+            raise InvalidRequest(
+                f"Range is not supported with etl_name={etl_name!r}: the transformed "
+                "object has no known size; read it whole, or apply the range without the ETL",
+                bucket=bucket,
+                object=name,
+                etl=etl_name,
+            )
         if placement:
             await placement.ensure_local(bucket, name)
         if etl_name:
             return await target.forwarder.transform(bucket, name, etl_name, etl_args)
         f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)
-        headers = _object_headers(info)
-        if info.size <= INLINE_GET_MAX:
-            data = await anyio.to_thread.run_sync(_read_small, f)
-            return Response(data, headers=headers, media_type="application/octet-stream")
+        try:
+            headers = _object_headers(info)
+            not_modified, use_range = preconditions(request.headers, info, headers["Last-Modified"])
+            if not_modified:
+                f.close()
+                return _not_modified(headers)
+            span = byte_range(request.headers.get("range"), info.size) if use_range else None
+        except BaseException:
+            f.close()
+            raise
+        start, end, status = 0, info.size, 200
+        if span is not None:
+            (start, end), status = span, 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
+            headers["Content-Length"] = str(end - start)
+        if end - start <= INLINE_GET_MAX:
+            data = await anyio.to_thread.run_sync(_read_small, f, start, end - start)
+            return Response(data, status, headers=headers, media_type="application/octet-stream")
+        if start:
+            await anyio.to_thread.run_sync(f.seek, start)
         return StreamingResponse(
-            _file_iter(f), headers=headers, media_type="application/octet-stream"
+            _file_iter(f, end - start),
+            status,
+            headers=headers,
+            media_type="application/octet-stream",
         )
 
     @router.head("/v1/objects/{bucket}/{name:path}")
-    async def head_object(bucket: str, name: str) -> Response:
+    async def head_object(bucket: str, name: str, request: Request) -> Response:
         validate_names(bucket, name)
+        refuse_unknown_object_params(request, bucket, name)
         if placement:
             await placement.ensure_local(bucket, name)
         info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)
-        return Response(headers=_object_headers(info), media_type="application/octet-stream")
+        headers = _object_headers(info)
+        not_modified, _ = preconditions(request.headers, info, headers["Last-Modified"])
+        if not_modified:
+            return _not_modified(headers)
+        return Response(headers=headers, media_type="application/octet-stream")
 
     @router.delete("/v1/objects/{bucket}/{name:path}")
     async def delete_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
         validate_names(bucket, name)
+        refuse_unknown_object_params(request, bucket, name)
         require(request, object_path(bucket, name))
         if placement is None:
             await anyio.to_thread.run_sync(store.delete_object, bucket, name)

@@ -31,7 +31,7 @@ from typing import IO, Any
 
 import anyio.to_thread
 
-from etl_runtime.target.errors import BucketNotFound, ObjectConflict, ObjectNotFound
+from etl_runtime.target.errors import ObjectConflict, ObjectNotFound, bucket_not_found
 from etl_runtime.target.names import validate_bucket, validate_object
 
 ETAG_XATTR = "user.sluice.md5"
@@ -102,10 +102,7 @@ class ObjectStore:
             path.mkdir(exist_ok=True)
             return path
         if known is False or not path.is_dir():
-            raise BucketNotFound(
-                f"bucket {bucket!r} does not exist; create it with POST /v1/buckets/{bucket}",
-                bucket=bucket,
-            )
+            raise bucket_not_found(bucket)
         return path
 
     def list_buckets(self) -> list[str]:
@@ -171,8 +168,8 @@ class ObjectStore:
         return self.bucket_dir(bucket) / validate_object(bucket, name)
 
     def _not_found(self, bucket: str, name: str) -> ObjectNotFound:
-        return ObjectNotFound(
-            f"object {name!r} not found in bucket {bucket!r}", bucket=bucket, object=name
+        return ObjectNotFound(  # ais://b/o: the aistore SDK raises ErrObjNotFound
+            f"object ais://{bucket}/{name} does not exist", bucket=bucket, object=name
         )
 
     def open_object(self, bucket: str, name: str) -> tuple[IO[bytes], ObjectInfo]:

@@ -26,7 +26,7 @@ def curl(*args: str) -> subprocess.CompletedProcess[bytes]:
 
 def test_redirect_goes_to_hrw_owner_with_query(cluster: Cluster) -> None:
     mkbucket(cluster)
-    r = httpx.get(f"{cluster.url}/v1/objects/b/dir/x.bin?etl_name=e&etl_args=a%20b&x=")
+    r = httpx.get(f"{cluster.url}/v1/objects/b/dir/x.bin?etl_name=e&etl_args=a%20b&provider=")
     assert r.status_code == 307
     loc = urlsplit(r.headers["location"])
     owner = hrw_owner(cluster.targets, "b/dir/x.bin")
@@ -35,7 +35,7 @@ def test_redirect_goes_to_hrw_owner_with_query(cluster: Cluster) -> None:
     assert parse_qs(loc.query, keep_blank_values=True) == {
         "etl_name": ["e"],
         "etl_args": ["a b"],
-        "x": [""],
+        "provider": [""],
     }
     assert "sluice_sig" not in loc.query  # no token configured, nothing to sign
 
@@ -47,7 +47,7 @@ def test_httpx_put_get_head_delete_follow_redirects(cluster: Cluster) -> None:
     for name, data in blobs.items():
         r = c.put(f"/v1/objects/b/{name}", content=data)
         assert r.status_code == 200, r.text
-        assert r.history[0].status_code == 307
+        assert not r.history  # the gateway streamed it to the owner: sent once
         assert r.json()["etag"] == hashlib.md5(data).hexdigest()
     for name, data in blobs.items():
         owner = hrw_owner(cluster.targets, f"b/{name}").id
@@ -82,7 +82,7 @@ def test_requests_follows(cluster: Cluster) -> None:
     url = f"{cluster.url}/v1/objects/b/req/o.bin"
     data = os.urandom(200_000)
     r = requests.put(url, data=data, timeout=30)
-    assert r.status_code == 200 and r.history[0].status_code == 307
+    assert r.status_code == 200 and not r.history  # proxied, not redirected
     assert requests.get(url, timeout=30).content == data
     assert requests.delete(url, timeout=30).status_code == 200
     assert requests.get(url, timeout=30).status_code == 404
@@ -126,17 +126,18 @@ def test_token_signed_redirects(secured: Cluster) -> None:
     assert r.status_code == 401
     assert curl("-X", "PUT", "--data-binary", "x", url).stdout.count(b"Unauthorized") == 1
     assert httpx.get(url, follow_redirects=True).status_code == 404
-    # the token holder's redirect is signed, so the target accepts it without the header
+    # a PUT without Expect is proxied, with the caller's token
     r = httpx.put(url, content=b"v1", headers=bearer, follow_redirects=True)
+    assert r.status_code == 200 and not r.history, r.text
+    # the token holder's redirect is signed, so the target accepts it without the header
+    r = requests.put(url, data=b"v2", headers={**bearer, "Expect": "100-continue"}, timeout=30)
     assert r.status_code == 200, r.text
     assert "sluice_sig" in str(r.history[0].headers["location"])
-    r = requests.put(url, data=b"v2", headers=bearer, timeout=30)
-    assert r.status_code == 200, r.text
     assert "authorization" not in {k.lower() for k in r.request.headers}  # requests dropped it
     put = curl("-X", "PUT", "-H", f"Authorization: Bearer {TOKEN}", "--data-binary", "v3", url)
     assert put.returncode == 0 and b'"etag"' in put.stdout, put.stdout
     assert httpx.get(url, follow_redirects=True).content == b"v3"  # reads are open
     # a signed location cannot be replayed for another method
-    loc = httpx.put(url, content=b"x", headers=bearer).headers["location"]
+    loc = httpx.put(url, headers={**bearer, "Expect": "100-continue"}).headers["location"]
     assert httpx.delete(loc).status_code == 401
     assert httpx.delete(url, headers=bearer, follow_redirects=True).status_code == 200
