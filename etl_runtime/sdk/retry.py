@@ -103,7 +103,7 @@ class Attempts:
         if self.made > self.policy.retries:
             return False
         wait = self.policy.delay(self.made, retry_after)
-        log.warning(
+        log.info(
             "%s: %s; try %d of %d in %.1fs",
             self.what,
             error,
