@@ -30,12 +30,47 @@ def runtime_python_version() -> str:
 
 
 def validate_name(name: str) -> str:
-    if not isinstance(name, str) or not NAME_RE.match(name):
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):  # `$` allows "a\n"
         raise InvalidSpec(
             f"invalid ETL name {name!r}: use 1-53 lowercase letters, digits or '-', "
             "starting and ending with a letter or digit"
         )
     return name
+
+
+def _typed(d: dict[str, Any], key: str, types: type | tuple[type, ...], path: str) -> Any:
+    """``d[key]`` if it is absent/null or of ``types`` (bool is no number); else InvalidSpec."""
+    value = d.get(key)
+    if value is None:
+        return None
+    number = types in (int, float) or types == (int, float)
+    if not isinstance(value, types) or (number and isinstance(value, bool)):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        kind = {"str": "a string", "dict": "an object", "list": "a list", "bool": "true/false"}
+        kind["int or float"] = "a number"
+        raise InvalidSpec(f"{path}.{key} must be {kind.get(names, names)}, got {value!r:.80}")
+    return value
+
+
+def _seconds(timeouts: dict[str, Any], key: str, default: float) -> float:
+    value = _typed(timeouts, key, (int, float), "spec.timeouts")
+    if value is None:
+        return default
+    if not 0 < value < 1e9:
+        raise InvalidSpec(f"spec.timeouts.{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _env(value: Any) -> tuple[tuple[str, str], ...]:
+    if isinstance(value, list):  # Kubernetes style [{name, value}]
+        if not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in value):
+            raise InvalidSpec("spec.env as a list must hold {'name': str, 'value': str} objects")
+        value = {e["name"]: e.get("value", "") for e in value}
+    if not isinstance(value, dict):
+        raise InvalidSpec(f"spec.env must be an object of name: value, got {value!r:.80}")
+    if not all(isinstance(v, str | int | float | bool) for v in value.values()):
+        raise InvalidSpec("spec.env values must be strings")
+    return tuple(sorted((str(k), str(v)) for k, v in value.items()))
 
 
 @dataclass(frozen=True)
@@ -83,30 +118,31 @@ class EtlSpec:
         if not isinstance(code_d, dict):
             raise InvalidSpec("spec.code must be an object with 'pickled' or 'source'")
         code = CodeSpec(
-            pickled=code_d.get("pickled"),
-            python_version=code_d.get("pythonVersion"),
-            source=code_d.get("source"),
-            entrypoint=code_d.get("entrypoint") or "transform",
+            pickled=_typed(code_d, "pickled", str, "spec.code"),
+            python_version=_typed(code_d, "pythonVersion", str, "spec.code"),
+            source=_typed(code_d, "source", str, "spec.code"),
+            entrypoint=_typed(code_d, "entrypoint", str, "spec.code") or "transform",
         )
-        timeouts = d.get("timeouts") or {}
-        env = d.get("env") or {}
-        if isinstance(env, list):  # Kubernetes style [{name, value}]
-            env = {e["name"]: e.get("value", "") for e in env}
+        timeouts = _typed(d, "timeouts", dict, "spec") or {}
+        deps = _typed(d, "dependencies", list, "spec") or ()
+        selector = _typed(d, "targetSelector", dict, "spec")
+        if selector is not None and not all(isinstance(v, str) for v in selector.values()):
+            raise InvalidSpec("spec.targetSelector must map label names to strings")
         spec = cls(
-            mode=d.get("mode", "object"),
+            mode=_typed(d, "mode", str, "spec") or "object",
             code=code,
-            decode=d.get("decode") or None,
-            on_error=d.get("onError", "fail"),
-            dependencies=tuple(d.get("dependencies") or ()),
+            decode=_typed(d, "decode", str, "spec") or None,
+            on_error=_typed(d, "onError", str, "spec") or "fail",
+            dependencies=tuple(deps),
             workers=d.get("workers"),
-            arg_type=d.get("argType", "") or "",
-            env=tuple(sorted((str(k), str(v)) for k, v in env.items())),
-            init_timeout_seconds=float(timeouts.get("initSeconds", 300.0)),
-            request_timeout_seconds=float(timeouts.get("requestSeconds", 600.0)),
-            stopped=bool(d.get("stopped", False)),
-            image=d.get("image"),
-            resources=d.get("resources"),
-            target_selector=d.get("targetSelector"),
+            arg_type=_typed(d, "argType", str, "spec") or "",
+            env=_env(d.get("env") or {}),
+            init_timeout_seconds=_seconds(timeouts, "initSeconds", 300.0),
+            request_timeout_seconds=_seconds(timeouts, "requestSeconds", 600.0),
+            stopped=bool(_typed(d, "stopped", bool, "spec")),
+            image=_typed(d, "image", str, "spec"),
+            resources=_typed(d, "resources", dict, "spec"),
+            target_selector=selector,
         )
         spec.validate()
         return spec
@@ -123,7 +159,8 @@ class EtlSpec:
             raise InvalidSpec("spec.code needs exactly one of 'pickled' or 'source'")
         if has_pickle and not self.code.python_version:
             raise InvalidSpec("spec.code.pythonVersion is required with spec.code.pickled")
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 1):
+        bad_workers = not isinstance(self.workers, int) or isinstance(self.workers, bool)
+        if self.workers is not None and (bad_workers or not 1 <= self.workers <= 1024):
             raise InvalidSpec(f"spec.workers must be a positive integer, got {self.workers!r}")
         if any(not isinstance(r, str) or not r.strip() for r in self.dependencies):
             raise InvalidSpec("spec.dependencies must be a list of pip requirement strings")

@@ -17,9 +17,11 @@ from fastapi import APIRouter, Query, Request
 
 from etl_runtime import spec as etl_spec
 from etl_runtime.cluster import EtlRecord
+from etl_runtime.gateway import aiscompat
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.errors import EtlNotFound, InvalidSpec
+from etl_runtime.gateway.errors import EtlNotFound, InvalidRequest, InvalidSpec
 from etl_runtime.target.etl_forward import STAT_FIELDS
+from etl_runtime.target.jsonbody import read_json
 
 LAST_ERRORS = 20
 
@@ -113,9 +115,9 @@ def etl_router(gw: Gateway) -> APIRouter:
     async def init(request: Request) -> dict[str, Any]:
         gw.require_write(request)
         try:
-            body = await request.json()
-        except ValueError:
-            raise InvalidSpec('body must be JSON: {"name": ..., "spec": {...}}') from None
+            body = await read_json(request, 'the body {"name": ..., "spec": {...}}')
+        except InvalidRequest as e:
+            raise InvalidSpec(e.message) from None
         if not isinstance(body, dict):
             raise InvalidSpec('body must be a JSON object: {"name": ..., "spec": {...}}')
         name = body.get("name")
@@ -129,13 +131,19 @@ def etl_router(gw: Gateway) -> APIRouter:
         record = await backend.init(name, spec)  # type: ignore[arg-type]
         return await details(gw, record)
 
-    @router.get("/v1/etl")
-    async def list_etls() -> dict[str, Any]:
-        return {"etls": [summary(r) for r in await backend.list()]}
+    @router.get("/v1/etl", response_model=None)
+    async def list_etls(request: Request) -> dict[str, Any] | list[dict[str, Any]]:
+        records = await backend.list()
+        if aiscompat.from_ais_sdk(request):  # the official aistore SDK: [ETLInfo]
+            return [aiscompat.etl_info(r, (await gather_stats(gw, r.name))[0]) for r in records]
+        return {"etls": [summary(r) for r in records]}
 
     @router.get("/v1/etl/{name}")
-    async def get_etl(name: str) -> dict[str, Any]:
-        return await details(gw, await existing(name))
+    async def get_etl(name: str, request: Request) -> dict[str, Any]:
+        record = await existing(name)
+        if aiscompat.from_ais_sdk(request):  # ETLDetails
+            return aiscompat.etl_details(record, (await gather_stats(gw, name))[1])
+        return await details(gw, record)
 
     async def set_stopped(name: str, request: Request, stopped: bool) -> dict[str, Any]:
         gw.require_write(request)

@@ -357,6 +357,9 @@ class LocalEtlBackend:
                 "SLUICE_ETL_SPEC": rec.spec.to_json(),
                 "SLUICE_ETL_TOKEN": auth.transformer_token(self.cluster_key, rec.name, rec.uid),
                 "SLUICE_DEPS_DIR": str(deps),
+                # etl_fqn is confined to this target's data dir (DIR/targets/<id>,
+                # beside our state dir DIR/etl); DIR/cluster-key lies outside it.
+                "SLUICE_DATA_ROOTS": str(self.state_dir.parent / "targets" / target.id),
                 "PYTHONUNBUFFERED": "1",
             },
         )

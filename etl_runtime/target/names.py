@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import Request
 
 from etl_runtime.target.errors import InvalidName, InvalidRequest
+from etl_runtime.target.jsonbody import read_json
 
 BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MAX_OBJECT_NAME = 1024
@@ -21,7 +22,7 @@ MAX_SEGMENT = 255
 
 
 def validate_bucket(bucket: str) -> str:
-    if not BUCKET_RE.match(bucket):
+    if not isinstance(bucket, str) or not BUCKET_RE.fullmatch(bucket):  # `$` allows "b\n"
         raise InvalidName(
             f"invalid bucket name {bucket!r}: use 1-63 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit",
@@ -61,8 +62,8 @@ async def read_bucket_action(
 ) -> dict[str, Any]:
     """The JSON body of ``POST /v1/buckets/{bucket}`` with one of ``actions``."""
     try:
-        body = await request.json()
-    except ValueError:
+        body = await read_json(request, f"the body of POST /v1/buckets/{bucket}")
+    except InvalidRequest:
         body = None
     action = body.get("action") if isinstance(body, dict) else None
     if action not in actions:

@@ -20,7 +20,8 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from etl_runtime.auth import bearer_ok
 from etl_runtime.spec import EtlSpec
-from etl_runtime.webserver.errors import BadRequest, NotReady, TransformerError, Unauthorized
+from etl_runtime.webserver.errors import NotReady, TransformerError, Unauthorized
+from etl_runtime.webserver.fqn import confine, data_roots
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
 from etl_runtime.webserver.transformer import Transformer
@@ -34,8 +35,13 @@ def create_app(
     workers: int | None = None,
     token: str | None = None,
     deps_dir: str | None = None,
+    roots: tuple[str, ...] | None = None,
 ) -> FastAPI:
-    """The transformer app; ``app.state.transformer`` is its ``Transformer``."""
+    """The transformer app; ``app.state.transformer`` is its ``Transformer``.
+
+    ``roots``: where ``etl_fqn`` files may lie (default ``$SLUICE_DATA_ROOTS``, see fqn).
+    """
+    roots = data_roots() if roots is None else roots
     transformer = Transformer(name, spec, workers=workers, token=token, deps_dir=deps_dir)
 
     @contextlib.asynccontextmanager
@@ -97,8 +103,8 @@ def create_app(
         obj = f"{bucket}/{object}"
         args = request.query_params.get("etl_args")
         fqn = request.query_params.get("etl_fqn") or None
-        if fqn is not None and not os.path.isabs(fqn):
-            raise BadRequest(f"etl_fqn must be an absolute path, got {fqn!r}")
+        if fqn is not None:
+            fqn = confine(fqn, roots)  # under the target's data dir, or 400 unopened
         if spec.mode == "wds":
             return await transform_shard(transformer, request, obj, args, fqn)
         return await transform_object(transformer.pool, transformer.stats, request, obj, args, fqn)

@@ -47,6 +47,7 @@ _RESERVED_ENV = {
     "SLUICE_ETL_SPEC",
     "SLUICE_ETL_TOKEN",
     "SLUICE_DEPS_DIR",
+    "SLUICE_DATA_ROOTS",
 }
 
 
@@ -215,6 +216,9 @@ def transformer_pod(
         extra_volumes, extra_mounts = data_mounts(target_pod)
         volumes += extra_volumes
         mounts += extra_mounts
+        # etl_fqn may only name files on those (the target's data) volumes.
+        roots = ":".join(m["mountPath"] for m in extra_mounts)
+        env.append({"name": "SLUICE_DATA_ROOTS", "value": roots})
 
     container: dict[str, Any] = {
         "name": CONTAINER_NAME,

@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import tempfile
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -34,7 +35,9 @@ def source_code(source: str, entrypoint: str = "transform") -> dict[str, Any]:
 
 
 def transformer_env(name: str, spec: dict[str, Any], **extra: str) -> dict[str, str]:
-    return {"SLUICE_ETL_NAME": name, "SLUICE_ETL_SPEC": json.dumps(spec), **extra}
+    # etl_fqn files of the tests live under pytest's tmp_path, below the temp dir.
+    roots = {"SLUICE_DATA_ROOTS": tempfile.gettempdir()}
+    return {"SLUICE_ETL_NAME": name, "SLUICE_ETL_SPEC": json.dumps(spec), **roots, **extra}
 
 
 @contextlib.contextmanager

@@ -121,6 +121,20 @@ def test_fqn_reads_the_file(url: str, tmp_path: Path) -> None:
     assert r.content == b"FROM DISK"
 
 
+def test_fqn_outside_the_data_root_is_400_unopened(url: str, tmp_path: Path) -> None:
+    link = tmp_path / "escape"
+    link.symlink_to("/etc/passwd")
+    for fqn in (
+        "/etc/passwd",
+        "/proc/self/environ",
+        str(link),
+        f"{tmp_path}/{'../' * 12}etc/hosts",
+    ):
+        r = put(url, "bkt/x", etl_fqn=fqn)
+        assert r.status_code == 400, fqn
+        assert "outside" in r.json()["error"] and b"root:" not in r.content
+
+
 def test_fqn_missing_file_is_404(url: str, tmp_path: Path) -> None:
     r = put(url, "bkt/gone", etl_fqn=str(tmp_path / "gone"))
     assert r.status_code == 404

@@ -1,0 +1,38 @@
+"""``etl_fqn``: which files a transformer may open by path.
+
+For ``argType: fqn`` the target sends the path of the object's file instead
+of its bytes. Anyone holding the transformer's token could send any path, so
+the transformer opens only files whose resolved real path (symlinks and
+``..`` followed) lies under one of its data roots: the target's data
+directory, given by whoever starts the transformer in ``SLUICE_DATA_ROOTS``
+(``os.pathsep``-separated). Everything else is a 400 before any file is
+opened, and so is every ``etl_fqn`` when no root was given.
+"""
+
+from __future__ import annotations
+
+import os
+
+from etl_runtime.webserver.errors import BadRequest
+
+DATA_ROOTS_ENV = "SLUICE_DATA_ROOTS"
+
+
+def data_roots(value: str | None = None) -> tuple[str, ...]:
+    """The real paths of the roots in ``value`` (default: ``$SLUICE_DATA_ROOTS``)."""
+    raw = os.environ.get(DATA_ROOTS_ENV, "") if value is None else value
+    return tuple(os.path.realpath(p) for p in raw.split(os.pathsep) if os.path.isabs(p))
+
+
+def confine(fqn: str, roots: tuple[str, ...]) -> str:
+    """The real path of ``fqn`` if it lies under one of ``roots``; else ``BadRequest``."""
+    if "\x00" in fqn or not os.path.isabs(fqn):
+        raise BadRequest(f"etl_fqn must be an absolute path, got {fqn!r:.200}")
+    if not roots:
+        raise BadRequest(
+            f"etl_fqn refused: this transformer has no data root ({DATA_ROOTS_ENV} is not set)"
+        )
+    real = os.path.realpath(fqn)
+    if not any(os.path.commonpath((real, root)) == root for root in roots):
+        raise BadRequest(f"etl_fqn {fqn!r:.200} lies outside the target's data directory")
+    return real
