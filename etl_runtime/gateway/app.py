@@ -18,7 +18,12 @@ from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.errors import install_error_handlers
 from etl_runtime.gateway.etl_api import etl_router
-from etl_runtime.gateway.membership import RebalanceMonitor, cluster_view, join
+from etl_runtime.gateway.membership import (
+    MembershipSource,
+    RebalanceMonitor,
+    cluster_view,
+    join,
+)
 from etl_runtime.gateway.redirect import redirect_router
 
 
@@ -29,6 +34,7 @@ def create_gateway_app(
     cluster_key: str | None = None,
     cluster_map: ClusterMapStore | None = None,
     members: list[str] | None = None,
+    membership: MembershipSource | None = None,
 ) -> FastAPI:
     """The gateway; with ``cluster_map`` placement is over its members (see placement)."""
     gw = Gateway(
@@ -38,6 +44,7 @@ def create_gateway_app(
         cluster_key=cluster_key or None,
         cmap=cluster_map,
         members=members,
+        membership=membership,
     )
     monitor = RebalanceMonitor(gw)
 
@@ -45,11 +52,15 @@ def create_gateway_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await gw.start()
         await join(gw)
+        if membership is not None and cluster_map is not None:
+            await membership.start(cluster_map)
         await monitor.start()
         try:
             yield
         finally:
             await monitor.stop()
+            if membership is not None:
+                await membership.stop()
             await gw.stop()
 
     app = FastAPI(title="Sluice gateway", lifespan=lifespan)

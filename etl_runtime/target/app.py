@@ -17,6 +17,7 @@ from fastapi.responses import PlainTextResponse
 
 from etl_runtime.cluster import EtlRegistry
 from etl_runtime.clustermap import ClusterMapStore
+from etl_runtime.metrics import StorageCollector, install_metrics
 from etl_runtime.target.context import Target
 from etl_runtime.target.copies import Placement
 from etl_runtime.target.errors import install_error_handlers
@@ -73,6 +74,7 @@ def create_target_app(
     app = FastAPI(title=f"Sluice target {target_id}", lifespan=lifespan)
     app.state.target = target
     install_error_handlers(app)
+    install_metrics(app, "target", StorageCollector(target_id, data_dir))
     app.include_router(object_router(target))
     app.include_router(internal_router(store, cluster_key or None, rebalancer))
 

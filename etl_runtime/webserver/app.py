@@ -19,6 +19,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from etl_runtime.auth import bearer_ok
+from etl_runtime.metrics import EtlStatsCollector, install_metrics
 from etl_runtime.spec import EtlSpec
 from etl_runtime.webserver.errors import NotReady, TransformerError, Unauthorized
 from etl_runtime.webserver.fqn import confine, data_roots
@@ -61,6 +62,7 @@ def create_app(
 
     app = FastAPI(title=f"sluice transformer {name}", lifespan=lifespan)
     app.state.transformer = transformer
+    install_metrics(app, "transformer", EtlStatsCollector(name, transformer.stats))
 
     async def authorized(request: Request) -> None:  # async: no threadpool hop
         if not bearer_ok(request.headers.get("authorization"), transformer.token):

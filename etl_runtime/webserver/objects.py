@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import time
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
@@ -41,6 +42,7 @@ async def transform_object(
     fqn: str | None,
 ) -> Response:
     task = await pool.acquire(OBJECT_TASK)
+    started = time.perf_counter()
     try:
         await _send_input(task, stats, request, fqn)
         kind, first = await task.next_frame()
@@ -51,14 +53,17 @@ async def transform_object(
     except TransformerError as e:
         task.release()
         stats.error(obj, None, e.message)
+        stats.transform_seconds += time.perf_counter() - started
         raise
     except BaseException:
         task.release()
         raise
     if kind == ipc.END:
         stats.objects += 1
+        stats.transform_seconds += time.perf_counter() - started
         return Response(b"", media_type=MEDIA_TYPE)
-    return TransformedStream(_result_stream(task, stats, obj, first), MEDIA_TYPE, length=length)
+    chunks = _result_stream(task, stats, obj, first, started)
+    return TransformedStream(chunks, MEDIA_TYPE, length=length)
 
 
 async def _send_input(task: Task, stats: Stats, request: Request, fqn: str | None) -> None:
@@ -85,7 +90,9 @@ async def _send_input(task: Task, stats: Stats, request: Request, fqn: str | Non
         raise WorkerDied(f"worker process {task.worker.pid} went away: {e}") from e
 
 
-async def _result_stream(task: Task, stats: Stats, obj: str, first: bytes) -> AsyncIterator[bytes]:
+async def _result_stream(
+    task: Task, stats: Stats, obj: str, first: bytes, started: float
+) -> AsyncIterator[bytes]:
     try:
         stats.bytes_out += len(first)
         yield first
@@ -103,3 +110,4 @@ async def _result_stream(task: Task, stats: Stats, obj: str, first: bytes) -> As
         raise
     finally:
         task.release()
+        stats.transform_seconds += time.perf_counter() - started

@@ -27,6 +27,7 @@ import pickle
 import sys
 import tarfile
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any
@@ -203,6 +204,7 @@ async def _shard_stream(
     stats = transformer.stats
     skip = transformer.spec.on_error == "skip"
     in_flight: asyncio.Queue[Any] = asyncio.Queue()
+    started = time.perf_counter()
     parser.start()
     dispatch = asyncio.create_task(_dispatch(transformer, parser, args, in_flight))
     written = 0
@@ -232,6 +234,7 @@ async def _shard_stream(
         stats.objects += 1
         yield end_of_archive(written)
     finally:
+        stats.transform_seconds += time.perf_counter() - started
         parser.stop()
         dispatch.cancel()
         with contextlib.suppress(BaseException):

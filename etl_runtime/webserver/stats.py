@@ -21,6 +21,8 @@ class Stats:
     errors: int = 0
     bytes_in: int = 0
     bytes_out: int = 0
+    # Seconds objects/shards held a worker: first input to last output (``/metrics``).
+    transform_seconds: float = 0.0
     last_errors: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=LAST_ERRORS))
 
     def error(self, obj: str, sample: str | None, message: str) -> None:

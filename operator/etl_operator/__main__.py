@@ -22,6 +22,8 @@ from typing import Any, cast
 import kopf
 
 from etl_operator.controller import OperatorConfig
+from etl_operator.metrics import DEFAULT_PORT as DEFAULT_METRICS_PORT
+from etl_operator.metrics import serve_metrics
 from etl_operator.peering import DEFAULT_LIFETIME, Peering, default_priority, own_identity
 
 # Characters that make a --namespace a kopf pattern rather than a name.
@@ -67,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--liveness",
         default=os.environ.get("SLUICE_LIVENESS") or None,
         help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(os.environ.get("SLUICE_METRICS_PORT") or DEFAULT_METRICS_PORT),
+        help="port of the Prometheus GET /metrics endpoint (default %(default)s; 0 = none)",
     )
     p.add_argument("-v", "--verbose", action="store_true")
     p.add_argument("--debug", action="store_true")
@@ -122,6 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     import etl_operator.handlers  # noqa: F401  (registers the handlers)
 
+    if args.metrics_port:
+        serve_metrics(args.metrics_port)
     peering = peering_of(args, clusterwide)
     if peering is not None:
         logging.getLogger("etl_operator").info(

@@ -30,6 +30,12 @@ RESTARTS_ANNOTATION = "sluice.dev/restarts"
 LAST_FAILURE_ANNOTATION = "sluice.dev/last-failure"
 TOKEN_KEY = "token"
 TRANSFORMER_PORT = 8000
+# Prometheus' conventional pod annotations: scrape the transformer's GET /metrics.
+SCRAPE_ANNOTATIONS = {
+    "prometheus.io/scrape": "true",
+    "prometheus.io/port": str(TRANSFORMER_PORT),
+    "prometheus.io/path": "/metrics",
+}
 CONTAINER_NAME = "transformer"
 DEPS_DIR = "/var/lib/sluice/deps"
 DEFAULT_IMAGE = "ghcr.io/sluice-dev/sluice-runtime:0.1.0"
@@ -267,6 +273,7 @@ def transformer_pod(
     if target.node:
         pod_spec["nodeName"] = target.node
     annotations = {
+        **SCRAPE_ANNOTATIONS,
         SPEC_HASH_ANNOTATION: spec_hash,
         RESTARTS_ANNOTATION: str(restarts),
         # The label holds a sanitized id; the annotation keeps it exact.

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
+
+from etl_operator import metrics
 
 log = logging.getLogger(__name__)
 
@@ -58,11 +61,16 @@ class ReconcileQueue:
         """One reconcile; True if it should be retried after a pause."""
         async with self._slots:
             self.runs += 1
+            metrics.RECONCILES.inc()
+            started = time.perf_counter()
             try:
                 outcome = await asyncio.to_thread(self._work, *key)
             except Exception:
+                metrics.RECONCILE_ERRORS.inc()
                 log.exception("reconcile of ETL %s/%s failed; retrying", *key)
                 return True
+            finally:
+                metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
         return bool(getattr(outcome, "deleted", 0)) and not getattr(outcome, "settled", True)
 
     async def drain(self) -> None:

@@ -161,3 +161,12 @@ def test_operator_defaults_apply_and_spec_resources_and_image_win():
 
 
 _RES = {"resources": {"limits": {"cpu": "1"}}}
+
+
+def test_pod_carries_prometheus_scrape_annotations_for_its_own_port():
+    pod = build()
+    ann = pod["metadata"]["annotations"]
+    port = pod["spec"]["containers"][0]["ports"][0]["containerPort"]
+    assert ann["prometheus.io/scrape"] == "true"
+    assert ann["prometheus.io/port"] == str(port)
+    assert ann["prometheus.io/path"] == "/metrics"

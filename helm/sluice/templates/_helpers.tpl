@@ -47,6 +47,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s-%s" (include "sluice.fullname" .ctx) .component -}}
 {{- end -}}
 
+{{/* The ConfigMap holding the cluster map (members, buckets): written by the gateways. */}}
+{{- define "sluice.clusterMapName" -}}
+{{- include "sluice.componentName" (dict "ctx" . "component" "cluster-map") -}}
+{{- end -}}
+
 {{- define "sluice.clusterKeySecretName" -}}
 {{- default (printf "%s-cluster-key" (include "sluice.fullname" .)) .Values.clusterKey.existingSecret -}}
 {{- end -}}
