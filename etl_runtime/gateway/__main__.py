@@ -3,7 +3,9 @@
 Local mode (``--targets t0=URL,...``): a ``StaticTargets`` health loop and the
 local ETL controller (transformers as child processes, state in
 ``--state-dir``). Kubernetes mode (``--kubernetes``): target pods by label and
-ETL custom resources. Flags and env vars as in docs/architecture.md.
+ETL custom resources; with ``--cluster-map kubernetes`` the map lives in a
+ConfigMap and its members follow the StatefulSet ``--target-statefulset``.
+Flags and env vars as in docs/architecture.md.
 """
 
 from __future__ import annotations
@@ -39,7 +41,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cluster-map",
         default=env("SLUICE_CLUSTER_MAP"),
-        help="file:PATH: the cluster map shared with the targets (members, buckets)",
+        help="file:PATH or kubernetes[:CONFIGMAP]: the cluster map shared with the targets "
+        "(members, buckets)",
+    )
+    p.add_argument(
+        "--target-statefulset",
+        default=env("SLUICE_TARGET_STATEFULSET"),
+        help="Kubernetes: the targets' StatefulSet; its replicas are the map's members",
     )
     p.add_argument(
         "--members",
@@ -81,6 +89,15 @@ def kube_parts() -> tuple[Any, Any, list[Hook], list[Hook]]:
     return discovery, backend, [noop], [getattr(discovery, "close", noop)]
 
 
+def kube_membership(discovery: Any, statefulset: str) -> Any:
+    from etl_runtime.kube.membership import StatefulSetMembership
+
+    membership = StatefulSetMembership(statefulset, discovery)  # its watch starts here
+    discovery.wait_synced(10)
+    membership.wait_synced(10)
+    return membership
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     key = auth.cluster_key_from_env()
@@ -102,6 +119,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as e:
         raise SystemExit(f"sluice-gateway: {e}") from None
     members = [m.strip() for m in args.members.split(",") if m.strip()] if args.members else None
+    membership = None
+    if args.kubernetes and cmap is not None and args.target_statefulset:
+        membership = kube_membership(discovery, args.target_statefulset)
     app = create_gateway_app(
         discovery,
         backend,
@@ -109,6 +129,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cluster_key=key,
         cluster_map=cmap,
         members=members,
+        membership=membership,
     )
     run_server(app, args.host, args.port, on_start=on_start, on_stop=on_stop)
 

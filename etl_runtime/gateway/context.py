@@ -5,16 +5,16 @@ the cluster map (``ClusterMapStore``: members and buckets), the ETL write side
 (``EtlBackend``), secrets, one pooled HTTP client — and ``fanout`` calls the
 same internal path on every live target at once.
 
-Without a cluster map (Kubernetes mode, for now) placement and bucket
-existence follow the live targets, as before the map existed; see
-docs/architecture.md "Placement and membership".
+Without a cluster map (a gateway started without ``--cluster-map``)
+placement and bucket existence follow the live targets, as before the map
+existed; see docs/architecture.md "Placement and membership".
 """
 
 from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import Request
@@ -23,6 +23,9 @@ from etl_runtime import auth
 from etl_runtime.cluster import EtlBackend, TargetDiscovery, TargetInfo
 from etl_runtime.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.gateway.errors import NoTargets, Unauthorized
+
+if TYPE_CHECKING:
+    from etl_runtime.gateway.membership import MembershipSource
 
 FANOUT_TIMEOUT = 15.0
 
@@ -35,6 +38,7 @@ class Gateway:
     cluster_key: str | None = None
     cmap: ClusterMapStore | None = None
     members: list[str] | None = None  # configured members; default: every known target
+    membership: MembershipSource | None = None  # Kubernetes: members from the StatefulSet
     _http: httpx.AsyncClient | None = field(default=None, repr=False)
 
     async def start(self) -> None:
@@ -71,8 +75,21 @@ class Gateway:
     # -- targets ---------------------------------------------------------------
 
     def known_targets(self) -> list[TargetInfo]:
-        """Every target we know an address for, reachable now or not."""
-        return list(getattr(self.discovery, "all_targets", self.discovery.targets)())
+        """Every target we know an address for, reachable now or not.
+
+        That is what discovery knows (on Kubernetes: every target pod with an
+        IP, Ready or not) plus each member of the cluster map whose pod is gone
+        right now, at its last address in the map: it is away, not forgotten.
+        """
+        found = list(getattr(self.discovery, "all_targets", self.discovery.targets)())
+        if self.cmap is not None:
+            cmap, have = self.cmap.get(), {t.id for t in found}
+            found += [
+                TargetInfo(id=m, url=cmap.urls[m])
+                for m in cmap.members
+                if m not in have and m in cmap.urls
+            ]
+        return found
 
     def alive_ids(self) -> set[str]:
         return {t.id for t in self.discovery.targets()}

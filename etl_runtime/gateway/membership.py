@@ -1,10 +1,11 @@
 """Membership changes seen from the gateway: join, rebalance, repair, ``/v1/cluster``.
 
 * ``join`` (at start): writes the configured members and the targets'
-  current addresses into the cluster map. A new member set starts a rebalance
-  (the map keeps the previous members until it ends). A brand-new map adopts
-  the buckets the targets already hold, so a data dir from before the map
-  existed keeps its buckets.
+  current addresses into the cluster map (on Kubernetes a ``MembershipSource``
+  computes both from the target StatefulSet, and keeps them current after).
+  A new member set starts a rebalance (the map keeps the previous members
+  until it ends). A brand-new map adopts the buckets the targets already
+  hold, so a data dir from before the map existed keeps its buckets.
 * ``RebalanceMonitor`` (background, once a second): asks every reachable
   target for its rebalance progress (``GET /v1/_rebalance``) and marks the
   rebalance finished in the map once every member and every leaving target
@@ -20,15 +21,27 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import replace
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
-from etl_runtime.clustermap import BucketProps, ClusterMap
+from etl_runtime.clustermap import BucketProps, ClusterMap, ClusterMapStore
 from etl_runtime.gateway.context import Gateway
 
 log = logging.getLogger(__name__)
 MONITOR_INTERVAL = 1.0
+
+
+class MembershipSource(Protocol):
+    """Where members come from when the platform decides them (Kubernetes: the
+    target StatefulSet, ``kube.membership.StatefulSetMembership``). ``join``
+    applies ``desired``; after it, ``start`` keeps the map in step."""
+
+    def desired(self, m: ClusterMap) -> ClusterMap: ...
+
+    async def start(self, cmap: ClusterMapStore) -> None: ...
+
+    async def stop(self) -> None: ...
 
 
 async def join(gw: Gateway) -> None:
@@ -46,6 +59,8 @@ async def join(gw: Gateway) -> None:
     def change(m: ClusterMap) -> ClusterMap:
         if m.version == 0 and seeded:
             m = replace(m, buckets={b: BucketProps(copies=1) for b in sorted(seeded)})
+        if gw.membership is not None:  # Kubernetes: the StatefulSet says who is a member
+            return gw.membership.desired(m)
         return replace(m.with_members(members), urls={**m.urls, **urls})
 
     cmap = gw.cmap.update(change)
@@ -102,7 +117,12 @@ class RebalanceMonitor:
         self._alive = alive
         if back and any(p.copies > 1 for p in cmap.buckets.values()):
             log.warning("target(s) %s back: repairing copies", ",".join(sorted(back)))
-            gw.cmap.update(lambda m: replace(m, rebalance_id=m.rebalance_id + 1))
+            seen = cmap.rebalance_id  # two gateways that saw the same return bump once
+            gw.cmap.update(
+                lambda m: (
+                    replace(m, rebalance_id=m.rebalance_id + 1) if m.rebalance_id == seen else m
+                )
+            )
             return
         if not cmap.rebalancing:
             return

@@ -17,7 +17,9 @@ class KubeTargetDiscovery:
 
     ``targets()`` is a cached, sorted list (by id) that a pod watch rebuilds
     on every change; ``url`` uses the container port named ``http`` (else the
-    first declared port).
+    first declared port). ``all_targets()`` also lists the pods that have an
+    address but are not Ready (starting, failing probes, terminating): they
+    are away, not gone.
     """
 
     def __init__(
@@ -31,6 +33,7 @@ class KubeTargetDiscovery:
         self.selector = selector
         self._api = api or api_client()
         self._targets: list[TargetInfo] = []
+        self._all: list[TargetInfo] = []
         self._cache = WatchCache(
             self._api,
             client.CoreV1Api(self._api).list_namespaced_pod,
@@ -55,6 +58,13 @@ class KubeTargetDiscovery:
     def targets(self) -> list[TargetInfo]:
         return self._targets
 
+    def all_targets(self) -> list[TargetInfo]:
+        return self._all
+
     def _rebuild(self, pods: dict[str, dict[str, Any]]) -> None:
-        found = (target_from_pod(p) for p in pods.values() if pod_is_ready(p))
-        self._targets = sorted((t for t in found if t is not None), key=lambda t: t.id)
+        ready = {name for name, p in pods.items() if pod_is_ready(p)}
+        found = sorted(
+            (t for t in map(target_from_pod, pods.values()) if t is not None), key=lambda t: t.id
+        )
+        self._all = found
+        self._targets = [t for t in found if t.id in ready]

@@ -12,11 +12,12 @@ import os
 import socket
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 from etl_runtime import auth
 from etl_runtime.cluster import EtlRecord, EtlRegistry
 from etl_runtime.target.app import create_target_app
-from etl_runtime.target.serving import noop, run_server
+from etl_runtime.target.serving import Hook, noop, run_server
 
 
 class NoRegistry:
@@ -57,7 +58,14 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--cluster-map",
         default=env("SLUICE_CLUSTER_MAP"),
-        help="file:PATH: the cluster map shared with the gateway (members, buckets)",
+        help="file:PATH or kubernetes[:CONFIGMAP]: the cluster map shared with the gateway "
+        "(members, buckets)",
+    )
+    p.add_argument(
+        "--target-statefulset",
+        default=env("SLUICE_TARGET_STATEFULSET"),
+        help="Kubernetes: this target's StatefulSet; on a scale-down it hands its objects "
+        "over before it exits",
     )
     args = p.parse_args(argv)
     if not args.data_dir:
@@ -85,7 +93,32 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.id, args.data_dir, registry, token=args.token, cluster_key=key, cluster_map=cmap
     )
     close = getattr(registry, "close", None)  # the Kubernetes registry's watch
-    run_server(app, args.host, args.port, on_start=[noop], on_stop=[close or noop])
+    before_exit = None
+    if cmap is not None and args.target_statefulset:
+        before_exit = decommission_hook(args, cmap)
+    run_server(
+        app,
+        args.host,
+        args.port,
+        on_start=[noop],
+        on_stop=[close or noop],
+        before_exit=before_exit,
+    )
+
+
+def decommission_hook(args: argparse.Namespace, cmap: Any) -> Hook:
+    from etl_runtime.kube.membership import ordinal_leaving
+    from etl_runtime.target.decommission import decommission, timeout_from_env
+
+    host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+    sts, pod = args.target_statefulset, args.id
+
+    async def hook() -> None:
+        url = f"http://{host}:{args.port}"
+        leaving = lambda: ordinal_leaving(sts, pod)  # noqa: E731
+        await decommission(pod, url, cmap, leaving, timeout_from_env())
+
+    return hook
 
 
 if __name__ == "__main__":

@@ -37,6 +37,31 @@ class _Server(uvicorn.Server):
     watches, health loops). We exit normally after running them instead.
     """
 
+    def __init__(self, config: uvicorn.Config, before_exit: Hook | None = None) -> None:
+        super().__init__(config)
+        self._before_exit = before_exit
+        self._draining: asyncio.Task[None] | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        """With ``before_exit``, the first signal runs it while still serving, then exits;
+        a second signal exits at once."""
+        if self._before_exit is None or self._draining is not None or self.should_exit:
+            super().handle_exit(sig, frame)
+            return
+        loop = asyncio.get_event_loop()
+        loop.call_soon_threadsafe(self._start_draining, loop)
+
+    def _start_draining(self, loop: asyncio.AbstractEventLoop) -> None:
+        async def drain() -> None:
+            try:
+                assert self._before_exit is not None
+                await _call(self._before_exit)
+            finally:
+                self.should_exit = True
+
+        if self._draining is None:
+            self._draining = loop.create_task(drain(), name="sluice-before-exit")
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         if threading.current_thread() is not threading.main_thread():
@@ -58,7 +83,12 @@ async def _call(hook: Hook) -> None:
 
 
 async def _serve(
-    app: Any, host: str, port: int, on_start: Sequence[Hook], on_stop: Sequence[Hook]
+    app: Any,
+    host: str,
+    port: int,
+    on_start: Sequence[Hook],
+    on_stop: Sequence[Hook],
+    before_exit: Hook | None = None,
 ) -> None:
     started: list[Hook] = []
     try:
@@ -73,7 +103,7 @@ async def _serve(
             access_log=False,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
-        await _Server(config).serve()
+        await _Server(config, before_exit).serve()
     finally:
         for stop in reversed(started):
             await _call(stop)
@@ -86,8 +116,12 @@ def run_server(
     on_start: Sequence[Hook] = (),
     on_stop: Sequence[Hook] = (),
     loop: str | None = None,
+    before_exit: Hook | None = None,
 ) -> None:
     """Serve ``app``; ``on_start[i]`` runs first and ``on_stop[i]`` runs at exit.
+
+    ``before_exit`` runs on SIGTERM/SIGINT while the server still serves (a
+    target hands its objects over there before it leaves); then it stops.
 
     ``loop`` is ``auto``/``asyncio``/``uvloop`` (default: ``$SLUICE_LOOP``,
     else ``auto``); the hooks and uvicorn share that loop.
@@ -98,7 +132,7 @@ def run_server(
         except ValueError as e:
             raise SystemExit(f"sluice: {e}") from None
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
-        runner.run(_serve(app, host, port, on_start, on_stop))
+        runner.run(_serve(app, host, port, on_start, on_stop, before_exit))
 
 
 def noop() -> None:

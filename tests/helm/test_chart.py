@@ -150,7 +150,12 @@ def test_targets_are_a_statefulset_with_a_volume_per_target_behind_a_headless_se
 def test_target_and_gateway_run_the_contract_commands(combo: tuple[dict, Manifest]) -> None:
     values, m = combo
     host = values.get("listenAddress", "$(POD_IP)")
-    target = container(m.component("StatefulSet", "target"))
+    sts = m.component("StatefulSet", "target")
+    target = container(sts)
+    # Gateways and targets share one cluster map: the chart's ConfigMap.
+    (cm,) = m.of_kind("ConfigMap")
+    cluster_map = cm["metadata"]["name"]
+    assert "data" not in cm  # the gateways write it; an upgrade must not reset it
     assert target["command"] == [
         "sluice-target",
         "--host",
@@ -163,6 +168,10 @@ def test_target_and_gateway_run_the_contract_commands(combo: tuple[dict, Manifes
         "/data",
         "--registry",
         "kubernetes",
+        "--cluster-map",
+        f"kubernetes:{cluster_map}",
+        "--target-statefulset",
+        sts["metadata"]["name"],
     ]
     gateway = container(m.component("Deployment", "gateway"))
     assert gateway["command"] == [
@@ -172,6 +181,10 @@ def test_target_and_gateway_run_the_contract_commands(combo: tuple[dict, Manifes
         "--port",
         "8080",
         "--kubernetes",
+        "--cluster-map",
+        f"kubernetes:{cluster_map}",
+        "--target-statefulset",
+        sts["metadata"]["name"],
     ]
     for c in (target, gateway):
         env = env_of(c)

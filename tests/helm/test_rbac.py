@@ -16,10 +16,16 @@ from tests.helm.chart import Manifest, pod_spec, render
 Rules = dict[tuple[str, str], set[str]]
 
 EXPECTED: dict[str, Rules] = {
-    "target": {("sluice.dev", "etls"): {"get", "list", "watch"}},
+    "target": {
+        ("sluice.dev", "etls"): {"get", "list", "watch"},
+        ("", "configmaps"): {"get", "list", "watch"},  # the cluster map, by name
+        ("apps", "statefulsets"): {"get"},  # leaving or restarting? by name
+    },
     "gateway": {
         ("sluice.dev", "etls"): {"get", "list", "watch", "create", "update", "patch", "delete"},
         ("", "pods"): {"get", "list", "watch"},
+        ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch"},
+        ("apps", "statefulsets"): {"get", "list", "watch"},
     },
     "operator": {
         ("sluice.dev", "etls"): {"get", "list", "watch", "patch", "update"},
