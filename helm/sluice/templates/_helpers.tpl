@@ -127,6 +127,19 @@ imagePullSecrets:
   value: "1"
 {{- end -}}
 
+{{/*
+A pod's annotations: Prometheus' scrape annotations for its /metrics (when
+metrics.scrapeAnnotations) under the component's podAnnotations, which win.
+Call with (dict "ctx" $ "port" 8080 "extra" .Values.target.podAnnotations).
+*/}}
+{{- define "sluice.podAnnotations" -}}
+{{- $scrape := dict -}}
+{{- if .ctx.Values.metrics.scrapeAnnotations -}}
+{{- $scrape = dict "prometheus.io/scrape" "true" "prometheus.io/port" (toString .port) "prometheus.io/path" "/metrics" -}}
+{{- end -}}
+{{- with merge (deepCopy (.extra | default dict)) $scrape }}{{ toYaml . }}{{ end -}}
+{{- end -}}
+
 {{/* Pod-level security context shared by every component. */}}
 {{- define "sluice.podSecurityContext" -}}
 {{- toYaml .Values.podSecurityContext -}}
