@@ -25,6 +25,7 @@ from etl_runtime.gateway.membership import (
     join,
 )
 from etl_runtime.gateway.redirect import redirect_router
+from etl_runtime.metrics import install_metrics
 
 
 def create_gateway_app(
@@ -66,6 +67,7 @@ def create_gateway_app(
     app = FastAPI(title="Sluice gateway", lifespan=lifespan)
     app.state.gateway = gw
     install_error_handlers(app)
+    install_metrics(app, "gateway")
     app.include_router(redirect_router(gw))
     app.include_router(bucket_router(gw))
     app.include_router(etl_router(gw))
