@@ -14,10 +14,11 @@ while it:
 
 then it exits. Both waits together are bounded by ``timeout`` (the chart sets
 ``SLUICE_DECOMMISSION_TIMEOUT`` a few seconds under the pod's
-``terminationGracePeriodSeconds``). If it runs out, or the node is lost and
-nothing runs at all, the objects it did not hand over are not silently gone:
-the gateway's ``GET /v1/cluster`` keeps the rebalance ``running`` and lists
-the target (see docs/deploy.md, "Scaling targets").
+``terminationGracePeriodSeconds``). If it runs out, it logs an error naming
+itself; its PVC is retained (``whenScaled: Retain``), so scaling back up
+returns the objects through a rebalance. Known gap: once the pod is gone the
+gateway's ``GET /v1/cluster`` no longer lists it, so an unfinished hand-over
+(or a lost node) shows only in this log, not in the cluster view.
 """
 
 from __future__ import annotations
