@@ -25,6 +25,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from etl_runtime.clustermap import MAX_COPIES, BucketProps
+from etl_runtime.gateway import aiscompat
 from etl_runtime.gateway.context import Gateway, unreachable
 from etl_runtime.gateway.errors import BucketNotFound, InvalidRequest, NoTargets, SluiceError
 from etl_runtime.gateway.placement import RETRY_AFTER_SECONDS
@@ -81,16 +82,21 @@ def _refuse_existing(bucket: str, request: Request, created: bool) -> None:
 def bucket_router(gw: Gateway) -> APIRouter:
     router = APIRouter()
 
-    @router.get("/v1/buckets")
-    async def list_buckets() -> dict[str, Any]:
+    async def bucket_names() -> list[str]:
         if gw.cmap is not None:
-            return {"buckets": sorted(gw.cmap.get().buckets)}
+            return sorted(gw.cmap.get().buckets)
         names: set[str] = set()
         for t, r in await gw.fanout("GET", "/v1/buckets"):
             if not isinstance(r, httpx.Response) or r.status_code != 200:
                 raise unreachable(t, r)
             names.update(r.json()["buckets"])
-        return {"buckets": sorted(names)}
+        return sorted(names)
+
+    @router.get("/v1/buckets", response_model=None)
+    async def list_buckets(request: Request) -> dict[str, Any] | list[dict[str, Any]]:
+        if await aiscompat.list_action(request) is not None:  # the aistore SDK's form
+            return aiscompat.bucket_models(await bucket_names())
+        return {"buckets": await bucket_names()}
 
     @router.post("/v1/buckets/{bucket}")
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
@@ -116,7 +122,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         if gw.cmap is not None:
             exists = bucket in gw.cmap.get().buckets
         else:
-            exists = bucket in (await list_buckets())["buckets"]
+            exists = bucket in await bucket_names()
         if not exists:
             raise _not_found(bucket)
         return Response()
@@ -139,14 +145,24 @@ def bucket_router(gw: Gateway) -> APIRouter:
             raise _not_found(bucket)
         return {"bucket": bucket, "deleted": True}
 
-    @router.get("/v1/buckets/{bucket}")
+    @router.get("/v1/buckets/{bucket}", response_model=None)
     async def list_objects(
         bucket: str,
+        request: Request,
         prefix: str = "",
         start_after: str = "",
         limit: int = Query(1000, ge=1, le=100_000),
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | Response:
         validate_bucket(bucket)
+        action = await aiscompat.list_action(request, bucket)
+        if action is not None:  # the aistore SDK's form: an LsoResult, msgpack if asked
+            prefix, start_after, size = aiscompat.page_args(action, bucket)
+            page = await list_page(bucket, prefix, start_after, size or aiscompat.DEFAULT_PAGE)
+            uuid = str(action.get("uuid") or "")
+            return aiscompat.lso_result(page["objects"], page["next"], request, uuid)
+        return await list_page(bucket, prefix, start_after, limit)
+
+    async def list_page(bucket: str, prefix: str, start_after: str, limit: int) -> dict[str, Any]:
         if gw.cmap is not None:
             _check_listable(bucket)
         params = {"prefix": prefix, "start_after": start_after, "limit": limit}

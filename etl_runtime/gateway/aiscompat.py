@@ -1,0 +1,139 @@
+"""AIStore's wire shapes, for the official ``aistore`` Python SDK (2.0.x).
+
+Sluice's own API answers in its own JSON; the official SDK sends some calls in
+AIStore's form and parses AIStore's answers, so the gateway recognises those
+requests and answers them in kind:
+
+* a listing is ``GET /v1/buckets/{b}`` with a JSON body ``{"action": "list",
+  "value": {"prefix", "pagesize", "continuation_token", "start_after", ...}}``
+  and ``Accept: application/msgpack``; the answer is an ``LsoResult``
+  (``{"UUID", "ContinuationToken", "Flags", "Entries": [{"n", "s", "cs", ...}]}``)
+  in msgpack (the SDK's JSON path cannot parse it) — ``msgspec`` encodes it;
+* ``cluster().list_buckets()`` is ``GET /v1/buckets`` with ``{"action": "list"}``
+  and wants ``[{"name", "provider", "namespace"}]``;
+* the ETL list and details (``GET /v1/etl[/name]``) from a client whose
+  ``User-Agent`` starts with ``ais/python`` get ``[ETLInfo]`` and
+  ``ETLDetails``; stop, start and delete already share AIStore's shape.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+from uuid import uuid4
+
+import msgspec
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from etl_runtime.cluster import EtlRecord
+from etl_runtime.gateway.errors import InvalidRequest
+from etl_runtime.target.jsonbody import read_json
+
+MSGPACK = "application/msgpack"
+AIS_USER_AGENT = "ais/python"
+MAX_PAGE = 10_000
+DEFAULT_PAGE = 1_000
+
+
+def from_ais_sdk(request: Request) -> bool:
+    return request.headers.get("user-agent", "").startswith(AIS_USER_AGENT)
+
+
+async def list_action(request: Request, bucket: str | None = None) -> dict[str, Any] | None:
+    """The ``{"action": "list", "value": {...}}`` body of a GET, or None when there is none."""
+    if not request.headers.get("content-length", "0").strip("0") and (
+        "transfer-encoding" not in request.headers
+    ):
+        return None
+    body = await read_json(request, 'the list action {"action": "list", "value": {...}}')
+    if not isinstance(body, dict) or body.get("action") != "list":
+        raise InvalidRequest(
+            f"unsupported body for a listing: {str(body)[:100]!r}; "
+            'send {"action": "list", "value": {...}} or query parameters',
+            bucket=bucket,
+        )
+    value = body.get("value") or {}
+    if not isinstance(value, dict):
+        raise InvalidRequest("'value' of the list action must be an object", bucket=bucket)
+    return value
+
+
+def page_args(value: dict[str, Any], bucket: str) -> tuple[str, str, int]:
+    """(prefix, start_after, limit) from an AIStore list message."""
+    prefix = value.get("prefix") or ""
+    token = value.get("continuation_token") or value.get("start_after") or ""
+    size = value.get("pagesize") or DEFAULT_PAGE
+    if not isinstance(prefix, str) or not isinstance(token, str):
+        raise InvalidRequest("prefix and continuation_token must be strings", bucket=bucket)
+    if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+        raise InvalidRequest(f"pagesize must be a non-negative integer, got {size!r}")
+    return prefix, token, min(size, MAX_PAGE)
+
+
+def lso_result(
+    objects: list[dict[str, Any]], next_name: str | None, request: Request, uuid: str = ""
+) -> Response:
+    """An ``LsoResult``; ``UUID`` names the listing (the SDK's iterator stops only with one)."""
+    entries = [
+        {
+            "n": o["name"],
+            "s": int(o["size"]),
+            "cs": o.get("etag", ""),
+            "a": str(o.get("mtime", "")),
+            "v": "",
+            "t": "",
+            "c": 1,
+            "f": 0,
+        }
+        for o in objects
+    ]
+    result = {
+        "UUID": uuid or uuid4().hex,
+        "ContinuationToken": next_name or "",
+        "Flags": 0,
+        "Entries": entries,
+    }
+    if MSGPACK in request.headers.get("accept", ""):
+        return Response(msgspec.msgpack.encode(result), media_type=MSGPACK)
+    return JSONResponse(result)
+
+
+def bucket_models(names: list[str]) -> list[dict[str, Any]]:
+    return [{"name": n, "provider": "ais", "namespace": {"uuid": "", "name": ""}} for n in names]
+
+
+def etl_info(record: EtlRecord, stats: dict[str, Any]) -> dict[str, Any]:
+    stage = {"Running": "Running", "Stopped": "Aborted", "Error": "Aborted"}.get(
+        record.phase, "Initializing"
+    )
+    return {
+        "id": record.name,
+        "xaction_id": record.uid,
+        "stage": stage,
+        "obj_count": int(stats.get("objects", 0)),
+        "in_bytes": int(stats.get("bytes_in", 0)),
+        "out_bytes": int(stats.get("bytes_out", 0)),
+    }
+
+
+def etl_details(record: EtlRecord, last_errors: list[dict[str, Any]]) -> dict[str, Any]:
+    code = record.spec.to_dict().get("code") or {}
+    source = code.get("source") if isinstance(code, dict) else None
+    init_msg: dict[str, Any] = {
+        "name": record.name,
+        "communication": "hpush://",
+        "init_timeout": None,
+        "obj_timeout": None,
+        "chunk_size": 0,
+        "runtime": "python3.11",
+    }
+    if isinstance(source, str):
+        init_msg["code"] = base64.b64encode(source.encode()).decode()
+    return {
+        "init_msg": init_msg,
+        "obj_errors": [
+            {"obj_name": e.get("object") or "", "msg": str(e.get("error")), "ecode": 422}
+            for e in last_errors
+        ],
+    }
