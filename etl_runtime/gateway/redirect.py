@@ -62,6 +62,26 @@ def _expects_continue(request: Request) -> bool:
     return request.headers.get("expect", "").lower() == "100-continue"
 
 
+def _has_body(request: Request) -> bool:
+    """A body is on its way (``Content-Length`` > 0, or chunked)."""
+    if "transfer-encoding" in request.headers:
+        return True
+    return request.headers.get("content-length", "0").strip() not in ("", "0")
+
+
+def _should_proxy(request: Request) -> bool:
+    """Proxy a PUT whose body is already on the wire; redirect everything else.
+
+    A PUT without a body is never proxied: Sluice's SDK sends its first hop
+    empty to learn the owner from the 307 and then sends the body straight to
+    the target; proxying that probe would write an empty object, and if the
+    real upload then failed, the probe would have replaced the last
+    acknowledged version (an empty object is still created by a 307 to the
+    target, which gets the same empty body).
+    """
+    return request.method == "PUT" and not _expects_continue(request) and _has_body(request)
+
+
 async def _proxy_put(gw: Gateway, request: Request, location: str, obj: str) -> Response:
     """Stream the body of a PUT to its owner and pass the owner's answer back."""
     headers = {
@@ -109,7 +129,7 @@ def redirect_router(gw: Gateway) -> APIRouter:
 
     @router.api_route("/v1/objects/{bucket}/{name:path}", methods=METHODS)
     async def object_call(bucket: str, name: str, request: Request) -> Response:
-        proxy = request.method == "PUT" and not _expects_continue(request)
+        proxy = _should_proxy(request)
         try:
             validate_names(bucket, name)
             refuse_unknown_object_params(request, bucket, name)

@@ -141,3 +141,22 @@ def test_token_signed_redirects(secured: Cluster) -> None:
     loc = httpx.put(url, headers={**bearer, "Expect": "100-continue"}).headers["location"]
     assert httpx.delete(loc).status_code == 401
     assert httpx.delete(url, headers=bearer, follow_redirects=True).status_code == 200
+
+
+def test_an_empty_put_is_redirected_not_proxied(cluster: Cluster) -> None:
+    """Sluice's SDK probes with an empty PUT to learn the owner: that must write nothing.
+
+    Proxying the probe wrote an empty object first; when the real upload then
+    failed, the last acknowledged version had been replaced by nothing.
+    """
+    mkbucket(cluster)
+    c = cluster.client
+    assert c.put("/v1/objects/b/kept", content=b"v1").status_code == 200
+    r = httpx.put(f"{cluster.url}/v1/objects/b/kept", content=b"")
+    assert r.status_code == 307 and r.headers["location"].endswith("/v1/objects/b/kept")
+    assert c.get("/v1/objects/b/kept").content == b"v1"
+    from etl_runtime import Client
+
+    with Client(cluster.url) as sdk:
+        sdk.bucket("b").object("kept").put_content(b"v2")
+    assert c.get("/v1/objects/b/kept").content == b"v2"
