@@ -131,7 +131,19 @@ def main(argv: list[str] | None = None) -> int:
     import etl_operator.handlers  # noqa: F401  (registers the handlers)
 
     if args.metrics_port:
-        serve_metrics(args.metrics_port)
+        # The pod's own address (the chart sets POD_IP): pods that share a host
+        # network (hostNetwork, the test suite's process kubelet) must not all
+        # claim 0.0.0.0:PORT. Metrics are not worth a crash loop of the operator.
+        addr = os.environ.get("POD_IP") or "0.0.0.0"
+        try:
+            serve_metrics(args.metrics_port, addr)
+        except OSError as e:
+            logging.getLogger("etl_operator").error(
+                "metrics: cannot listen on %s:%d (%s); serving without /metrics",
+                addr,
+                args.metrics_port,
+                e,
+            )
     peering = peering_of(args, clusterwide)
     if peering is not None:
         logging.getLogger("etl_operator").info(
