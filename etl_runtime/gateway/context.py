@@ -39,6 +39,7 @@ class Gateway:
     cmap: ClusterMapStore | None = None
     members: list[str] | None = None  # configured members; default: every known target
     membership: MembershipSource | None = None  # Kubernetes: members from the StatefulSet
+    rebalance_monitor: Any = field(default=None, repr=False)  # membership.RebalanceMonitor
     _http: httpx.AsyncClient | None = field(default=None, repr=False)
 
     async def start(self) -> None:

@@ -88,6 +88,9 @@ class RebalanceMonitor:
         self.gw = gw
         self._task: asyncio.Task[None] | None = None
         self._alive: set[str] | None = None
+        self.done: dict[str, int] = {}  # target -> the last rebalance_id it reported done
+        self.waiting_for: list[str] = []  # holders away before handing their objects over
+        gw.rebalance_monitor = self
 
     async def start(self) -> None:
         if self.gw.cmap is not None and self._task is None:
@@ -127,13 +130,21 @@ class RebalanceMonitor:
         if not cmap.rebalancing:
             return
         holders = set(cmap.members) | set(cmap.previous or ())
-        known = {t.id for t in gw.known_targets()}
-        if not (holders & known) <= alive:
-            return  # someone who holds objects is away: not done
         progress = await target_progress(gw)
-        for tid in holders & known:
-            p = progress.get(tid)
-            if not p or p.get("rebalance_id") != cmap.rebalance_id or p.get("state") != "done":
+        for tid, p in progress.items():
+            if p and p.get("state") == "done" and p.get("rebalance_id") is not None:
+                self.done[tid] = int(p["rebalance_id"])
+        # A holder that is gone (a pod deleted on scale-down, a lost node) counts
+        # only if it was seen done with this rebalance; else its objects have
+        # not moved, and that is reported (waiting_for), never finished silently.
+        waiting = sorted(
+            t for t in holders if t not in alive and self.done.get(t) != cmap.rebalance_id
+        )
+        self.waiting_for = waiting
+        if waiting:
+            return
+        for tid in holders & alive:
+            if self.done.get(tid) != cmap.rebalance_id:
                 return
         gw.cmap.update(lambda m: m.rebalanced(cmap.rebalance_id))
         log.warning("rebalance %d finished", cmap.rebalance_id)
@@ -177,6 +188,9 @@ async def cluster_view(gw: Gateway) -> dict[str, Any]:
         "rebalance": {
             "id": cmap.rebalance_id,
             "state": "running" if cmap.rebalancing else "idle",
+            "waiting_for": list(getattr(gw.rebalance_monitor, "waiting_for", []))
+            if cmap.rebalancing
+            else [],
             "previous_members": list(cmap.previous) if cmap.previous is not None else None,
             **totals,
         },

@@ -144,11 +144,13 @@ class Placement:
         if not self.may_be_elsewhere(bucket):
             return False
         assert self.peers is not None
+        unreachable: list[str] = []
         for t in self._elsewhere(bucket, name):
             try:
                 body = await self.peers.fetch(t, bucket, name)
             except PeerError as e:
                 log.warning("get-from-neighbor %s/%s: %s", bucket, name, e)
+                unreachable.append(t)
                 continue
             if body is None:
                 continue
@@ -156,8 +158,18 @@ class Placement:
                 await self.store.write_object(bucket, name, body, if_absent=True)
             except PeerError as e:
                 log.warning("get-from-neighbor %s/%s: %s", bucket, name, e)
+                unreachable.append(t)
                 continue
             return True
+        if unreachable:  # it may be there: a 404 could be a lie
+            raise CopyFailed(
+                f"{bucket}/{name} is not here yet and target(s) {', '.join(unreachable)} "
+                f"that may hold it are not reachable; retry in {RETRY_AFTER_SECONDS}s",
+                retry_after=RETRY_AFTER_SECONDS,
+                bucket=bucket,
+                object=name,
+                target=unreachable[0],
+            )
         return False
 
     async def ensure_local(self, bucket: str, name: str) -> None:

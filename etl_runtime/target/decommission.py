@@ -16,9 +16,11 @@ then it exits. Both waits together are bounded by ``timeout`` (the chart sets
 ``SLUICE_DECOMMISSION_TIMEOUT`` a few seconds under the pod's
 ``terminationGracePeriodSeconds``). If it runs out, it logs an error naming
 itself; its PVC is retained (``whenScaled: Retain``), so scaling back up
-returns the objects through a rebalance. Known gap: once the pod is gone the
-gateway's ``GET /v1/cluster`` no longer lists it, so an unfinished hand-over
-(or a lost node) shows only in this log, not in the cluster view.
+returns the objects through a rebalance. An unfinished hand-over (or a lost
+node) is not silent: the gateways' rebalance monitor keeps the rebalance
+running and lists this target in ``GET /v1/cluster`` -> ``rebalance.waiting_for``,
+and reads of objects it may hold answer 503 naming it instead of 404. After a
+clean hand-over the target lingers ``LINGER_SECONDS`` so the monitors see it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from etl_runtime.clustermap import ClusterMapStore
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 25.0
 POLL_SECONDS = 0.5
+
+
+LINGER_SECONDS = 3.0
 
 
 def timeout_from_env() -> float:
@@ -75,6 +80,10 @@ async def decommission(
                 if status.get("rebalance_id") == m.rebalance_id and status.get("state") == "done":
                     log.warning("%s handed its objects over (rebalance %d): %s",
                                 self_id, m.rebalance_id, status)  # fmt: skip
+                    # Stay long enough for the gateways' monitors (once a second)
+                    # to see "done": a holder that vanishes unseen keeps the
+                    # rebalance open and is reported as waiting_for.
+                    await asyncio.sleep(LINGER_SECONDS)
                     return True
             await asyncio.sleep(POLL_SECONDS)
     log.error("%s: decommission did not finish in %.0fs; objects still here are reported "

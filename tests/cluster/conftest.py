@@ -47,15 +47,24 @@ class MapCluster:
     live: Liveness = field(default_factory=Liveness)
     registry: DictRegistry = field(default_factory=DictRegistry)
     url: str = ""
+    servers: dict[str, contextlib.ExitStack] = field(default_factory=dict)
     _gateway: contextlib.ExitStack | None = None
 
     def add_target(self, tid: str) -> TargetInfo:
         app = create_target_app(
             tid, self.tmp / tid, self.registry, cluster_key=CLUSTER_KEY, cluster_map=self.cmap
         )
-        info = TargetInfo(id=tid, url=self.stack.enter_context(serve_in_thread(app)))
+        own = contextlib.ExitStack()
+        info = TargetInfo(id=tid, url=own.enter_context(serve_in_thread(app)))
+        self.stack.callback(own.close)
+        self.servers[tid] = own
         self.live.all.append(info)
         return info
+
+    def stop_target(self, tid: str) -> None:
+        """Stop a target's server for good (a lost node): nobody can reach it."""
+        self.servers.pop(tid).close()
+        self.live.down.add(tid)
 
     def start_gateway(self, members: list[str] | None = None) -> str:
         if self._gateway is not None:

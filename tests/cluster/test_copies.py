@@ -8,6 +8,7 @@ paused or restarting target looks like to it.
 from __future__ import annotations
 
 import hashlib
+import time
 
 from etl_runtime.cli import format_cluster
 from tests.cluster.conftest import MapCluster, wait_for
@@ -100,3 +101,27 @@ def test_late_target_serves_existing_buckets(map_cluster: MapCluster) -> None:
     assert http.delete("/v1/buckets/early").status_code == 200
     assert http.get("/v1/buckets").json() == {"buckets": []}
     assert http.get("/v1/objects/early/a").status_code == 404
+
+
+def test_a_target_lost_before_handing_over_is_reported_not_hidden(
+    map_cluster: MapCluster,
+) -> None:
+    c = map_cluster
+    three(c)
+    http = c.client()
+    http.post("/v1/buckets/b", json={"action": "create-bck"})
+    for i in range(30):
+        assert http.put(f"/v1/objects/b/o{i}", content=b"x%d" % i).status_code == 200
+    on_t2 = [f"o{i}" for i in range(30) if c.cmap.get().owners("b", f"o{i}") == ["t2"]]
+    assert on_t2
+    c.stop_target("t2")  # its node is lost: it never hands its objects over
+    c.start_gateway(["t0", "t1"])  # scaled down to 2
+    http = c.client()
+    wait_for(lambda: http.get("/v1/cluster").json()["rebalance"]["waiting_for"] == ["t2"], 30)
+    time.sleep(2)  # and it stays so: the rebalance does not end silently
+    view = http.get("/v1/cluster").json()
+    assert view["rebalance"]["state"] == "running" and view["rebalance"]["waiting_for"] == ["t2"]
+    r = http.get(f"/v1/objects/b/{on_t2[0]}")  # may be on t2: a 503 naming it, not a 404
+    assert r.status_code == 503 and r.json()["target"] == "t2", r.text
+    kept = next(f"o{i}" for i in range(30) if f"o{i}" not in on_t2)
+    assert http.get(f"/v1/objects/b/{kept}").content == b"x" + kept[1:].encode()
