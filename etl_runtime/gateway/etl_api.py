@@ -13,7 +13,7 @@ import datetime
 from typing import Any
 
 import httpx
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 
 from etl_runtime import spec as etl_spec
 from etl_runtime.cluster import EtlRecord
@@ -22,6 +22,7 @@ from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.errors import EtlNotFound, InvalidRequest, InvalidSpec
 from etl_runtime.target.etl_forward import STAT_FIELDS
 from etl_runtime.target.jsonbody import read_json
+from etl_runtime.target.params import refuse_unknown
 
 LAST_ERRORS = 20
 
@@ -101,8 +102,21 @@ async def details(gw: Gateway, record: EtlRecord) -> dict[str, Any]:
     }
 
 
+def refuse_unknown_etl_params(request: Request) -> None:
+    """The ETL routes take no query parameters but ``tail`` on logs and ``uuid`` on
+    details (the aistore SDK's ``view()`` sends it, empty or the ETL's uid)."""
+    name = request.path_params.get("name")
+    if request.url.path.endswith("/logs"):
+        known: tuple[str, ...] = ("tail",)
+    elif name and request.method == "GET":
+        known = ("uuid",)
+    else:
+        known = ()
+    refuse_unknown(request, known, etl=name)
+
+
 def etl_router(gw: Gateway) -> APIRouter:
-    router = APIRouter()
+    router = APIRouter(dependencies=[Depends(refuse_unknown_etl_params)])
     backend = gw.backend
 
     async def existing(name: str) -> EtlRecord:
@@ -141,6 +155,9 @@ def etl_router(gw: Gateway) -> APIRouter:
     @router.get("/v1/etl/{name}")
     async def get_etl(name: str, request: Request) -> dict[str, Any]:
         record = await existing(name)
+        uuid = request.query_params.get("uuid")
+        if uuid and uuid != record.uid:
+            raise EtlNotFound(f"ETL {name!r} has uid {record.uid!r}, not {uuid!r}", etl=name)
         if aiscompat.from_ais_sdk(request):  # ETLDetails
             return aiscompat.etl_details(record, (await gather_stats(gw, name))[1])
         return await details(gw, record)

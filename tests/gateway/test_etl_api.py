@@ -108,3 +108,17 @@ def test_etl_mutations_need_token(secured: Cluster) -> None:
     assert httpx.get(f"{url}/v1/etl/rev").json()["phase"] == "Initializing"
     ok = {"Authorization": f"Bearer {TOKEN}"}
     assert httpx.post(f"{url}/v1/etl/rev/stop", headers=ok).json()["phase"] == "Stopped"
+
+
+def test_unknown_query_parameters_on_etl_routes_are_refused(cluster: Cluster) -> None:
+    for method, path in (
+        ("GET", "/v1/etl?bogus=1"),
+        ("GET", "/v1/etl/x?etl_pipeline=a,b"),
+        ("POST", "/v1/etl/x/stop?now=1"),
+        ("GET", "/v1/etl/x/logs?tail=5&grep=err"),
+    ):
+        r = cluster.client.request(method, path)
+        assert r.status_code == 400, (method, path, r.text)
+        assert r.json()["kind"] == "InvalidRequest"
+        bad = path.split("?")[1].split("&")[-1].split("=")[0]
+        assert bad in r.json()["error"]
