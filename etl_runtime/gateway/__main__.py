@@ -30,6 +30,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--host", default=env("SLUICE_HOST", "0.0.0.0"))
     p.add_argument("--port", type=int, default=int(env("SLUICE_PORT", "8080")))
     p.add_argument("--token", default=env("SLUICE_TOKEN"), help="user token for mutating calls")
+    p.add_argument(
+        "--read-token",
+        default=env("SLUICE_READ_TOKEN"),
+        help="if set, reads need this token (or --token)",
+    )
     p.add_argument("--targets", default=env("SLUICE_TARGETS"), help="t0=http://host:port,...")
     p.add_argument(
         "--kubernetes",
@@ -130,6 +135,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         cluster_map=cmap,
         members=members,
         membership=membership,
+        read_token=args.read_token,
     )
     run_server(app, args.host, args.port, on_start=on_start, on_stop=on_stop)
 

@@ -36,6 +36,7 @@ def create_gateway_app(
     cluster_map: ClusterMapStore | None = None,
     members: list[str] | None = None,
     membership: MembershipSource | None = None,
+    read_token: str | None = None,
 ) -> FastAPI:
     """The gateway; with ``cluster_map`` placement is over its members (see placement)."""
     gw = Gateway(
@@ -46,6 +47,7 @@ def create_gateway_app(
         cmap=cluster_map,
         members=members,
         membership=membership,
+        read_token=read_token or None,
     )
     monitor = RebalanceMonitor(gw)
 

@@ -94,6 +94,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
 
     @router.get("/v1/buckets", response_model=None)
     async def list_buckets(request: Request) -> dict[str, Any] | list[dict[str, Any]]:
+        gw.require_read(request)
         if await aiscompat.list_action(request) is not None:  # the aistore SDK's form
             return aiscompat.bucket_models(await bucket_names())
         return {"buckets": await bucket_names()}
@@ -119,6 +120,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
     async def head_bucket(bucket: str, request: Request) -> Response:
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
+        gw.require_read(request)
         if gw.cmap is not None:
             exists = bucket in gw.cmap.get().buckets
         else:
@@ -154,6 +156,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         limit: int = Query(1000, ge=1, le=100_000),
     ) -> dict[str, Any] | Response:
         validate_bucket(bucket)
+        gw.require_read(request)
         action = await aiscompat.list_action(request, bucket)
         if action is not None:  # the aistore SDK's form: an LsoResult, msgpack if asked
             prefix, start_after, size = aiscompat.page_args(action, bucket)

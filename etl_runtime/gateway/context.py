@@ -37,6 +37,7 @@ class Gateway:
     token: str | None = None
     cluster_key: str | None = None
     cmap: ClusterMapStore | None = None
+    read_token: str | None = None  # if set, reads need it (or the user token)
     members: list[str] | None = None  # configured members; default: every known target
     membership: MembershipSource | None = None  # Kubernetes: members from the StatefulSet
     rebalance_monitor: Any = field(default=None, repr=False)  # membership.RebalanceMonitor
@@ -65,13 +66,24 @@ class Gateway:
     def caller_has_token(self, request: Request) -> bool:
         return auth.bearer_ok(request.headers.get("authorization"), self.token)
 
+    def caller_may_read(self, request: Request) -> bool:
+        return auth.read_ok(request.headers.get("authorization"), self.read_token, self.token)
+
     def require_write(self, request: Request) -> None:
         if not self.caller_has_token(request):
             raise Unauthorized()
 
+    def require_read(self, request: Request) -> None:
+        if not self.caller_may_read(request):
+            raise Unauthorized(
+                "this call reads data: send "
+                "'Authorization: Bearer <SLUICE_READ_TOKEN or SLUICE_TOKEN>'"
+            )
+
     def target_headers(self) -> dict[str, str]:
         """Headers for the gateway's own calls to targets (it holds the user token)."""
-        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        held = self.token or self.read_token
+        return {"Authorization": f"Bearer {held}"} if held else {}
 
     # -- targets ---------------------------------------------------------------
 

@@ -15,11 +15,12 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Depends, Query, Request
 
+from etl_runtime import auth
 from etl_runtime import spec as etl_spec
 from etl_runtime.cluster import EtlRecord
 from etl_runtime.gateway import aiscompat
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.errors import EtlNotFound, InvalidRequest, InvalidSpec
+from etl_runtime.gateway.errors import EtlNotFound, InvalidRequest, InvalidSpec, Unauthorized
 from etl_runtime.target.etl_forward import STAT_FIELDS
 from etl_runtime.target.jsonbody import read_json
 from etl_runtime.target.params import refuse_unknown
@@ -147,6 +148,7 @@ def etl_router(gw: Gateway) -> APIRouter:
 
     @router.get("/v1/etl", response_model=None)
     async def list_etls(request: Request) -> dict[str, Any] | list[dict[str, Any]]:
+        gw.require_read(request)
         records = await backend.list()
         if aiscompat.from_ais_sdk(request):  # the official aistore SDK: [ETLInfo]
             return [aiscompat.etl_info(r, (await gather_stats(gw, r.name))[0]) for r in records]
@@ -154,6 +156,7 @@ def etl_router(gw: Gateway) -> APIRouter:
 
     @router.get("/v1/etl/{name}")
     async def get_etl(name: str, request: Request) -> dict[str, Any]:
+        gw.require_read(request)
         record = await existing(name)
         uuid = request.query_params.get("uuid")
         if uuid and uuid != record.uid:
@@ -188,7 +191,13 @@ def etl_router(gw: Gateway) -> APIRouter:
         return {"name": name, "deleted": True}
 
     @router.get("/v1/etl/{name}/logs")
-    async def logs(name: str, tail: int = Query(200, ge=1, le=100_000)) -> dict[str, Any]:
+    async def logs(
+        name: str, request: Request, tail: int = Query(200, ge=1, le=100_000)
+    ) -> dict[str, Any]:
+        # Logs can carry user data (error messages): a token is needed once one is set.
+        held = request.headers.get("authorization")
+        if not auth.read_ok(held, gw.read_token or gw.token, gw.token):
+            raise Unauthorized("ETL logs can hold user data: send 'Authorization: Bearer <token>'")
         await existing(name)
         out: dict[str, str] = {}
         if gw.discovery.targets():

@@ -51,7 +51,10 @@ def redirect_location(gw: Gateway, request: Request, bucket: str, name: str) -> 
         for k, v in parse_qsl(request.url.query, keep_blank_values=True)
         if k not in SIGNATURE_PARAMS
     ]
-    if gw.token and gw.cluster_key and gw.caller_has_token(request):
+    writes = request.method in MUTATING
+    protected = gw.token if writes else gw.read_token
+    allowed = gw.caller_has_token(request) if writes else gw.caller_may_read(request)
+    if protected and gw.cluster_key and allowed:
         signed = auth.sign_redirect(gw.cluster_key, request.method, object_path(bucket, name))
         query += list(signed.items())
     location = object_url(owner.url, bucket, name)
@@ -135,6 +138,8 @@ def redirect_router(gw: Gateway) -> APIRouter:
             refuse_unknown_object_params(request, bucket, name)
             if request.method in MUTATING:
                 gw.require_write(request)
+            else:
+                gw.require_read(request)
             location = redirect_location(gw, request, bucket, name)
             if proxy:
                 return await _proxy_put(gw, request, location, f"{bucket}/{name}")

@@ -85,6 +85,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=8080, help="gateway port (0: pick a free one)")
     p.add_argument("--data-dir", default="./sluice-data", help="objects, ETLs, logs, cluster key")
     p.add_argument("--token", default=os.environ.get("SLUICE_TOKEN"), help="user token")
+    p.add_argument(
+        "--read-token",
+        default=os.environ.get("SLUICE_READ_TOKEN"),
+        help="if set, reads (GET, HEAD, listings, ETL details) need it or --token",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address the servers bind to")
     p.add_argument(
         "--restart-reset",
@@ -130,6 +135,8 @@ class Supervisor:
         env["PYTHONUNBUFFERED"] = "1"
         if self.args.token:
             env["SLUICE_TOKEN"] = self.args.token
+        if self.args.read_token:
+            env["SLUICE_READ_TOKEN"] = self.args.read_token
         return env
 
     def start(self) -> str:

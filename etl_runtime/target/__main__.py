@@ -54,6 +54,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--data-dir", default=env("SLUICE_DATA_DIR"), help="object storage root")
     p.add_argument("--token", default=env("SLUICE_TOKEN"), help="user token for mutating calls")
+    p.add_argument(
+        "--read-token",
+        default=env("SLUICE_READ_TOKEN"),
+        help="if set, reads need this token (or --token)",
+    )
     p.add_argument("--registry", default=env("SLUICE_REGISTRY"), help="file:DIR or kubernetes")
     p.add_argument(
         "--cluster-map",
@@ -90,7 +95,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as e:
         raise SystemExit(f"sluice-target: {e}") from None
     app = create_target_app(
-        args.id, args.data_dir, registry, token=args.token, cluster_key=key, cluster_map=cmap
+        args.id,
+        args.data_dir,
+        registry,
+        token=args.token,
+        cluster_key=key,
+        cluster_map=cmap,
+        read_token=args.read_token,
     )
     close = getattr(registry, "close", None)  # the Kubernetes registry's watch
     before_exit = None

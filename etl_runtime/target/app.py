@@ -12,12 +12,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import PlainTextResponse
 
 from etl_runtime.cluster import EtlRegistry
 from etl_runtime.clustermap import ClusterMapStore
 from etl_runtime.metrics import StorageCollector, install_metrics
+from etl_runtime.target.access import require_read
 from etl_runtime.target.context import Target
 from etl_runtime.target.copies import Placement
 from etl_runtime.target.errors import install_error_handlers
@@ -36,6 +37,7 @@ def create_target_app(
     token: str | None = None,
     cluster_key: str | None = None,
     cluster_map: ClusterMapStore | None = None,
+    read_token: str | None = None,
 ) -> FastAPI:
     """A target; with ``cluster_map`` it keeps copies, rebalances and reads from neighbors."""
     peers = Peers(target_id, cluster_map, cluster_key) if cluster_map is not None else None
@@ -55,6 +57,7 @@ def create_target_app(
         token=token or None,
         cluster_key=cluster_key or None,
         placement=placement,
+        read_token=read_token or None,
     )
 
     @contextlib.asynccontextmanager
@@ -82,12 +85,21 @@ def create_target_app(
     async def health() -> dict[str, Any]:
         return {"status": "ok", "role": "target", "id": target_id}
 
+    def require_token(request: Request) -> None:
+        """ETL stats and logs can carry user data (error messages): the token's holders only."""
+        if token or read_token:
+            require_read(request, read_token or token, token, None)
+
     @app.get("/v1/_etl/{name}/stats")
-    async def etl_stats(name: str) -> dict[str, Any]:
+    async def etl_stats(name: str, request: Request) -> dict[str, Any]:
+        require_token(request)
         return await forwarder.stats(name)
 
     @app.get("/v1/_etl/{name}/logs", response_class=PlainTextResponse)
-    async def etl_logs(name: str, tail: int = Query(200, ge=1, le=100_000)) -> str:
+    async def etl_logs(
+        name: str, request: Request, tail: int = Query(200, ge=1, le=100_000)
+    ) -> str:
+        require_token(request)
         return await forwarder.logs(name, tail)
 
     return app

@@ -19,3 +19,4 @@ class Target:
     token: str | None = None
     cluster_key: str | None = None
     placement: Placement | None = None
+    read_token: str | None = None

@@ -16,7 +16,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from etl_runtime.target.access import object_path, require_write
+from etl_runtime.target.access import object_path, require_read, require_write
 from etl_runtime.target.context import Target
 from etl_runtime.target.errors import InvalidName, InvalidRequest, ObjectNotFound
 from etl_runtime.target.names import read_bucket_action, validate_bucket, validate_names
@@ -68,8 +68,12 @@ def object_router(target: Target) -> APIRouter:
     def require(request: Request, signed_path: str | None = None) -> None:
         require_write(request, target.token, target.cluster_key, signed_path)
 
+    def may_read(request: Request, signed_path: str | None = None) -> None:
+        require_read(request, target.read_token, target.token, target.cluster_key, signed_path)
+
     @router.get("/v1/buckets")
-    async def list_buckets() -> dict[str, Any]:
+    async def list_buckets(request: Request) -> dict[str, Any]:
+        may_read(request)
         return {"buckets": await anyio.to_thread.run_sync(store.list_buckets)}
 
     @router.post("/v1/buckets/{bucket}")
@@ -90,10 +94,12 @@ def object_router(target: Target) -> APIRouter:
     @router.get("/v1/buckets/{bucket}")
     async def list_objects(
         bucket: str,
+        request: Request,
         prefix: str = "",
         start_after: str = "",
         limit: int = Query(1000, ge=1, le=100_000),
     ) -> dict[str, Any]:
+        may_read(request)
         page, nxt = await anyio.to_thread.run_sync(
             store.list_objects, bucket, prefix, start_after, limit
         )
@@ -107,6 +113,7 @@ def object_router(target: Target) -> APIRouter:
     async def head_bucket(bucket: str, request: Request) -> Response:
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
+        may_read(request)
         await anyio.to_thread.run_sync(store.bucket_dir, bucket)  # BucketNotFound: 404
         return Response()
 
@@ -131,6 +138,7 @@ def object_router(target: Target) -> APIRouter:
     ) -> Response:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
+        may_read(request, object_path(bucket, name))
         if etl_name and "range" in request.headers:
             raise InvalidRequest(
                 f"Range is not supported with etl_name={etl_name!r}: the transformed "
@@ -175,6 +183,7 @@ def object_router(target: Target) -> APIRouter:
     async def head_object(bucket: str, name: str, request: Request) -> Response:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
+        may_read(request, object_path(bucket, name))
         if placement:
             await placement.ensure_local(bucket, name)
         info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)

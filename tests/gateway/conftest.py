@@ -87,18 +87,29 @@ class Cluster:
 
 
 @contextlib.contextmanager
-def run_cluster(tmp_path: Path, token: str | None = None, n: int = 2) -> Iterator[Cluster]:
+def run_cluster(
+    tmp_path: Path, token: str | None = None, n: int = 2, read_token: str | None = None
+) -> Iterator[Cluster]:
     registry = DictRegistry()
     with contextlib.ExitStack() as stack:
         targets, dirs = [], {}
         for i in range(n):
             tid = f"t{i}"
             dirs[tid] = tmp_path / tid
-            app = create_target_app(tid, dirs[tid], registry, token=token, cluster_key=CLUSTER_KEY)
+            app = create_target_app(
+                tid,
+                dirs[tid],
+                registry,
+                token=token,
+                cluster_key=CLUSTER_KEY,
+                read_token=read_token,
+            )
             targets.append(TargetInfo(id=tid, url=stack.enter_context(serve_in_thread(app))))
         discovery = StaticDiscovery(targets)
         backend = DictBackend(registry)
-        gw = create_gateway_app(discovery, backend, token=token, cluster_key=CLUSTER_KEY)
+        gw = create_gateway_app(
+            discovery, backend, token=token, cluster_key=CLUSTER_KEY, read_token=read_token
+        )
         url = stack.enter_context(serve_in_thread(gw))
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         client = stack.enter_context(

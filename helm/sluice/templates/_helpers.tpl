@@ -60,6 +60,15 @@ app.kubernetes.io/component: {{ .component }}
 {{- default (printf "%s-token" (include "sluice.fullname" .)) .Values.auth.existingSecret -}}
 {{- end -}}
 
+{{- define "sluice.readTokenSecretName" -}}
+{{- default (printf "%s-read-token" (include "sluice.fullname" .)) .Values.auth.readTokenExistingSecret -}}
+{{- end -}}
+
+{{/* True (non-empty) when servers must check a read token on reads. */}}
+{{- define "sluice.readTokenEnabled" -}}
+{{- if or .Values.auth.readToken .Values.auth.readTokenExistingSecret -}}true{{- end -}}
+{{- end -}}
+
 {{/* True (non-empty) when servers must check a user token. */}}
 {{- define "sluice.tokenEnabled" -}}
 {{- if or .Values.auth.token .Values.auth.existingSecret -}}true{{- end -}}
@@ -122,6 +131,13 @@ imagePullSecrets:
     secretKeyRef:
       name: {{ include "sluice.tokenSecretName" . }}
       key: {{ .Values.auth.existingSecretKey | default "token" }}
+{{- end }}
+{{- if include "sluice.readTokenEnabled" . }}
+- name: SLUICE_READ_TOKEN
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sluice.readTokenSecretName" . }}
+      key: {{ .Values.auth.readTokenExistingSecretKey | default "read-token" }}
 {{- end }}
 - name: PYTHONUNBUFFERED
   value: "1"
