@@ -10,6 +10,10 @@ prints objects/s, MB/s, CPU milliseconds per object of each process role
 (client, gateway, target, transformer server, workers: load-independent, unlike
 the rates) and the ETL/plain ratio for each size (median over the rounds).
 
+Gateway and targets share a cluster map (``DIR/cluster.json``) as under
+``sluice up``, so placement, ownership checks and the map's per-request reads
+are measured too. ``SLUICE_LOOP=asyncio|uvloop`` picks the servers' event loop.
+
 The targets learn their transformer from a ``FileRegistry`` directory that this
 script writes itself (``DIR/etl/identity.json`` = ``EtlRecord.to_dict()``), so
 the measurement covers the data path only, not the local ETL controller.
@@ -103,6 +107,8 @@ def local_cluster(workdir: Path, transformer_workers: int) -> Iterator[str]:
                 str(workdir / "targets" / tid),
                 "--registry",
                 f"file:{registry_dir}",
+                "--cluster-map",
+                f"file:{workdir / 'cluster.json'}",
             ]
             stack.enter_context(serve_process(args, f"{url}/v1/health", env=base_env))
             targets.append(f"{tid}={url}")
@@ -119,6 +125,8 @@ def local_cluster(workdir: Path, transformer_workers: int) -> Iterator[str]:
             ",".join(targets),
             "--state-dir",
             str(workdir / "gateway-state"),
+            "--cluster-map",
+            f"file:{workdir / 'cluster.json'}",
         ]
         stack.enter_context(serve_process(args, f"{url}/v1/health", env=base_env))
         yield url

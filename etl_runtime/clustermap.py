@@ -36,6 +36,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from etl_runtime.durable import write_atomic
+
 MAX_COPIES = 3
 
 
@@ -186,17 +188,25 @@ class FileClusterMap:
     """The map as one JSON file: written by the gateway, read by every target.
 
     Writes take an ``flock`` on ``<file>.lock``, write a temp file, fsync it,
-    rename it into place and fsync the directory. Reads are cached and re-read
-    when the file's mtime or size changes, so ``get()`` is cheap per request.
+    rename it into place and fsync the directory. Reads are cached: the file is
+    stat'ed at most every ``RECHECK_SECONDS`` (``get()`` runs several times per
+    object request) and re-read when its mtime, size or inode changed.
     """
+
+    RECHECK_SECONDS = 0.05
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._cached: ClusterMap = ClusterMap()
         self._stamp: tuple[int, int, int] | None = None
+        self._checked = -1.0
         self._lock = threading.Lock()
 
     def get(self) -> ClusterMap:
+        now = time.monotonic()
+        if now - self._checked < self.RECHECK_SECONDS and self._stamp is not None:
+            return self._cached
+        self._checked = now
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
@@ -228,29 +238,10 @@ class FileClusterMap:
             old = self.get()
             new = bump_version(old, change(old))
             if new is not old:
-                write_json_atomic(self.path, new.to_dict())
+                write_atomic(self.path, json.dumps(new.to_dict(), indent=1).encode())
                 with self._lock:
                     self._cached, self._stamp = new, None
             return new
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename in ``path`` durable (a power loss could otherwise undo it)."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def open_cluster_map(spec: str | None) -> ClusterMapStore | None:

@@ -14,6 +14,7 @@ The transformer's ``__main__`` hands the choice to uvicorn (``loop=``);
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import os
 from collections.abc import Callable, Mapping
@@ -44,3 +45,12 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop]:
         else:
             return uvloop.new_event_loop
     return asyncio.new_event_loop
+
+
+async def cancel_and_wait(task: asyncio.Task[None] | None) -> None:
+    """Cancel a background task and wait until it has ended (no-op for None)."""
+    if task is None:
+        return
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task

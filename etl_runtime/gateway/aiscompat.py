@@ -42,9 +42,8 @@ def from_ais_sdk(request: Request) -> bool:
 
 async def list_action(request: Request, bucket: str | None = None) -> dict[str, Any] | None:
     """The ``{"action": "list", "value": {...}}`` body of a GET, or None when there is none."""
-    if not request.headers.get("content-length", "0").strip("0") and (
-        "transfer-encoding" not in request.headers
-    ):
+    empty = request.headers.get("content-length", "0").strip() in ("", "0")
+    if empty and "transfer-encoding" not in request.headers:
         return None
     body = await read_json(request, 'the list action {"action": "list", "value": {...}}')
     if not isinstance(body, dict) or body.get("action") != "list":
@@ -67,7 +66,10 @@ def page_args(value: dict[str, Any], bucket: str) -> tuple[str, str, int]:
     if not isinstance(prefix, str) or not isinstance(token, str):
         raise InvalidRequest("prefix and continuation_token must be strings", bucket=bucket)
     if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-        raise InvalidRequest(f"pagesize must be a non-negative integer, got {size!r}")
+        raise InvalidRequest(
+            f"pagesize of the listing of {bucket!r} must be a non-negative integer, got {size!r}",
+            bucket=bucket,
+        )
     return prefix, token, min(size, MAX_PAGE)
 
 

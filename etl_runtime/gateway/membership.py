@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import httpx
 
 from etl_runtime.clustermap import BucketProps, ClusterMap, ClusterMapStore
+from etl_runtime.eventloop import cancel_and_wait
 from etl_runtime.gateway.context import Gateway
 
 log = logging.getLogger(__name__)
@@ -97,11 +98,8 @@ class RebalanceMonitor:
             self._task = asyncio.create_task(self._loop(), name="sluice-rebalance-monitor")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _loop(self) -> None:
         while True:

@@ -27,7 +27,6 @@ Liveness (who answers now) is still ``KubeTargetDiscovery``'s Ready pods.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import replace
 from typing import Any
@@ -36,6 +35,7 @@ from kubernetes import client
 
 from etl_runtime.cluster import TargetInfo
 from etl_runtime.clustermap import ClusterMap, ClusterMapStore
+from etl_runtime.eventloop import cancel_and_wait
 from etl_runtime.kube.config import api_client, default_namespace
 from etl_runtime.kube.watch import WatchCache
 
@@ -135,11 +135,8 @@ class StatefulSetMembership:
             self._task = asyncio.create_task(self._loop(), name="sluice-statefulset-members")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         self._cache.stop()
 
     async def _loop(self) -> None:

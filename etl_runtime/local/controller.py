@@ -46,6 +46,7 @@ import httpx
 from etl_operator import reconcile
 from etl_runtime import auth
 from etl_runtime.cluster import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
+from etl_runtime.eventloop import cancel_and_wait
 from etl_runtime.local import processes
 from etl_runtime.local.processes import TransformerProcess
 from etl_runtime.local.registry import FileRegistry
@@ -111,11 +112,8 @@ class LocalEtlBackend:
 
     async def stop(self) -> None:
         """Stop reconciling and terminate every transformer this controller runs."""
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         async with self._lock:
             everything = [p for procs in self._procs.values() for p in procs]
             self._procs.clear()

@@ -15,13 +15,13 @@ one slow answer on a busy laptop does not reshuffle object placement.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Iterable
 
 import httpx
 
 from etl_runtime.cluster import TargetInfo
+from etl_runtime.eventloop import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +81,8 @@ class StaticTargets:
         self._task = asyncio.create_task(self._loop(), name="sluice-target-health")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
         if self._client is not None:
             await self._client.aclose()
             self._client = None

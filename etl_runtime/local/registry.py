@@ -15,15 +15,14 @@ re-read.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 from etl_runtime.cluster import EtlRecord
+from etl_runtime.durable import fsync_dir, write_atomic
 from etl_runtime.spec import InvalidSpec, validate_name
 
 RACY_SECONDS = 1.0
@@ -95,18 +94,7 @@ class FileRegistry:
         validate_name(record.name)
         self.dir.mkdir(parents=True, exist_ok=True)
         data = json.dumps(record.to_dict(), indent=1, sort_keys=True).encode()
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{record.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path(record.name))
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
-        self._fsync_dir()
+        write_atomic(self.path(record.name), data)
 
     def delete(self, name: str) -> None:
         """Remove the record; ``KeyError(name)`` if there is none."""
@@ -118,13 +106,4 @@ class FileRegistry:
         finally:
             with self._lock:
                 self._cache.pop(name, None)
-        self._fsync_dir()
-
-    def _fsync_dir(self) -> None:
-        # Make the rename/unlink itself durable (POSIX; a no-op elsewhere).
-        with contextlib.suppress(OSError, AttributeError):
-            fd = os.open(self.dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        fsync_dir(self.dir)

@@ -35,6 +35,7 @@ from typing import Any
 import anyio.to_thread
 
 from etl_runtime.clustermap import ClusterMap, ClusterMapStore
+from etl_runtime.eventloop import cancel_and_wait
 from etl_runtime.target.peers import PeerError, Peers
 from etl_runtime.target.store import ObjectStore
 
@@ -86,11 +87,8 @@ class Rebalancer:
             self._task = asyncio.create_task(self._loop(), name="sluice-rebalance")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
+        await cancel_and_wait(self._task)
+        self._task = None
 
     async def _loop(self) -> None:
         while True:

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 import anyio.to_thread
 
+from etl_runtime.durable import fsync_dir
 from etl_runtime.target.errors import ObjectConflict, ObjectNotFound, bucket_not_found
 from etl_runtime.target.names import validate_bucket, validate_object
 
@@ -40,14 +41,6 @@ READ_CHUNK = 1 << 20
 # Called with (temp path, etag, size) after the body is on disk and before it is
 # published: replication writes through to the other copies here.
 BeforePublish = Callable[[Path, str, int], Awaitable[None]]
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 @dataclass(frozen=True)
