@@ -30,7 +30,6 @@ import hashlib
 import json
 import os
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -188,25 +187,19 @@ class FileClusterMap:
     """The map as one JSON file: written by the gateway, read by every target.
 
     Writes take an ``flock`` on ``<file>.lock``, write a temp file, fsync it,
-    rename it into place and fsync the directory. Reads are cached: the file is
-    stat'ed at most every ``RECHECK_SECONDS`` (``get()`` runs several times per
-    object request) and re-read when its mtime, size or inode changed.
+    rename it into place and fsync the directory. Reads are cached and re-read
+    when the file's mtime, size or inode changed. Every ``get()`` stats the file
+    (a few microseconds): a bucket the gateway just created must be known to a
+    target at once, so a time-based cache would make create-then-put fail.
     """
-
-    RECHECK_SECONDS = 0.05
 
     def __init__(self, path: Path | str) -> None:
         self.path = Path(path)
         self._cached: ClusterMap = ClusterMap()
         self._stamp: tuple[int, int, int] | None = None
-        self._checked = -1.0
         self._lock = threading.Lock()
 
     def get(self) -> ClusterMap:
-        now = time.monotonic()
-        if now - self._checked < self.RECHECK_SECONDS and self._stamp is not None:
-            return self._cached
-        self._checked = now
         try:
             st = os.stat(self.path)
         except FileNotFoundError:
