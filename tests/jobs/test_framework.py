@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from etl_runtime.jobs import JobContext, JobFailed, register_kind
-from tests.cluster.conftest import MapCluster, map_cluster, wait_for  # noqa: F401
+from tests.cluster.conftest import MapCluster
 
 pytestmark = pytest.mark.timeout(120)
 
