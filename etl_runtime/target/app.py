@@ -60,14 +60,20 @@ def create_target_app(
         read_token=read_token or None,
     )
 
+    from etl_runtime.jobs.install import install_target_jobs  # jobs import target modules
+
+    jobs = install_target_jobs(target, data_dir, cluster_map)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await forwarder.start()
         if rebalancer is not None:
             await rebalancer.start()
+        await jobs.manager.start()
         try:
             yield
         finally:
+            await jobs.manager.stop()
             if rebalancer is not None:
                 await rebalancer.stop()
             if peers is not None:
@@ -80,6 +86,7 @@ def create_target_app(
     install_metrics(app, "target", StorageCollector(target_id, data_dir))
     app.include_router(object_router(target))
     app.include_router(internal_router(store, cluster_key or None, rebalancer))
+    app.include_router(jobs.router)
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
