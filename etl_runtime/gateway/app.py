@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from etl_runtime.cluster import EtlBackend, TargetDiscovery
 from etl_runtime.clustermap import ClusterMapStore
+from etl_runtime.dsort.gateway_api import dsort_router
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.errors import install_error_handlers
@@ -75,6 +76,7 @@ def create_gateway_app(
     app.include_router(bucket_router(gw))
     app.include_router(etl_router(gw))
     app.include_router(jobs_router(gw))
+    app.include_router(dsort_router(gw))
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

@@ -1,0 +1,274 @@
+"""dSort as a job kind: every target runs the same four phases on its own data.
+
+1. **index** — each target reads the input shards it owns (HRW primary) and
+   finds their records (``records.index_shard``: byte ranges, no copies);
+2. **inventory** — each target sends its records' metadata (key, offset,
+   size per shard: a few dozen bytes a record) to every member; after the
+   ``inventory`` barrier every target holds the same inventory and computes
+   the same plan (``plan.make_plan``: the seed is fixed at start);
+3. **send** — for every output shard, each target streams the bytes of its
+   own records in that shard, in plan order, to the shard's builder (HRW
+   owner of the output name). The builder knows the final layout from the
+   sizes, so it writes each record straight to its offset in a sparse file
+   in the job's workdir — records from different targets arrive at once, in
+   any order, and nothing is held in memory;
+4. **publish** — after the ``sent`` barrier the builder stores each of its
+   output shards (with the bucket's copies) and counts it in the progress.
+
+No process ever holds more than one chunk of record bytes, and each byte
+crosses the network at most once (never for a record already on its builder).
+A restarted target fails the job with the reason (``resumable=False``); run it
+again — the plan is deterministic, so the output is the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import struct
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+import anyio.to_thread
+
+from etl_runtime.clustermap import BucketProps
+from etl_runtime.dsort.errors import DsortFailed
+from etl_runtime.dsort.plan import OutputShard, make_plan
+from etl_runtime.dsort.records import Record, copy_range, index_shard
+from etl_runtime.dsort.spec import DsortSpec
+from etl_runtime.jobs import JobContext, JobFailed, register_kind
+from etl_runtime.target.errors import NotFound, bucket_not_found
+
+KIND = "dsort"
+INDEX_WORKERS = 2
+SEND_WORKERS = 4
+CHUNK = 1 << 20
+_LEN = struct.Struct(">Q")
+
+
+# -- gateway side ----------------------------------------------------------------------
+
+
+async def validate(gw: Any, raw: dict[str, Any]) -> dict[str, Any]:
+    """Check the spec (400 naming the field), fix a shuffle's seed, create the output bucket."""
+    spec = DsortSpec.from_dict(raw).with_seed()
+    if gw.cmap is not None:
+        buckets = gw.cmap.get().buckets
+        if spec.input_bck not in buckets:
+            raise bucket_not_found(spec.input_bck)
+        if spec.output_bck not in buckets:
+            props = BucketProps(created=time.time())
+            gw.cmap.update(lambda m: m.with_bucket(spec.output_bck, props))
+    return spec.to_dict()
+
+
+# -- target side -----------------------------------------------------------------------
+
+
+def _out_file(ctx: JobContext, index: int) -> Path:
+    return _workdir(ctx) / f"out-{index:08d}.tar"
+
+
+def _workdir(ctx: JobContext) -> Path:
+    ctx.workdir.mkdir(parents=True, exist_ok=True)
+    return ctx.workdir
+
+
+async def run(ctx: JobContext) -> None:
+    spec = DsortSpec.from_dict(ctx.spec)
+    me = ctx.target_id
+    try:
+        mine = await _index(ctx, spec)
+    except DsortFailed as e:
+        raise JobFailed(str(e)) from None
+
+    wire = json.dumps({s: [r.to_wire() for r in recs] for s, recs in mine.items()}).encode()
+    await asyncio.gather(*(ctx.send(t, {"op": "inventory"}, wire) for t in ctx.members))
+    await ctx.barrier("inventory")
+
+    inventory: dict[str, dict[str, list[Record]]] = {}
+    for t in ctx.members:
+        doc = json.loads((ctx.workdir / f"inventory-{t}.json").read_bytes())
+        inventory[t] = {s: [Record.from_wire(w) for w in recs] for s, recs in doc.items()}
+    try:
+        plan = make_plan(spec, inventory, lambda name: ctx.owners(spec.output_bck, name)[0])
+    except DsortFailed as e:
+        raise JobFailed(str(e)) from None
+    del inventory
+
+    async def send(index: int) -> None:
+        await _send_records(ctx, spec, index, plan[index])
+
+    todo = [i for i, shard in enumerate(plan) if any(p.target == me for p in shard.records)]
+    await ctx.map(todo, send, workers=SEND_WORKERS)
+    await ctx.barrier("sent")
+
+    built = [i for i, shard in enumerate(plan) if shard.owner == me]
+
+    async def publish(index: int) -> None:
+        shard = plan[index]
+        path = _out_file(ctx, index)
+        if not path.is_file() or path.stat().st_size != shard.size:
+            raise JobFailed(f"output shard {shard.name!r} is incomplete on target {me!r}")
+        size = await ctx.put_object(spec.output_bck, shard.name, _file_chunks(path))
+        path.unlink()
+        ctx.progress.add(objects=1, bytes=size, records=len(shard.records))
+
+    await ctx.map(built, publish, workers=2)
+    ctx.set_output(
+        bucket=spec.output_bck,
+        shards=len(built),
+        records=sum(len(plan[i].records) for i in built),
+        seed=spec.algorithm.seed,
+    )
+
+
+async def _index(ctx: JobContext, spec: DsortSpec) -> dict[str, list[Record]]:
+    """The records of every input shard this target owns (its part of the inventory)."""
+    found: dict[str, list[Record]] = {}
+    mine = [n for n in spec.input_names() if ctx.owns(spec.input_bck, n)]
+
+    async def one(name: str) -> None:
+        try:
+            path = await anyio.to_thread.run_sync(ctx.store.object_file, spec.input_bck, name)
+        except NotFound:
+            where = f"{spec.input_bck}/{name}"
+            if spec.missing_shards == "abort":
+                raise DsortFailed(
+                    f"input shard {where} does not exist (missing_shards: abort); "
+                    "fix input_format or set missing_shards to warn or ignore"
+                ) from None
+            if spec.missing_shards == "warn":
+                ctx.error(name, f"input shard {where} does not exist: skipped")
+            return
+        found[name] = await anyio.to_thread.run_sync(index_shard, path, name)
+
+    await ctx.map(mine, one, workers=INDEX_WORKERS)
+    return found
+
+
+async def _send_records(ctx: JobContext, spec: DsortSpec, index: int, shard: OutputShard) -> None:
+    """Stream this target's records of output shard ``index`` to the shard's builder."""
+    offsets: list[tuple[int, str, Record]] = []
+    at = 0
+    for p in shard.records:
+        if p.target == ctx.target_id:
+            offsets.append((at, p.shard, p.record))
+        at += p.record.size
+    layout = json.dumps([[o, r.size] for o, _s, r in offsets]).encode()
+    paths: dict[str, Path] = {}
+    for _o, name, _r in offsets:
+        if name not in paths:
+            paths[name] = ctx.store.object_file(spec.input_bck, name)
+
+    def body() -> AsyncIterator[bytes]:
+        return _record_stream(layout, paths, offsets)
+
+    meta = {"op": "records", "index": index, "size": shard.size}
+    got = await ctx.send(shard.owner, meta, body)
+    expected = sum(r.size for _o, _s, r in offsets)
+    if not isinstance(got, dict) or got.get("bytes") != expected:
+        raise JobFailed(
+            f"output shard {shard.name!r}: target {shard.owner!r} took {got!r}, "
+            f"sent {expected} bytes"
+        )
+
+
+async def _record_stream(
+    layout: bytes, paths: dict[str, Path], offsets: list[tuple[int, str, Record]]
+) -> AsyncIterator[bytes]:
+    yield _LEN.pack(len(layout)) + layout
+
+    def chunks() -> Iterator[bytes]:
+        files: dict[str, IO[bytes]] = {}
+        try:
+            batch: list[bytes] = []
+            size = 0
+            for _o, name, rec in offsets:
+                f = files.get(name)
+                if f is None:
+                    f = files[name] = open(paths[name], "rb")  # noqa: SIM115 - closed below
+                for data in copy_range(f, rec.offset, rec.size, CHUNK):
+                    batch.append(data)
+                    size += len(data)
+                    if size >= CHUNK:
+                        yield b"".join(batch)
+                        batch, size = [], 0
+            if batch:
+                yield b"".join(batch)
+        finally:
+            for f in files.values():
+                f.close()
+
+    it = chunks()
+    done = object()
+    while (chunk := await anyio.to_thread.run_sync(next, it, done)) is not done:
+        yield chunk  # type: ignore[misc]
+
+
+async def receive(
+    ctx: JobContext, sender: str, meta: dict[str, Any], body: AsyncIterator[bytes]
+) -> Any:
+    op = meta.get("op")
+    if op == "inventory":
+        data = b"".join([chunk async for chunk in body])
+        tmp = _workdir(ctx) / f".inventory-{sender}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, ctx.workdir / f"inventory-{sender}.json")
+        return {"ok": True}
+    if op == "records":
+        return await _receive_records(ctx, int(meta["index"]), int(meta["size"]), body)
+    raise DsortFailed(f"unknown dsort message {op!r} from target {sender!r}")
+
+
+async def _receive_records(
+    ctx: JobContext, index: int, size: int, body: AsyncIterator[bytes]
+) -> dict[str, int]:
+    """Write a sender's records at their offsets in output shard ``index`` (a sparse file)."""
+    buf = bytearray()
+    layout: list[list[int]] | None = None
+    fd = os.open(_out_file(ctx, index), os.O_RDWR | os.O_CREAT, 0o644)
+    written = 0
+    slot = 0
+    pos = 0  # offset inside the current slot
+    try:
+        if os.fstat(fd).st_size != size:
+            os.ftruncate(fd, size)  # sparse; the end-of-archive zeros come free
+        async for chunk in body:
+            if layout is None:
+                buf += chunk
+                if len(buf) < _LEN.size:
+                    continue
+                (n,) = _LEN.unpack_from(buf)
+                if len(buf) < _LEN.size + n:
+                    continue
+                layout = json.loads(bytes(buf[_LEN.size : _LEN.size + n]))
+                chunk = bytes(buf[_LEN.size + n :])
+                buf = bytearray()
+            view = memoryview(chunk)
+            while view:
+                if slot >= len(layout):
+                    raise DsortFailed(f"output shard #{index}: more bytes than the layout holds")
+                offset, length = layout[slot]
+                take = min(length - pos, len(view))
+                os.pwrite(fd, view[:take], offset + pos)
+                view = view[take:]
+                pos += take
+                written += take
+                if pos == length:
+                    slot, pos = slot + 1, 0
+    finally:
+        os.close(fd)
+    return {"bytes": written}
+
+
+async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
+    async with await anyio.open_file(path, "rb") as f:
+        while chunk := await f.read(CHUNK):
+            yield chunk
+
+
+register_kind(KIND, run, validate=validate, receive=receive, resumable=False)

@@ -1,0 +1,182 @@
+"""The seed's dSort workflow, scaled down, on a gateway + 3 targets over real HTTP.
+
+Shards of real JPEGs are written with ``webdataset.ShardWriter`` and uploaded;
+the seed's spec shuffles them into ~40 KB shards; the output is read back
+through the gateway with ``webdataset``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import webdataset as wds
+
+from tests.cluster.conftest import MapCluster
+from tests.dsort.shards import read_samples, write_shards
+
+pytestmark = pytest.mark.timeout(180)
+
+SPEC: dict[str, Any] = {
+    "extension": ".tar",
+    "bck": {"name": "images", "provider": "ais"},
+    "input_format": "shard-{000000..000005}",
+    "output_format": "shuffled-%06d.tar",
+    "output_shard_size": "40KB",
+    "algorithm": {"kind": "shuffle", "seed": "1234"},
+    "output_bck": {"name": "shuffled", "provider": "ais"},
+    "description": "shuffle the converted shards",
+}
+
+
+def start(http: httpx.Client, spec: dict[str, Any]) -> str:
+    r = http.post("/v1/dsort", json=spec)
+    assert r.status_code == 200, r.text
+    return str(r.json()["id"])
+
+
+def wait(http: httpx.Client, job_id: str, timeout: float = 90) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        view = http.get(f"/v1/jobs/{job_id}").json()
+        if view["state"] != "Running":
+            return dict(view)
+        time.sleep(0.1)
+    raise AssertionError(f"dsort job {job_id} still running")
+
+
+def output(http: httpx.Client, bucket: str) -> list[tuple[str, bytes]]:
+    names = [e["name"] for e in http.get(f"/v1/buckets/{bucket}").json()["objects"]]
+    return [(n, http.get(f"/v1/objects/{bucket}/{n}").content) for n in sorted(names)]
+
+
+@pytest.fixture
+def cluster(map_cluster: MapCluster, tmp_path: Path) -> tuple[MapCluster, dict]:
+    for i in range(3):
+        map_cluster.add_target(f"t{i}")
+    map_cluster.start_gateway()
+    samples = write_shards(tmp_path / "shards", shards=6, per_shard=30)
+    with map_cluster.client() as http:
+        http.post("/v1/buckets/images", json={"action": "create-bck"}).raise_for_status()
+        for name in samples:
+            data = (tmp_path / "shards" / name).read_bytes()
+            http.put(f"/v1/objects/images/{name}", content=data).raise_for_status()
+    return map_cluster, samples
+
+
+def run(c: MapCluster, spec: dict[str, Any]) -> tuple[dict[str, Any], list[tuple[str, bytes]]]:
+    with c.client() as http:
+        view = wait(http, start(http, spec))
+        assert view["state"] == "Finished", view
+        return view, output(http, spec["output_bck"]["name"])
+
+
+def keys_of(shards: list[tuple[str, bytes]]) -> list[str]:
+    return [k for _n, data in shards for k, _f in read_samples(data)]
+
+
+def test_seed_shuffle_is_global_complete_sized_and_reproducible(
+    cluster: tuple[MapCluster, dict],
+) -> None:
+    c, samples = cluster
+    view, shards = run(c, SPEC)
+    every = {k: f for recs in samples.values() for k, f in recs.items()}
+    input_order = [k for name in sorted(samples) for k in samples[name]]
+
+    # every record exactly once, byte for byte, never split
+    got = [(k, f) for _n, data in shards for k, f in read_samples(data)]
+    assert sorted(k for k, _f in got) == sorted(every)
+    assert all(every[k] == f for k, f in got)
+    keys = [k for k, _f in got]
+    assert keys != input_order
+    # a global shuffle: the first output shard mixes records from several input shards
+    first = {int(k[6:]) // 30 for k, _f in read_samples(shards[0][1])}
+    assert len(first) >= 3
+
+    # sizes: within 5% of 40 KB, the last excepted
+    assert [n for n, _d in shards] == [f"shuffled-{i:06d}.tar" for i in range(len(shards))]
+    for _n, data in shards[:-1]:
+        assert abs(len(data) - 40_000) <= 2_000, len(data)
+    assert view["output"]["shards"] == len(shards)
+    assert view["progress"]["records"] == len(every) == view["output"]["records"]
+
+    # webdataset reads every output shard through the gateway
+    urls = [f"{c.url}/v1/objects/shuffled/{n}" for n, _d in shards]
+    ds = wds.WebDataset(urls, shardshuffle=False).decode("pil")
+    seen = [(s["__key__"], s["jpg"].size, int(s["cls"])) for s in ds]
+    assert [k for k, _s, _c in seen] == keys
+    assert all(size == (40, 40) for _k, size, _c in seen)
+
+    # each output shard was built by the target that owns its name
+    cmap = c.cmap.get()
+    for name, _d in shards:
+        owner = cmap.owners("shuffled", name)[0]
+        assert name in c.objects_on(owner, "shuffled")
+
+    # the same seed gives the same shards again; another seed another order
+    again = {**SPEC, "output_bck": {"name": "again"}}
+    _v, shards2 = run(c, again)
+    assert shards2 == shards
+    other = {**SPEC, "output_bck": {"name": "other"}, "algorithm": {"kind": "shuffle", "seed": "9"}}
+    _v, shards3 = run(c, other)
+    assert keys_of(shards3) != keys and sorted(keys_of(shards3)) == sorted(keys)
+
+
+def test_alphanumeric_and_none_orders(cluster: tuple[MapCluster, dict]) -> None:
+    c, samples = cluster
+    input_order = [k for name in sorted(samples) for k in samples[name]]
+    none = {**SPEC, "algorithm": {"kind": "none"}, "output_bck": {"name": "resharded"}}
+    none["output_shard_size"] = "100KB"
+    _v, shards = run(c, none)
+    assert keys_of(shards) == input_order
+    assert all(abs(len(d) - 100_000) <= 5_000 for _n, d in shards[:-1])
+    alpha = {
+        **SPEC,
+        "input_format": {"objnames": sorted(samples)[::-1]},
+        "algorithm": {"kind": "alphanumeric", "decreasing": True},
+        "output_bck": {"name": "sorted"},
+        "output_format": "sorted-{000..999}",
+    }
+    _v, shards = run(c, alpha)
+    assert keys_of(shards) == sorted(input_order, reverse=True)
+    assert shards[0][0] == "sorted-000.tar"
+
+
+def test_bad_spec_is_a_400_naming_the_field(cluster: tuple[MapCluster, dict]) -> None:
+    c, _samples = cluster
+    with c.client() as http:
+        for change, field in [
+            ({"output_shard_size": "huge"}, "output_shard_size"),
+            ({"algorithm": {"kind": "random"}}, "algorithm.kind"),
+            ({"output_format": "out.tar"}, "output_format"),
+            ({"colour": "red"}, "colour"),
+        ]:
+            r = http.post("/v1/dsort", json={**SPEC, **change})
+            assert r.status_code == 400, r.text
+            assert r.json()["field"] == field and field in r.json()["error"]
+        r = http.post("/v1/dsort", json={**SPEC, "bck": {"name": "nosuch"}})
+        assert r.status_code == 404 and "nosuch" in r.json()["error"]
+        r = http.post("/v1/dsort", content=b"{not json")
+        assert r.status_code == 400
+
+
+def test_missing_input_shard_fails_the_job_naming_it(cluster: tuple[MapCluster, dict]) -> None:
+    c, _samples = cluster
+    spec = {**SPEC, "input_format": "shard-{000000..000006}", "output_bck": {"name": "m"}}
+    with c.client() as http:
+        view = wait(http, start(http, spec))
+        assert view["state"] == "Failed"
+        assert "images/shard-000006.tar" in view["reason"]
+        http.put("/v1/objects/images/shard-000006.tar", content=b"garbage" * 200)
+        view = wait(http, start(http, spec))
+        assert view["state"] == "Failed"
+        assert "shard-000006.tar" in view["reason"] and "not a valid tar" in view["reason"]
+    # with missing_shards: ignore the rest is sorted
+    names = [f"shard-{i:06d}.tar" for i in (0, 1, 7)]
+    spec = {**SPEC, "input_format": {"objnames": names}, "missing_shards": "ignore"}
+    spec["output_bck"] = {"name": "ignored"}
+    _v, shards = run(c, spec)
+    assert len(keys_of(shards)) == 60
