@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from etl_runtime import cli_dsort
 from etl_runtime.sdk import Client, EtlDetails, SluiceError
 from etl_runtime.sdk.client import DEFAULT_ENDPOINT
 
@@ -319,6 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--tail", type=int, default=200, help="logs: lines per transformer")
     e.set_defaults(func=cmd_etl)
+    cli_dsort.register(sub)
     return p
 
 
