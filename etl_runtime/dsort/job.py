@@ -17,8 +17,11 @@
 
 No process ever holds more than one chunk of record bytes, and each byte
 crosses the network at most once (never for a record already on its builder).
-A restarted target fails the job with the reason (``resumable=False``); run it
-again — the plan is deterministic, so the output is the same.
+A target that restarts mid-job resumes: the phases it reached, the inventories
+and the received record bytes (fsynced before each send is acknowledged) are
+on its disk; it sends its records again (idempotent: same bytes, same
+offsets) unless it had reached ``sent``, and publishes only the output shards
+its checkpoint does not list.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from etl_runtime.dsort.errors import DsortFailed
 from etl_runtime.dsort.plan import OutputShard, make_plan
 from etl_runtime.dsort.records import Record, copy_range, index_shard
 from etl_runtime.dsort.spec import DsortSpec
+from etl_runtime.durable import fsync_dir, write_atomic
 from etl_runtime.jobs import JobContext, JobFailed, register_kind
 from etl_runtime.target.errors import NotFound, bucket_not_found
 
@@ -80,13 +84,14 @@ def _workdir(ctx: JobContext) -> Path:
 async def run(ctx: JobContext) -> None:
     spec = DsortSpec.from_dict(ctx.spec)
     me = ctx.target_id
-    try:
-        mine = await _index(ctx, spec)
-    except DsortFailed as e:
-        raise JobFailed(str(e)) from None
-
-    wire = json.dumps({s: [r.to_wire() for r in recs] for s, recs in mine.items()}).encode()
-    await asyncio.gather(*(ctx.send(t, {"op": "inventory"}, wire) for t in ctx.members))
+    phases = ctx.part.phases if ctx.resumed else []
+    if "inventory" not in phases:
+        try:
+            mine = await _index(ctx, spec)
+        except DsortFailed as e:
+            raise JobFailed(str(e)) from None
+        wire = json.dumps({s: [r.to_wire() for r in recs] for s, recs in mine.items()}).encode()
+        await asyncio.gather(*(ctx.send(t, {"op": "inventory"}, wire) for t in ctx.members))
     await ctx.barrier("inventory")
 
     inventory: dict[str, dict[str, list[Record]]] = {}
@@ -102,11 +107,14 @@ async def run(ctx: JobContext) -> None:
     async def send(index: int) -> None:
         await _send_records(ctx, spec, index, plan[index])
 
-    todo = [i for i, shard in enumerate(plan) if any(p.target == me for p in shard.records)]
-    await ctx.map(todo, send, workers=SEND_WORKERS)
+    if "sent" not in phases:  # sends are idempotent: a resumed target sends all again
+        todo = [i for i, shard in enumerate(plan) if any(p.target == me for p in shard.records)]
+        await ctx.map(todo, send, workers=SEND_WORKERS)
     await ctx.barrier("sent")
 
     built = [i for i, shard in enumerate(plan) if shard.owner == me]
+    published = set(ctx.checkpoint.get("published", []))
+    lock = asyncio.Lock()
 
     async def publish(index: int) -> None:
         shard = plan[index]
@@ -114,10 +122,13 @@ async def run(ctx: JobContext) -> None:
         if not path.is_file() or path.stat().st_size != shard.size:
             raise JobFailed(f"output shard {shard.name!r} is incomplete on target {me!r}")
         size = await ctx.put_object(spec.output_bck, shard.name, _file_chunks(path))
+        async with lock:
+            published.add(index)
+            ctx.progress.add(objects=1, bytes=size, records=len(shard.records))
+            await ctx.save_checkpoint({"published": sorted(published)})
         path.unlink()
-        ctx.progress.add(objects=1, bytes=size, records=len(shard.records))
 
-    await ctx.map(built, publish, workers=2)
+    await ctx.map([i for i in built if i not in published], publish, workers=2)
     ctx.set_output(
         bucket=spec.output_bck,
         shards=len(built),
@@ -215,9 +226,9 @@ async def receive(
     op = meta.get("op")
     if op == "inventory":
         data = b"".join([chunk async for chunk in body])
-        tmp = _workdir(ctx) / f".inventory-{sender}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, ctx.workdir / f"inventory-{sender}.json")
+        await anyio.to_thread.run_sync(
+            write_atomic, _workdir(ctx) / f"inventory-{sender}.json", data
+        )
         return {"ok": True}
     if op == "records":
         return await _receive_records(ctx, int(meta["index"]), int(meta["size"]), body)
@@ -260,9 +271,16 @@ async def _receive_records(
                 written += take
                 if pos == length:
                     slot, pos = slot + 1, 0
+        # durable before the sender hears it arrived: a restarted target resumes from it
+        await anyio.to_thread.run_sync(_sync, fd, _out_file(ctx, index).parent)
     finally:
         os.close(fd)
     return {"bytes": written}
+
+
+def _sync(fd: int, directory: Path) -> None:
+    os.fsync(fd)
+    fsync_dir(directory)
 
 
 async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
@@ -271,4 +289,4 @@ async def _file_chunks(path: Path) -> AsyncIterator[bytes]:
             yield chunk
 
 
-register_kind(KIND, run, validate=validate, receive=receive, resumable=False)
+register_kind(KIND, run, validate=validate, receive=receive, resumable=True)

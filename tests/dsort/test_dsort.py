@@ -229,3 +229,23 @@ def test_cli_starts_a_dsort_and_prints_the_job_id(
     with pytest.raises(SystemExit):
         main(["dsort", "--help"])
     assert "shuffled-%06d.tar" in capsys.readouterr().out
+
+
+def test_target_restart_mid_job_resumes_to_the_same_output(
+    cluster: tuple[MapCluster, dict],
+) -> None:
+    c, samples = cluster
+    with c.client() as http:
+        view = wait(http, start(http, {**SPEC, "output_bck": {"name": "before"}}))
+        assert view["state"] == "Finished"
+        expected = output(http, "before")
+        job_id = start(http, {**SPEC, "output_bck": {"name": "after"}})
+        c.stop_target("t1")
+        c.live.all = [t for t in c.live.all if t.id != "t1"]
+        info = c.add_target("t1")
+        c.cmap.update(lambda m: type(m)(**{**m.__dict__, "urls": {**m.urls, "t1": info.url}}))
+        c.live.down.discard("t1")
+        view = wait(http, job_id)
+        assert view["state"] == "Finished", view
+        assert view["targets"]["t1"]["restarts"] == 1
+        assert output(http, "after") == expected
