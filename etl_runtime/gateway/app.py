@@ -26,6 +26,7 @@ from etl_runtime.gateway.membership import (
     join,
 )
 from etl_runtime.gateway.redirect import redirect_router
+from etl_runtime.gateway.ui import ui_router
 from etl_runtime.jobs.gateway_api import jobs_router
 from etl_runtime.metrics import install_metrics
 
@@ -77,6 +78,7 @@ def create_gateway_app(
     app.include_router(etl_router(gw))
     app.include_router(jobs_router(gw))
     app.include_router(dsort_router(gw))
+    app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

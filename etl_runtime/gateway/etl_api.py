@@ -65,22 +65,32 @@ def _time_key(entry: dict[str, Any]) -> float:
     return 0.0
 
 
-async def gather_stats(gw: Gateway, name: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+async def stats_by_target(gw: Gateway, name: str, timeout: float = 10.0) -> dict[str, dict]:
+    """Each answering target's ``/v1/_etl/{name}/stats`` body, by target id."""
+    out: dict[str, dict] = {}
+    if not gw.discovery.targets():
+        return out
+    for t, r in await gw.fanout("GET", f"/v1/_etl/{name}/stats", timeout=timeout):
+        if isinstance(r, httpx.Response) and r.status_code == 200:
+            out[t.id] = r.json()
+        # else: stats are best effort, a missing target just counts nothing
+    return out
+
+
+def combine_stats(
+    per_target: dict[str, dict],
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """The counts summed over targets, and the last errors of all, oldest first."""
     stats = {f: 0 for f in STAT_FIELDS}
     errors: list[dict[str, Any]] = []
-    if not gw.discovery.targets():
-        return stats, errors
-    for t, r in await gw.fanout("GET", f"/v1/_etl/{name}/stats", timeout=10.0):
-        if not isinstance(r, httpx.Response) or r.status_code != 200:
-            continue  # stats are best effort: a missing target just counts nothing
-        body = r.json()
+    for target, body in per_target.items():
         for f in STAT_FIELDS:
             stats[f] += int(body.get(f) or 0)
         for e in body.get("last_errors") or []:
             errors.append(
                 {
                     "time": e.get("time"),
-                    "target": t.id,
+                    "target": target,
                     "object": e.get("object"),
                     "sample": e.get("sample"),
                     "error": e.get("error"),
@@ -88,6 +98,10 @@ async def gather_stats(gw: Gateway, name: str) -> tuple[dict[str, int], list[dic
             )
     errors.sort(key=_time_key)
     return stats, errors[-LAST_ERRORS:]
+
+
+async def gather_stats(gw: Gateway, name: str) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    return combine_stats(await stats_by_target(gw, name))
 
 
 async def details(gw: Gateway, record: EtlRecord) -> dict[str, Any]:
