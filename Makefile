@@ -6,7 +6,7 @@ CACHE   := $(HOME)/.cache/sluice
 UV      := $(CACHE)/tools/bin/uv
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test lint unit k8s-tools k8s-up k8s-down bench clean
+.PHONY: install demo test lint unit k8s-tools minio k8s-up k8s-down bench clean
 
 install: $(STAMP)
 
@@ -31,7 +31,10 @@ lint: install
 k8s-tools:
 	bash scripts/k8s-tools.sh
 
-test: install k8s-tools lint
+minio:
+	bash scripts/minio.sh
+
+test: install k8s-tools minio lint
 	$(BIN)/pytest -q
 
 k8s-up: install k8s-tools
