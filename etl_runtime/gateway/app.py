@@ -25,6 +25,7 @@ from etl_runtime.gateway.membership import (
     join,
 )
 from etl_runtime.gateway.redirect import redirect_router
+from etl_runtime.jobs.gateway_api import jobs_router
 from etl_runtime.metrics import install_metrics
 
 
@@ -73,6 +74,7 @@ def create_gateway_app(
     app.include_router(redirect_router(gw))
     app.include_router(bucket_router(gw))
     app.include_router(etl_router(gw))
+    app.include_router(jobs_router(gw))
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

@@ -64,14 +64,20 @@ def create_target_app(
         remote=RemoteCache(target_id, store, cluster_map) if cluster_map is not None else None,
     )
 
+    from etl_runtime.jobs.install import install_target_jobs  # jobs import target modules
+
+    jobs = install_target_jobs(target, data_dir, cluster_map)
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await forwarder.start()
         if rebalancer is not None:
             await rebalancer.start()
+        await jobs.manager.start()
         try:
             yield
         finally:
+            await jobs.manager.stop()
             if rebalancer is not None:
                 await rebalancer.stop()
             if peers is not None:
@@ -88,6 +94,7 @@ def create_target_app(
     app.include_router(object_router(target))
     app.include_router(internal_router(store, cluster_key or None, rebalancer))
     app.include_router(remote_router(target))
+    app.include_router(jobs.router)
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
