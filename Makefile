@@ -6,7 +6,7 @@ CACHE   := $(HOME)/.cache/sluice
 UV      := $(CACHE)/tools/bin/uv
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test lint unit k8s-tools browser k8s-up k8s-down bench clean
+.PHONY: install demo test lint unit k8s-tools minio browser k8s-up k8s-down bench clean
 
 install: $(STAMP)
 
@@ -31,10 +31,13 @@ lint: install
 k8s-tools:
 	bash scripts/k8s-tools.sh
 
+minio:
+	bash scripts/minio.sh
+
 browser:
 	bash scripts/browser.sh
 
-test: install k8s-tools browser lint
+test: install k8s-tools minio browser lint
 	$(BIN)/pytest -q
 
 k8s-up: install k8s-tools

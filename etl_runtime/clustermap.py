@@ -50,19 +50,43 @@ def hrw_order(ids: Sequence[str], key: str) -> list[str]:
     return sorted(ids, key=lambda t: (hrw_score(t, key), t), reverse=True)
 
 
+PROVIDERS = ("ais", "aws")
+# Backend props of an ``aws`` bucket (see etl_runtime/remote/props.py for their meaning).
+BACKEND_KEYS = ("endpoint", "region", "secret", "validate_warm_get", "validate_interval")
+
+
 @dataclass(frozen=True)
 class BucketProps:
-    """Per-bucket properties, cluster-wide (part of the map)."""
+    """Per-bucket properties, cluster-wide (part of the map).
+
+    ``provider`` is ``ais`` (stored by Sluice) or ``aws`` (an S3-compatible
+    backend, cached on the targets); ``backend`` holds an ``aws`` bucket's
+    overrides of the targets' AWS environment (``BACKEND_KEYS``).
+    """
 
     copies: int = 1
     created: float = 0.0
+    provider: str = "ais"
+    backend: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
+
+    @property
+    def remote(self) -> bool:
+        return self.provider != "ais"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"copies": self.copies, "created": self.created}
+        d: dict[str, Any] = {"copies": self.copies, "created": self.created}
+        if self.remote:
+            d.update(provider=self.provider, backend=dict(sorted(self.backend.items())))
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> BucketProps:
-        return cls(copies=int(d.get("copies", 1)), created=float(d.get("created", 0.0)))
+        return cls(
+            copies=int(d.get("copies", 1)),
+            created=float(d.get("created", 0.0)),
+            provider=str(d.get("provider") or "ais"),
+            backend=dict(d.get("backend") or {}),
+        )
 
 
 @dataclass(frozen=True)

@@ -321,3 +321,52 @@ class EtlStatsCollector:
             c = CounterMetricFamily(name, doc, labels=["etl"])
             c.add_metric([self.etl], getattr(self.stats, attr))
             yield c
+
+
+class RemoteCacheCounters(Protocol):
+    """What ``RemoteCacheCollector`` reads (``etl_runtime.remote.cache.Counters``)."""
+
+    hits: int
+    misses: int
+    backend_fetches: int
+    backend_fetch_bytes: int
+    backend_fetch_errors: int
+    evicted: int
+    evicted_bytes: int
+    validations: int
+    cached_bytes: int
+
+
+class RemoteCacheCollector:
+    """A target's cache of remote (``aws``) buckets as ``sluice_remote_*{target}``."""
+
+    COUNTERS = (
+        ("hits", "sluice_remote_cache_hits", "GETs of remote objects served from the cache."),
+        ("misses", "sluice_remote_cache_misses", "GETs of remote objects that were not cached."),
+        ("backend_fetches", "sluice_remote_backend_fetches", "Backend GETs that fill the cache."),
+        ("backend_fetch_bytes", "sluice_remote_backend_fetch_bytes", "Bytes read from backends."),
+        ("backend_fetch_errors", "sluice_remote_backend_fetch_errors", "Backend GETs that failed."),
+        ("evicted", "sluice_remote_cache_evicted", "Cached objects evicted (high-water mark)."),
+        ("evicted_bytes", "sluice_remote_cache_evicted_bytes", "Bytes evicted (high-water mark)."),
+        ("validations", "sluice_remote_cache_validations", "Warm GETs checked with the backend."),
+    )
+
+    def __init__(self, target_id: str, counters: RemoteCacheCounters) -> None:
+        self.target_id = target_id
+        self.counters = counters
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for attr, name, doc in self.COUNTERS:
+            c = CounterMetricFamily(name, doc, labels=["target"])
+            c.add_metric([self.target_id], getattr(self.counters, attr))
+            yield c
+        g = GaugeMetricFamily(
+            "sluice_remote_cached_bytes",
+            "Bytes of remote objects cached here (known once the cache was first used).",
+            labels=["target"],
+        )
+        g.add_metric([self.target_id], self.counters.cached_bytes)
+        yield g

@@ -34,6 +34,7 @@ MSGPACK = "application/msgpack"
 AIS_USER_AGENT = "ais/python"
 MAX_PAGE = 10_000
 DEFAULT_PAGE = 1_000
+ENTRY_IS_CACHED = 1 << 6  # LsoEntry flag: a remote object a target holds (apc.EntryIsCached)
 
 
 def from_ais_sdk(request: Request) -> bool:
@@ -86,7 +87,7 @@ def lso_result(
             "v": "",
             "t": "",
             "c": 1,
-            "f": 0,
+            "f": ENTRY_IS_CACHED if o.get("cached") else 0,
         }
         for o in objects
     ]

@@ -24,11 +24,12 @@ import httpx
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from etl_runtime.clustermap import MAX_COPIES, BucketProps
+from etl_runtime.clustermap import BACKEND_KEYS, MAX_COPIES, BucketProps
 from etl_runtime.gateway import aiscompat
 from etl_runtime.gateway.context import Gateway, unreachable
 from etl_runtime.gateway.errors import BucketNotFound, InvalidRequest, NoTargets, SluiceError
 from etl_runtime.gateway.placement import RETRY_AFTER_SECONDS
+from etl_runtime.remote import gateway as remote_gateway
 from etl_runtime.target.errors import BucketExists, bucket_not_found
 from etl_runtime.target.names import read_bucket_action, validate_bucket
 from etl_runtime.target.params import refuse_unknown
@@ -50,16 +51,26 @@ def _passthrough(r: httpx.Response) -> SluiceError:
     return err
 
 
-def bucket_props(bucket: str, body: dict[str, Any], old: BucketProps | None) -> BucketProps:
-    """``props`` of a create-bck / set-bprops body (``{"copies": 1..3}``)."""
+def bucket_props(
+    bucket: str, body: dict[str, Any], old: BucketProps | None, request: Request | None = None
+) -> BucketProps:
+    """``props`` of a create-bck / set-bprops body (``{"copies": 1..3}``; for a
+    ``provider=aws`` bucket also the backend props of ``etl_runtime.remote.props``)."""
     props = body.get("props") or {}
     if not isinstance(props, dict):
         raise InvalidRequest(f"'props' of bucket {bucket!r} must be an object", bucket=bucket)
-    unknown = sorted(set(props) - {"copies"})
+    known = {"copies", "provider", *BACKEND_KEYS}
+    unknown = sorted(set(props) - known)
     if unknown:
         raise InvalidRequest(
-            f"unknown bucket props {unknown} for {bucket!r}; known: copies", bucket=bucket
+            f"unknown bucket props {unknown} for {bucket!r}; known: {', '.join(sorted(known))}",
+            bucket=bucket,
         )
+    remote = remote_gateway.create_props(bucket, request, props, old) if request else None
+    if remote is not None:
+        provider, backend = remote
+        created = old.created if old else time.time()
+        return BucketProps(copies=1, created=created, provider=provider, backend=backend)
     copies = props.get("copies", old.copies if old else 1)
     if not isinstance(copies, int) or isinstance(copies, bool) or not 1 <= copies <= MAX_COPIES:
         raise InvalidRequest(
@@ -121,6 +132,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
         gw.require_read(request)
+        await remote_gateway.ensure_bucket(gw, request, bucket)
         if gw.cmap is not None:
             exists = bucket in gw.cmap.get().buckets
         else:
@@ -157,6 +169,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
     ) -> dict[str, Any] | Response:
         validate_bucket(bucket)
         gw.require_read(request)
+        await remote_gateway.ensure_bucket(gw, request, bucket)
         action = await aiscompat.list_action(request, bucket)
         if action is not None:  # the aistore SDK's form: an LsoResult, msgpack if asked
             prefix, start_after, size = aiscompat.page_args(action, bucket)
@@ -166,6 +179,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
         return await list_page(bucket, prefix, start_after, limit)
 
     async def list_page(bucket: str, prefix: str, start_after: str, limit: int) -> dict[str, Any]:
+        if (remote := remote_gateway.remote_props(gw, bucket)) is not None:
+            return await remote_gateway.list_page(gw, bucket, remote, prefix, start_after, limit)
         if gw.cmap is not None:
             _check_listable(bucket)
         params = {"prefix": prefix, "start_after": start_after, "limit": limit}
@@ -199,11 +214,13 @@ def bucket_router(gw: Gateway) -> APIRouter:
         old = gw.cmap.get().buckets.get(bucket)
         if body["action"] == "set-bprops" and old is None:
             raise _not_found(bucket)
-        props = bucket_props(bucket, body, old)
+        props = bucket_props(bucket, body, old, request)
         if body["action"] == "create-bck":
             _refuse_existing(bucket, request, old is None)
         if body["action"] == "create-bck" and old is not None and "props" not in body:
             props = old
+        if props.remote and old is None:  # the backend must show it, with these props
+            await remote_gateway.backend(bucket, props.backend).check_bucket()
         gw.cmap.update(lambda m: m.with_bucket(bucket, props))
         # Tell the live targets now; one that is away creates it on first use.
         await gw.fanout("POST", f"/v1/buckets/{bucket}", json={"action": "create-bck"})

@@ -33,6 +33,7 @@ from etl_runtime import auth
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.errors import InvalidName, InvalidRequest, NoTargets
 from etl_runtime.gateway.placement import route
+from etl_runtime.remote import gateway as remote_gateway
 from etl_runtime.target.access import SIGNATURE_PARAMS, object_path, object_url
 from etl_runtime.target.names import validate_names
 from etl_runtime.target.params import refuse_unknown_object_params
@@ -140,6 +141,7 @@ def redirect_router(gw: Gateway) -> APIRouter:
                 gw.require_write(request)
             else:
                 gw.require_read(request)
+            await remote_gateway.ensure_bucket(gw, request, bucket)
             location = redirect_location(gw, request, bucket, name)
             if proxy:
                 return await _proxy_put(gw, request, location, f"{bucket}/{name}")

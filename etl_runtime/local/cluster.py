@@ -52,6 +52,7 @@ GATEWAY_GRACE = 25.0  # the gateway itself gives each transformer 10 s
 TARGET_GRACE = 10.0
 HEALTH_TIMEOUT = 120.0
 RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
+REMOTE_ENV = ("SLUICE_SECRETS_DIR", "SLUICE_REMOTE_")  # passed on to the targets
 
 
 class StartupFailed(RuntimeError):
@@ -130,7 +131,13 @@ class Supervisor:
     # -- start -------------------------------------------------------------------
 
     def env(self, key: str) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+        # AWS_* (remote buckets' endpoint and keys) pass through like the rest;
+        # of SLUICE_*, only the remote-bucket settings (etl_runtime/remote/).
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("SLUICE_") or k.startswith(REMOTE_ENV)
+        }
         env["SLUICE_CLUSTER_KEY"] = key
         env["PYTHONUNBUFFERED"] = "1"
         if self.args.token:

@@ -107,9 +107,16 @@ class Client:
 
     # -- handles ---------------------------------------------------------------
 
-    def bucket(self, name: str) -> Bucket:
+    def bucket(self, name: str, provider: str = "ais") -> Bucket:
+        """``provider="aws"``: an S3-compatible bucket cached by Sluice (``RemoteBucket``)."""
         from etl_runtime.sdk.bucket import Bucket
 
+        if provider in ("aws", "s3"):
+            from etl_runtime.sdk.remote import RemoteBucket
+
+            return RemoteBucket(self, name)
+        if provider != "ais":
+            raise ValueError(f"provider {provider!r} is not supported: 'ais' or 'aws'")
         return Bucket(self, name)
 
     def etl(self, name: str) -> Etl:

@@ -14,10 +14,13 @@ from typing import Any
 
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import PlainTextResponse
+from prometheus_client.registry import Collector
 
 from etl_runtime.cluster import EtlRegistry
 from etl_runtime.clustermap import ClusterMapStore
-from etl_runtime.metrics import StorageCollector, install_metrics
+from etl_runtime.metrics import RemoteCacheCollector, StorageCollector, install_metrics
+from etl_runtime.remote.cache import RemoteCache
+from etl_runtime.remote.routes import remote_router
 from etl_runtime.target.access import require_read
 from etl_runtime.target.context import Target
 from etl_runtime.target.copies import Placement
@@ -58,6 +61,7 @@ def create_target_app(
         cluster_key=cluster_key or None,
         placement=placement,
         read_token=read_token or None,
+        remote=RemoteCache(target_id, store, cluster_map) if cluster_map is not None else None,
     )
 
     from etl_runtime.jobs.install import install_target_jobs  # jobs import target modules
@@ -83,9 +87,13 @@ def create_target_app(
     app = FastAPI(title=f"Sluice target {target_id}", lifespan=lifespan)
     app.state.target = target
     install_error_handlers(app)
-    install_metrics(app, "target", StorageCollector(target_id, data_dir))
+    collectors: list[Collector] = [StorageCollector(target_id, data_dir)]
+    if target.remote is not None:
+        collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
+    install_metrics(app, "target", *collectors)
     app.include_router(object_router(target))
     app.include_router(internal_router(store, cluster_key or None, rebalancer))
+    app.include_router(remote_router(target))
     app.include_router(jobs.router)
 
     @app.get("/v1/health")

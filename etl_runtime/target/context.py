@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from etl_runtime.cluster import EtlRegistry
+from etl_runtime.remote.cache import RemoteCache
 from etl_runtime.target.copies import Placement
 from etl_runtime.target.etl_forward import EtlForwarder
 from etl_runtime.target.store import ObjectStore
@@ -20,3 +21,4 @@ class Target:
     cluster_key: str | None = None
     placement: Placement | None = None
     read_token: str | None = None
+    remote: RemoteCache | None = None  # remote (aws) buckets; needs a cluster map

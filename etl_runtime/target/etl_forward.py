@@ -157,21 +157,34 @@ class EtlForwarder:
     # -- the data path ---------------------------------------------------------
 
     async def transform(
-        self, bucket: str, name: str, etl_name: str, etl_args: str | None
+        self,
+        bucket: str,
+        name: str,
+        etl_name: str,
+        etl_args: str | None,
+        source: AsyncIterator[bytes] | None = None,
     ) -> Response:
+        """``source``: the object's bytes as they arrive (a remote bucket's cold object)
+        instead of the stored file; not for ``fqn`` ETLs."""
         # Refuse unknown/stopped/not-ready ETLs before touching the disk.
         record = self.record(etl_name)
         tf = self.transformer(record)
         fqn = record.spec.arg_type == "fqn"
-        # One thread hop opens the object and, when small, reads it too.
-        f, info, inline = await anyio.to_thread.run_sync(self._open, bucket, name, fqn)
         obj = f"{bucket}/{name}"
+        if source is not None and not fqn:
+            f, inline = None, None
+        else:
+            # One thread hop opens the object and, when small, reads it too.
+            f, _info, inline = await anyio.to_thread.run_sync(self._open, bucket, name, fqn)
         try:
             params: dict[str, str] = {}
             if etl_args is not None:
                 params["etl_args"] = etl_args
             content: bytes | AsyncIterator[bytes]
-            if fqn:
+            if f is None:
+                assert source is not None
+                content = source
+            elif fqn:
                 params["etl_fqn"] = str(Path(f.name).resolve())
                 content = b""
                 f.close()
@@ -180,7 +193,8 @@ class EtlForwarder:
             else:
                 content = _file_chunks(f)  # closes f
         except BaseException:
-            f.close()
+            if f is not None:
+                f.close()
             raise
         assert tf.endpoint is not None
         url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"

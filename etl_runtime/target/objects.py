@@ -16,6 +16,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
+from etl_runtime.remote import serving as remote
 from etl_runtime.target.access import object_path, require_read, require_write
 from etl_runtime.target.context import Target
 from etl_runtime.target.errors import InvalidName, InvalidRequest, ObjectNotFound
@@ -124,6 +125,7 @@ def object_router(target: Target) -> APIRouter:
         require(request, object_path(bucket, name))
         others = placement.check_owner(bucket, name) if placement else []
         copies = placement.write_through(bucket, name, others) if placement else None
+        copies = remote.write_through(target.remote, bucket, name, copies)
         info = await store.write_object(bucket, name, request.stream(), before_publish=copies)
         assert info is not None  # only if_absent writes keep an existing object
         return {"bucket": bucket, "object": name, "size": info.size, "etag": info.etag}
@@ -147,6 +149,11 @@ def object_router(target: Target) -> APIRouter:
                 object=name,
                 etl=etl_name,
             )
+        cold = await remote.get(
+            target.remote, target.forwarder, request, bucket, name, etl_name, etl_args
+        )
+        if cold is not None:
+            return cold
         if placement:
             await placement.ensure_local(bucket, name)
         if etl_name:
@@ -184,6 +191,8 @@ def object_router(target: Target) -> APIRouter:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
         may_read(request, object_path(bucket, name))
+        if (cold := await remote.head(target.remote, bucket, name)) is not None:
+            return cold
         if placement:
             await placement.ensure_local(bucket, name)
         info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)
@@ -198,6 +207,8 @@ def object_router(target: Target) -> APIRouter:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
         require(request, object_path(bucket, name))
+        if (deleted := await remote.delete(target.remote, bucket, name)) is not None:
+            return deleted
         if placement is None:
             await anyio.to_thread.run_sync(store.delete_object, bucket, name)
             return {"bucket": bucket, "object": name, "deleted": True}

@@ -34,10 +34,10 @@ def refuse_unknown(request: Request, known: Iterable[str], **context: Any) -> No
     allowed = set(known) | set(SIGNATURE_PARAMS)
     unknown = sorted({k for k in request.query_params if k not in allowed})
     if not unknown:
-        if request.query_params.get("provider", "ais") not in ("ais", ""):
+        if request.query_params.get("provider", "ais") not in ("ais", "aws", ""):
             raise InvalidRequest(
-                f"provider {request.query_params['provider']!r} is not supported: Sluice "
-                "buckets are 'ais' buckets",
+                f"provider {request.query_params['provider']!r} is not supported: a bucket "
+                "is 'ais' (stored by Sluice) or 'aws' (an S3-compatible backend)",
                 **context,
             )
         return

@@ -1,0 +1,134 @@
+"""``RemoteBucket``: a bucket of provider ``aws`` — an S3-compatible bucket cached by Sluice.
+
+``client.bucket("name", provider="aws")`` returns one. It is a ``Bucket``
+(objects, listings, ``object_urls`` for webdataset) whose first call adds the
+bucket to the cluster if needed (``?provider=aws``, as AIStore does for a
+remote bucket on first touch), plus what only remote buckets have: backend
+props, ``prefetch`` and ``evict``. Listings carry ``cached`` per object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+from etl_runtime.sdk.bucket import Bucket
+from etl_runtime.sdk.object import Object, ObjectInfo
+
+if TYPE_CHECKING:
+    from etl_runtime.sdk.client import Client
+
+PROVIDER = "aws"
+
+
+class RemoteBucket(Bucket):
+    provider = PROVIDER
+
+    def __init__(self, client: Client, name: str) -> None:
+        super().__init__(client, name)
+        self._known = False
+
+    def _ensure(self) -> None:
+        """Add the bucket to the cluster map on first use (a HEAD with provider=aws)."""
+        if not self._known:
+            self.client.request(
+                "HEAD", self._path, params={"provider": PROVIDER}, context={"bucket": self.name}
+            )
+            self._known = True
+
+    def create(  # type: ignore[override]
+        self,
+        exist_ok: bool = True,
+        endpoint: str | None = None,
+        region: str | None = None,
+        secret: str | None = None,
+        validate_warm_get: bool | None = None,
+        validate_interval: float | None = None,
+    ) -> RemoteBucket:
+        """Add the backend bucket to Sluice, with props overriding the targets' AWS env.
+
+        ``secret``: ``profile:NAME``, ``anonymous``, or the name of a secret
+        mounted on the targets (see docs/remote.md). The backend must have the bucket.
+        """
+        props = _props(endpoint, region, secret, validate_warm_get, validate_interval)
+        body: dict[str, Any] = {"action": "create-bck", "props": props}
+        self.client.request_json(
+            "POST",
+            self._path,
+            params={"provider": PROVIDER},
+            json_body=body,
+            context={"bucket": self.name},
+        )
+        self._known = True
+        return self
+
+    def set_props(  # type: ignore[override]
+        self,
+        endpoint: str | None = None,
+        region: str | None = None,
+        secret: str | None = None,
+        validate_warm_get: bool | None = None,
+        validate_interval: float | None = None,
+    ) -> dict[str, Any]:
+        """Change backend props (only those given)."""
+        self._ensure()
+        props = _props(endpoint, region, secret, validate_warm_get, validate_interval)
+        data = self.client.request_json(
+            "POST",
+            self._path,
+            json_body={"action": "set-bprops", "props": props},
+            context={"bucket": self.name},
+        )
+        return dict(data.get("props") or {})
+
+    def object(self, name: str) -> Object:
+        self._ensure()
+        return super().object(name)
+
+    def list_objects(self, prefix: str = "", page_size: int = 1000) -> Iterator[ObjectInfo]:
+        self._ensure()
+        return super().list_objects(prefix, page_size)
+
+    def list_entries(self, prefix: str = "", page_size: int = 1000) -> Iterator[dict[str, Any]]:
+        """Every backend object under ``prefix`` as a dict with ``cached`` (sorted by name)."""
+        self._ensure()
+        start_after = ""
+        while True:
+            params = {"prefix": prefix, "limit": str(page_size), "start_after": start_after}
+            data = self.client.request_json(
+                "GET", self._path, params=params, context={"bucket": self.name}
+            )
+            yield from data.get("objects", [])
+            start_after = data.get("next") or ""
+            if not start_after:
+                return
+
+    def evict(self, prefix: str = "") -> dict[str, Any]:
+        """Drop the cached copies (under ``prefix``) on every target; the backend keeps them."""
+        self._ensure()
+        return self.client.request_json(
+            "POST",
+            self._path,
+            json_body={"action": "evict", "value": {"prefix": prefix}},
+            context={"bucket": self.name},
+        )
+
+    def __repr__(self) -> str:
+        return f"RemoteBucket({self.name!r})"
+
+
+def _props(
+    endpoint: str | None,
+    region: str | None,
+    secret: str | None,
+    validate_warm_get: bool | None,
+    validate_interval: float | None,
+) -> dict[str, Any]:
+    given = {
+        "endpoint": endpoint,
+        "region": region,
+        "secret": secret,
+        "validate_warm_get": validate_warm_get,
+        "validate_interval": validate_interval,
+    }
+    return {k: v for k, v in given.items() if v is not None}

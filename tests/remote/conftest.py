@@ -1,0 +1,85 @@
+"""A real MinIO on loopback and a real local cluster (``sluice up``) whose targets use it.
+
+MinIO is built by ``make minio`` (scripts/minio.sh, which ``make test`` runs);
+without it these tests fail with that hint rather than skip. The cluster gets
+MinIO's endpoint and keys the standard way, through ``AWS_*`` in the
+environment of ``sluice up``, which passes them to its gateway and targets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.remote.minio import MinioServer
+
+
+@pytest.fixture(scope="session")
+def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
+    data = tmp_path_factory.mktemp("minio") / "data"
+    data.mkdir()
+    server = MinioServer(data)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def environ(extra: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@pytest.fixture(scope="package")
+def secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``$SLUICE_SECRETS_DIR`` of the cluster, with a secret ``wrong`` holding bad keys."""
+    root = tmp_path_factory.mktemp("secrets")
+    (root / "wrong").mkdir()
+    (root / "wrong" / "AWS_ACCESS_KEY_ID").write_text("sluice-test")
+    (root / "wrong" / "AWS_SECRET_ACCESS_KEY").write_text("not-the-secret")
+    return root
+
+
+@pytest.fixture(scope="package")
+def endpoint(
+    minio: MinioServer, secrets_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    from etl_runtime.local.cluster_api import LocalCluster
+
+    env = {
+        **minio.env(),
+        "SLUICE_SECRETS_DIR": str(secrets_dir),
+        "SLUICE_REMOTE_CACHE_BYTES": str(64 << 20),
+    }
+    with (
+        environ(env),
+        LocalCluster(tmp_path_factory.mktemp("cluster"), targets=2, port=0) as cluster,
+    ):
+        yield str(cluster.endpoint).rstrip("/")
+
+
+def metric(endpoint: str, name: str) -> float:
+    """``name``'s value summed over every target's ``/metrics``."""
+    targets = httpx.get(f"{endpoint}/v1/cluster", timeout=10).json()["targets"]
+    total = 0.0
+    pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.M)
+    for t in targets:
+        text = httpx.get(f"{t['url']}/metrics", timeout=10).text
+        total += sum(float(v) for v in pattern.findall(text))
+    return total
