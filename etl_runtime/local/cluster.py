@@ -140,6 +140,7 @@ class Supervisor:
         }
         env["SLUICE_CLUSTER_KEY"] = key
         env["PYTHONUNBUFFERED"] = "1"
+        env["SLUICE_ETL_FQN"] = "always"  # local transformers read the targets' files
         if self.args.token:
             env["SLUICE_TOKEN"] = self.args.token
         if self.args.read_token:

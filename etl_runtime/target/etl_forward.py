@@ -26,6 +26,7 @@ from __future__ import annotations
 import collections
 import json
 import logging
+import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -53,6 +54,7 @@ log = logging.getLogger(__name__)
 INLINE_BODY_MAX = 4 << 20  # smaller objects go to the transformer in one piece
 ERROR_BODY_MAX = 64 << 10
 LAST_ERRORS = 20
+FQN_ENV = "SLUICE_ETL_FQN"
 STAT_FIELDS = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out")
 
 
@@ -75,7 +77,14 @@ class EtlForwarder:
         registry: EtlRegistry,
         store: ObjectStore,
         cluster_key: str | None,
+        fqn_always: bool | None = None,
     ) -> None:
+        """``fqn_always``: send every ETL ``etl_fqn`` (its transformers can read this
+        target's data dir), not only ETLs of ``argType: fqn``; default
+        ``$SLUICE_ETL_FQN == "always"`` (``sluice up`` sets it)."""
+        if fqn_always is None:
+            fqn_always = os.environ.get(FQN_ENV, "").strip().lower() == "always"
+        self.fqn_always = fqn_always
         self.target_id = target_id
         self.registry = registry
         self.store = store
@@ -169,7 +178,10 @@ class EtlForwarder:
         # Refuse unknown/stopped/not-ready ETLs before touching the disk.
         record = self.record(etl_name)
         tf = self.transformer(record)
-        fqn = record.spec.arg_type == "fqn"
+        # By path when the transformer can read our files: no object bytes travel
+        # to it; its worker reads the file itself. Not for a cold remote object that
+        # is still arriving (``source``): its file is not complete yet.
+        fqn = record.spec.arg_type == "fqn" or (self.fqn_always and source is None)
         obj = f"{bucket}/{name}"
         if source is not None and not fqn:
             f, inline = None, None

@@ -21,6 +21,10 @@ from etl_runtime.spec import EtlSpec, InvalidSpec
 from etl_runtime.webserver.app import create_app
 from etl_runtime.webserver.code import check_code
 from etl_runtime.webserver.errors import EXIT_CONFIG_ERROR, StartupError
+from etl_runtime.webserver.pool import WorkerPool
+from etl_runtime.webserver.servers import serve_many, workers_per_server
+from etl_runtime.webserver.stats import Board
+from etl_runtime.webserver.transformer import Transformer
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -33,6 +37,13 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=int(env("SLUICE_WORKERS", "0")) or None,
         help="worker processes (default: spec.workers, else CPU count)",
+    )
+    p.add_argument(
+        "--servers",
+        type=int,
+        default=int(env("SLUICE_SERVERS", "1")),
+        help="server processes sharing the port (SO_REUSEPORT), each with "
+        "ceil(workers / servers) of the workers (default 1; see docs/architecture.md)",
     )
     p.add_argument(
         "--spec-file", default=None, help="ETL spec JSON file (default: $SLUICE_ETL_SPEC text)"
@@ -83,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(name, str(e))
     if args.workers is not None and args.workers < 1:
         return _fail(name, f"--workers must be at least 1, got {args.workers}")
+    if args.servers < 1:
+        return _fail(name, f"--servers must be at least 1, got {args.servers}")
+    if args.servers > 1:
+        return _serve_many(name, spec, args, loop)
 
     app = create_app(
         name,
@@ -106,6 +121,37 @@ def main(argv: list[str] | None = None) -> int:
     if transformer.fatal:
         return _fail(name, transformer.fatal)
     return 0
+
+
+def _serve_many(name: str, spec: EtlSpec, args: argparse.Namespace, loop: str) -> int:
+    total = WorkerPool.default_size(spec, args.workers)
+    each = workers_per_server(total, args.servers)
+    board = Board(args.servers)
+
+    def make_server(slot: int, board: Board) -> tuple[uvicorn.Server, Transformer]:
+        app = create_app(
+            name,
+            spec,
+            workers=each,
+            token=os.environ.get("SLUICE_ETL_TOKEN"),
+            deps_dir=os.environ.get("SLUICE_DEPS_DIR"),
+            board=board,
+            slot=slot,
+        )
+        server = uvicorn.Server(uvicorn.Config(app, loop=loop, log_level="info", access_log=False))
+        transformer: Transformer = app.state.transformer
+
+        def stop(reason: str) -> None:
+            server.should_exit = True
+
+        transformer.on_fatal = stop
+        return server, transformer
+
+    try:
+        fatal = serve_many(args.servers, args.host, args.port, make_server, board)
+    except OSError as e:
+        return _fail(name, f"cannot listen on {args.host}:{args.port}: {e}")
+    return _fail(name, fatal) if fatal else 0
 
 
 if __name__ == "__main__":

@@ -25,9 +25,20 @@ from etl_runtime.webserver.errors import NotReady, TransformerError, Unauthorize
 from etl_runtime.webserver.fqn import confine, data_roots
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
+from etl_runtime.webserver.stats import Board, Stats
 from etl_runtime.webserver.transformer import Transformer
 
 LOGGERS = ("sluice", "uvicorn.error")
+
+
+class _Totals:
+    """What ``/metrics`` reads: the counters of all server processes added up."""
+
+    def __init__(self, stats: Stats) -> None:
+        self.stats = stats
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stats.totals(), name)
 
 
 def create_app(
@@ -37,13 +48,20 @@ def create_app(
     token: str | None = None,
     deps_dir: str | None = None,
     roots: tuple[str, ...] | None = None,
+    board: Board | None = None,
+    slot: int = 0,
 ) -> FastAPI:
     """The transformer app; ``app.state.transformer`` is its ``Transformer``.
 
     ``roots``: where ``etl_fqn`` files may lie (default ``$SLUICE_DATA_ROOTS``, see fqn).
+    ``board``/``slot``: this app is server ``slot`` of several (see ``servers``).
     """
     roots = data_roots() if roots is None else roots
-    transformer = Transformer(name, spec, workers=workers, token=token, deps_dir=deps_dir)
+    transformer = Transformer(
+        name, spec, workers=workers, token=token, deps_dir=deps_dir, board=board, slot=slot
+    )
+    # The pid of the process that was started: the supervisor's with several servers.
+    main_pid = os.getpid() if board is None else os.getppid()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -62,7 +80,7 @@ def create_app(
 
     app = FastAPI(title=f"sluice transformer {name}", lifespan=lifespan)
     app.state.transformer = transformer
-    install_metrics(app, "transformer", EtlStatsCollector(name, transformer.stats))
+    install_metrics(app, "transformer", EtlStatsCollector(name, _Totals(transformer.stats)))
 
     async def authorized(request: Request) -> None:  # async: no threadpool hop
         if not bearer_ok(request.headers.get("authorization"), transformer.token):
@@ -79,16 +97,19 @@ def create_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
+        ready = transformer.all_ready
+        servers = 1 if board is None else board.servers
         body: dict[str, Any] = {
-            "status": "ok" if transformer.ready else "starting",
+            "status": "ok" if ready else "starting",
             "etl": name,
             "mode": spec.mode,
-            "workers": transformer.workers,
-            "pid": os.getpid(),  # lets a supervisor check who answers on its port
+            "workers": transformer.workers * servers,
+            "servers": servers,
+            "pid": main_pid,  # lets a supervisor check who answers on its port
         }
         if transformer.fatal:
             body.update(status="error", error=transformer.fatal)
-        return JSONResponse(body, status_code=200 if transformer.ready else 503)
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/stats", dependencies=[Depends(authorized)])
     async def stats() -> dict[str, Any]:

@@ -32,6 +32,10 @@ class Stats:
             {"time": time.time(), "object": obj, "sample": sample, "error": message}
         )
 
+    def totals(self) -> Stats:
+        """The whole transformer's counters (with one server process, these)."""
+        return self
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "objects": self.objects,
@@ -69,3 +73,120 @@ class LogBuffer(logging.Handler):
             return ""
         lines = list(self.lines)[-n:]
         return "\n".join(lines) + ("\n" if lines else "")
+
+
+NUMERIC = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out", "transform_seconds")
+_FATAL_BYTES = 4096
+_ERRORS_BYTES = 8192
+_SLOT = 8 * (1 + len(NUMERIC)) + _ERRORS_BYTES  # ready flag, counters, last errors (JSON)
+
+
+class Board:
+    """Shared memory of the server processes of one transformer (``--servers N``).
+
+    An anonymous ``MAP_SHARED`` mapping made before the servers are forked: one
+    slot per server that only that server writes (ready flag, counters, its last
+    errors as JSON), read by all, so no locks; and the first fatal start-up
+    reason, which the parent prints last before it exits.
+    """
+
+    def __init__(self, servers: int) -> None:
+        import mmap
+
+        self.servers = servers
+        self.mem = mmap.mmap(-1, _FATAL_BYTES + servers * _SLOT)
+
+    def _numbers(self, slot: int) -> memoryview[float]:
+        start = _FATAL_BYTES + slot * _SLOT
+        return memoryview(self.mem)[start : start + 8 * (1 + len(NUMERIC))].cast("d")
+
+    def _errors_at(self, slot: int) -> int:
+        return _FATAL_BYTES + slot * _SLOT + 8 * (1 + len(NUMERIC))
+
+    def set_ready(self, slot: int, ready: bool) -> None:
+        self._numbers(slot)[0] = 1.0 if ready else 0.0
+
+    def all_ready(self) -> bool:
+        return all(self._numbers(s)[0] == 1.0 for s in range(self.servers))
+
+    def set_fatal(self, reason: str) -> None:
+        data = reason.encode("utf-8", "replace")[: _FATAL_BYTES - 1]
+        if self.mem[0] == 0:  # the first reason wins
+            self.mem[1 : 1 + len(data)] = data
+            self.mem[0] = 1
+
+    def fatal(self) -> str | None:
+        if self.mem[0] == 0:
+            return None
+        return bytes(self.mem[1:_FATAL_BYTES]).rstrip(b"\0").decode("utf-8", "replace")
+
+    def write_errors(self, slot: int, errors: list[dict[str, Any]]) -> None:
+        import json
+
+        while True:
+            data = json.dumps(errors).encode()
+            if len(data) < _ERRORS_BYTES - 4 or not errors:
+                break
+            errors = errors[1:]
+        at = self._errors_at(slot)
+        self.mem[at : at + 4] = len(data).to_bytes(4, "little")
+        self.mem[at + 4 : at + 4 + len(data)] = data
+
+    def errors(self, slot: int) -> list[dict[str, Any]]:
+        import json
+
+        at = self._errors_at(slot)
+        size = int.from_bytes(self.mem[at : at + 4], "little")
+        if not size:
+            return []
+        try:
+            errors = json.loads(bytes(self.mem[at + 4 : at + 4 + size]))
+        except ValueError:
+            return []
+        return errors if isinstance(errors, list) else []
+
+
+class SharedStats(Stats):
+    """``Stats`` of one of several server processes: its counters live in its
+    ``Board`` slot, so ``to_dict`` (``/stats``) and ``totals`` (``/metrics``)
+    report the whole transformer, whichever server answers."""
+
+    def __init__(self, board: Board, slot: int) -> None:
+        self.board = board
+        self.slot = slot
+        self.numbers = board._numbers(slot)
+        self.last_errors = deque(maxlen=LAST_ERRORS)
+
+    def error(self, obj: str, sample: str | None, message: str) -> None:
+        super().error(obj, sample, message)
+        self.board.write_errors(self.slot, list(self.last_errors))
+
+    def totals(self) -> Stats:
+        out = Stats()
+        for s in range(self.board.servers):
+            numbers = self.board._numbers(s)
+            for i, name in enumerate(NUMERIC, start=1):
+                setattr(out, name, getattr(out, name) + numbers[i])
+        for name in NUMERIC[:-1]:
+            setattr(out, name, int(getattr(out, name)))
+        errors = [e for s in range(self.board.servers) for e in self.board.errors(s)]
+        errors.sort(key=lambda e: e.get("time") or 0)
+        out.last_errors.extend(errors)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.totals().to_dict()
+
+
+def _counter(index: int) -> property:
+    def get(self: SharedStats) -> float:
+        return self.numbers[index]
+
+    def set(self: SharedStats, value: float) -> None:
+        self.numbers[index] = value
+
+    return property(get, set)
+
+
+for _i, _name in enumerate(NUMERIC, start=1):
+    setattr(SharedStats, _name, _counter(_i))

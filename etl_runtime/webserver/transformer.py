@@ -19,7 +19,7 @@ from etl_runtime.webserver.code import check_code, install_dependencies
 from etl_runtime.webserver.errors import StartupError
 from etl_runtime.webserver.pool import WorkerPool
 from etl_runtime.webserver.shards import load_tariterators
-from etl_runtime.webserver.stats import LogBuffer, Stats
+from etl_runtime.webserver.stats import Board, LogBuffer, SharedStats, Stats
 
 log = logging.getLogger("sluice.transformer")
 
@@ -34,12 +34,17 @@ class Transformer:
         workers: int | None = None,
         token: str | None = None,
         deps_dir: str | None = None,
+        board: Board | None = None,
+        slot: int = 0,
     ) -> None:
+        """``board``/``slot``: this is server ``slot`` of several (see ``servers``)."""
         self.name = name
         self.spec = spec
         self.token = token or None
         self.deps_dir = deps_dir
-        self.stats = Stats()
+        self.board = board
+        self.slot = slot
+        self.stats: Stats = Stats() if board is None else SharedStats(board, slot)
         self.logs = LogBuffer()
         self.pool = WorkerPool(
             spec,
@@ -72,14 +77,26 @@ class Transformer:
             self.fail(str(e))
             return
         self.ready = True
+        if self.board is not None:
+            self.board.set_ready(self.slot, True)
         log.info("ETL %r ready: workers %s", self.name, self.pool.pids)
+
+    @property
+    def all_ready(self) -> bool:
+        """Ready, and so is every other server process of this transformer."""
+        return self.ready and (self.board is None or self.board.all_ready())
 
     def fail(self, reason: str) -> None:
         self.ready = False
         self.fatal = reason
+        if self.board is not None:
+            self.board.set_ready(self.slot, False)
+            self.board.set_fatal(reason)
         log.error("ETL %r cannot start: %s", self.name, reason)
         self.on_fatal(reason)
 
     async def stop(self) -> None:
         self.ready = False
+        if self.board is not None:
+            self.board.set_ready(self.slot, False)
         await self.pool.close()
