@@ -21,7 +21,10 @@ if TYPE_CHECKING:
     from etl_runtime.jobs.context import JobContext
 
 # Modules that register kinds (one line per kind module).
-KIND_MODULES: list[str] = ["etl_runtime.dsort.job"]
+KIND_MODULES: list[str] = [
+    "etl_runtime.jobs.transform",
+    "etl_runtime.dsort.job",
+]
 
 Run = Callable[["JobContext"], Awaitable[None]]
 # validate(gateway, spec) -> the normalized spec; raise a SluiceError (400/404) to refuse.
