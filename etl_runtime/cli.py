@@ -322,8 +322,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--tail", type=int, default=200, help="logs: lines per transformer")
     e.set_defaults(func=cmd_etl)
-    cli_dsort.register(sub)
     register_jobs(sub)  # sluice job ..., sluice transform (etl_runtime.cli_jobs)
+    cli_dsort.register(sub)
     return p
 
 

@@ -2,7 +2,8 @@
 
 The spec is AIStore's (``docs/dsort.md``); the command prints the job id, which
 ``sluice job show|wait|abort`` (and ``GET /v1/jobs/{id}``) take. ``--wait``
-polls until the job ends and prints its final state.
+shows a progress bar (output shards written) until the job ends, then the
+job; a failed or aborted job exits 1 with the reason.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
+from etl_runtime.cli_jobs import format_job, wait_with_bar
 from etl_runtime.sdk import Client, SluiceError
 
 EXAMPLE = """\
@@ -60,24 +61,11 @@ def load_spec(args: argparse.Namespace) -> Any:
 
 
 def cmd_dsort_start(client: Client, args: argparse.Namespace) -> None:
-    spec = load_spec(args)
-    job_id = str(client.request_json("POST", "/v1/dsort", json_body=spec)["id"])
-    print(job_id, flush=True)
-    if not args.wait:
-        return
-    while True:
-        status = client.request_json("GET", f"/v1/jobs/{job_id}")
-        if status["state"] != "Running":
-            break
-        time.sleep(0.5)
-    progress = status.get("progress") or {}
-    print(
-        f"{status['state']}: {progress.get('objects', 0)} shards, "
-        f"{progress.get('records', 0)} records, {progress.get('bytes', 0)} bytes",
-        file=sys.stderr,
-    )
-    if status["state"] != "Finished":
-        raise SpecError(f"dsort job {job_id} {status['state'].lower()}: {status.get('reason')}")
+    job = client.dsort(load_spec(args))
+    print(job.id, flush=True)
+    if args.wait:
+        status = wait_with_bar(job, None)
+        print(format_job(status), file=sys.stderr)
 
 
 def register(sub: Any) -> None:

@@ -113,6 +113,7 @@ async def run(ctx: JobContext) -> None:
     await ctx.barrier("sent")
 
     built = [i for i, shard in enumerate(plan) if shard.owner == me]
+    ctx.set_output(total=len(built))  # summed over targets: every output shard
     published = set(ctx.checkpoint.get("published", []))
     lock = asyncio.Lock()
 

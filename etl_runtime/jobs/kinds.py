@@ -22,8 +22,8 @@ if TYPE_CHECKING:
 
 # Modules that register kinds (one line per kind module).
 KIND_MODULES: list[str] = [
-    "etl_runtime.jobs.transform",  # etl-bck: offline bucket -> bucket transform
-    "etl_runtime.dsort.job",  # dsort: shuffle / reshard WebDataset shards
+    "etl_runtime.jobs.transform",
+    "etl_runtime.dsort.job",
 ]
 
 Run = Callable[["JobContext"], Awaitable[None]]

@@ -142,6 +142,12 @@ class Client:
 
         return list_jobs(self, kind, state)
 
+    def dsort(self, spec: Mapping[str, Any]) -> Job:
+        """Start a dSort (shuffle / reshard) job from AIStore's spec (docs/dsort.md)."""
+        from etl_runtime.sdk.job import Job
+
+        return Job(self, str(self.request_json("POST", "/v1/dsort", json_body=dict(spec))["id"]))
+
     def list_buckets(self) -> list[str]:
         return list(self.request_json("GET", "/v1/buckets")["buckets"])
 

@@ -249,3 +249,27 @@ def test_target_restart_mid_job_resumes_to_the_same_output(
         assert view["state"] == "Finished", view
         assert view["targets"]["t1"]["restarts"] == 1
         assert output(http, "after") == expected
+
+
+def test_sdk_dsort_returns_a_job(cluster: tuple[MapCluster, dict]) -> None:
+    from etl_runtime.sdk import Client, JobError, SluiceError
+
+    c, _samples = cluster
+    client = Client(c.url)
+    job = client.dsort({**SPEC, "output_bck": {"name": "via-sdk"}})
+    status = job.wait(timeout=90)
+    assert status["state"] == "Finished" and status["kind"] == "dsort"
+    assert status["output"]["total"] == status["output"]["shards"] == status["progress"]["objects"]
+    assert status["output"]["seed"] == "1234"
+    names = [o.name for o in client.bucket("via-sdk").list_objects()]
+    assert len(names) == status["output"]["shards"]
+    with pytest.raises(SluiceError) as e:
+        client.dsort({**SPEC, "output_shard_size": "-1"})
+    assert e.value.status == 400 and "output_shard_size" in str(e.value)
+    bad = client.dsort({**SPEC, "input_format": "nope-{0..1}", "output_bck": {"name": "x"}})
+    with pytest.raises(JobError, match=r"images/nope-[01]\.tar does not exist"):
+        bad.wait(timeout=90)
+    # a shuffle without a seed gets one, shown in the job, so it can be repeated
+    job = client.dsort({**SPEC, "algorithm": {"kind": "shuffle"}, "output_bck": {"name": "r"}})
+    seed = job.wait(timeout=90)["spec"]["algorithm"]["seed"]
+    assert seed and job.status()["output"]["seed"] == seed
