@@ -84,6 +84,12 @@ def cmd_cluster(client: Client, args: argparse.Namespace) -> None:
     print(format_cluster(client.cluster()))
 
 
+def show_progress(args: argparse.Namespace, to_stdout: bool = False) -> bool:
+    """A progress bar on stderr: only for a person watching (a terminal), never
+    with ``--quiet``, and never while the data itself goes to stdout."""
+    return not (getattr(args, "quiet", False) or to_stdout) and sys.stderr.isatty()
+
+
 def cmd_put(client: Client, args: argparse.Namespace) -> None:
     bucket, name = split_object(args.dest)
     obj = client.bucket(bucket).object(name)
@@ -92,7 +98,7 @@ def cmd_put(client: Client, args: argparse.Namespace) -> None:
     else:
         if not os.path.isfile(args.file):
             raise CliError(f"no such file: {args.file}")
-        info = obj.put_file(args.file)
+        info = obj.put_file(args.file, progress=show_progress(args))
     print(f"put {bucket}/{name} ({info.size} bytes, etag {info.etag})")
 
 
@@ -100,8 +106,10 @@ def cmd_get(client: Client, args: argparse.Namespace) -> None:
     bucket, name = split_object(args.src)
     obj = client.bucket(bucket).object(name)
     etl = args.etl.split(",") if args.etl else None  # a,b,c: a pipeline
-    with obj.open(etl_name=etl, etl_args=args.etl_args) as reader:
-        if args.output in (None, "-"):
+    to_stdout = args.output in (None, "-")
+    progress = show_progress(args, to_stdout)
+    with obj.open(etl_name=etl, etl_args=args.etl_args, progress=progress) as reader:
+        if to_stdout:
             _copy(reader, sys.stdout.buffer)
             sys.stdout.buffer.flush()
             return
@@ -251,9 +259,35 @@ def _when(value: Any) -> str:
 # -- the parser --------------------------------------------------------------
 
 
+def examples(*lines: str) -> dict[str, Any]:
+    """``add_parser``/``ArgumentParser`` keywords for an "Examples:" epilog, kept as written.
+
+    Every subcommand has one (tests/cli/test_help.py walks them all), including
+    those registered by ``etl_runtime/cli_*.py`` modules.
+    """
+    return {
+        "epilog": "Examples:\n" + "\n".join(f"  {line}" for line in lines),
+        "formatter_class": argparse.RawDescriptionHelpFormatter,
+    }
+
+
+def add_quiet(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "-q", "--quiet", action="store_true", help="no progress bar (shown on a terminal)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog=PROG, description="Sluice: run Python transforms next to the data."
+        prog=PROG,
+        description="Sluice: run Python transforms next to the data.",
+        **examples(
+            "sluice up --targets 3 --port 8080        # a local cluster, in the foreground",
+            "sluice bucket create images",
+            "sluice put cat.jpg images/cat.jpg",
+            "sluice get images/cat.jpg --etl resize -o small.jpg",
+            "sluice <command> --help                  # each command's options and examples",
+        ),
     )
     p.add_argument(
         "--endpoint",
@@ -268,38 +302,92 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, help="network timeout, seconds")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    up = sub.add_parser("up", help="run a local cluster (gateway + N targets) in the foreground")
+    up = sub.add_parser(
+        "up",
+        help="run a local cluster (gateway + N targets) in the foreground",
+        **examples("sluice up --targets 3 --port 8080 --data-dir ./sluice-data"),
+    )
     up.add_argument(
         "args", nargs=argparse.REMAINDER, help="--targets N --port P --data-dir DIR [--token T]"
     )
 
-    b = sub.add_parser("bucket", help="create, list or remove buckets")
+    b = sub.add_parser(
+        "bucket",
+        help="create, list or remove buckets",
+        **examples(
+            "sluice bucket create images",
+            "sluice bucket create precious --copies 2   # each object on 2 targets",
+            "sluice bucket ls",
+            "sluice bucket rm images",
+        ),
+    )
     b.add_argument("action", choices=["create", "ls", "rm"])
     b.add_argument("name", nargs="?")
     b.add_argument("--copies", type=int, help="create: targets holding each object (1-3)")
     b.set_defaults(func=cmd_bucket)
 
-    cl = sub.add_parser("cluster", help="targets, who is away, rebalance progress, buckets")
+    cl = sub.add_parser(
+        "cluster",
+        help="targets, who is away, rebalance progress, buckets",
+        **examples(
+            "sluice cluster",
+            "sluice --endpoint http://gateway:8080 cluster   # the browser view: http://gateway:8080/ui",
+        ),
+    )
     cl.set_defaults(func=cmd_cluster)
 
-    put = sub.add_parser("put", help="upload a file (or - for stdin) to BUCKET/OBJECT")
+    put = sub.add_parser(
+        "put",
+        help="upload a file (or - for stdin) to BUCKET/OBJECT",
+        **examples(
+            "sluice put shard-000.tar data/shards/shard-000.tar   # progress bar on a terminal",
+            "tar c photos | sluice put - data/photos.tar",
+            "sluice put -q big.bin data/big.bin                  # no progress bar",
+        ),
+    )
     put.add_argument("file")
     put.add_argument("dest", metavar="BUCKET/OBJECT")
+    add_quiet(put)
     put.set_defaults(func=cmd_put)
 
-    get = sub.add_parser("get", help="download BUCKET/OBJECT, optionally through an ETL")
+    get = sub.add_parser(
+        "get",
+        help="download BUCKET/OBJECT, optionally through an ETL",
+        **examples(
+            "sluice get data/shards/shard-000.tar -o shard.tar   # progress bar on a terminal",
+            "sluice get images/cat.jpg --etl resize --etl-args 64 -o small.jpg",
+            "sluice get data/notes.txt | head                   # to stdout: no progress bar",
+        ),
+    )
     get.add_argument("src", metavar="BUCKET/OBJECT")
     get.add_argument("--etl", metavar="NAME", help="transform with this ETL (a,b,c: a pipeline)")
     get.add_argument("--etl-args", metavar="ARGS", help="string passed to the transform")
     get.add_argument("-o", "--output", metavar="FILE", help="write here (default stdout)")
+    add_quiet(get)
     get.set_defaults(func=cmd_get)
 
-    ls = sub.add_parser("ls", help="list the objects of a bucket")
+    ls = sub.add_parser(
+        "ls",
+        help="list the objects of a bucket",
+        **examples("sluice ls images", "sluice ls data --prefix shards/"),
+    )
     ls.add_argument("bucket")
     ls.add_argument("--prefix", default="")
     ls.set_defaults(func=cmd_ls)
 
-    e = sub.add_parser("etl", help="manage ETLs")
+    e = sub.add_parser(
+        "etl",
+        help="manage ETLs",
+        **examples(
+            "sluice etl init resize --code transforms.py:resize          # object mode",
+            "sluice etl init aug --code aug.py:augment --mode wds --decode pil --on-error skip",
+            "sluice etl ls",
+            "sluice etl show aug              # phase, counts, last errors with sample keys",
+            "sluice etl logs aug --tail 50",
+            "sluice etl stop aug && sluice etl start aug",
+            "sluice etl rm aug",
+        ),
+    )
     e.add_argument("action", choices=["init", "ls", "show", "stop", "start", "rm", "logs"])
     e.add_argument("name", nargs="?")
     e.add_argument("--code", metavar="FILE.py:FUNC", help="init: the transform function")

@@ -80,7 +80,13 @@ def load_cluster_key(path: Path) -> str:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="sluice up", description="Run a local Sluice cluster: gateway + targets."
+        prog="sluice up",
+        description="Run a local Sluice cluster: gateway + targets.",
+        epilog="Examples:\n"
+        "  sluice up --targets 3 --port 8080 --data-dir ./sluice-data\n"
+        "  sluice up --targets 1 --token s3cret --read-token r3ad   # reads need a token too\n"
+        "  then open http://127.0.0.1:8080/ui for the status page",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--targets", type=int, default=3, help="number of storage targets")
     p.add_argument("--port", type=int, default=8080, help="gateway port (0: pick a free one)")

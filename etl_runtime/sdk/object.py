@@ -15,9 +15,11 @@ from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
 import httpx
+from tqdm import tqdm
 
 from etl_runtime.sdk import errors
 from etl_runtime.sdk.client import EtlArgs, EtlName, etl_params, quote_path
+from etl_runtime.sdk.progress import byte_bar
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -84,17 +86,29 @@ class Object:
         """Store ``data`` (atomically replacing any previous version)."""
         return self._put(bytes(data), {"Content-Length": str(len(data))})
 
-    def put_file(self, path: str | os.PathLike[str]) -> ObjectInfo:
-        """Store a file, streamed from disk (never read into memory whole)."""
+    def put_file(self, path: str | os.PathLike[str], progress: bool = False) -> ObjectInfo:
+        """Store a file, streamed from disk (never read into memory whole).
+
+        ``progress=True`` shows a ``tqdm`` bar on stderr (started over on a retry).
+        """
         path = os.fspath(path)
         size = os.path.getsize(path)
+        bar = byte_bar(progress, size, f"put {self.bucket.name}/{self.name}")
 
         def chunks() -> Iterator[bytes]:
+            if bar is not None:
+                bar.reset(total=size)  # each try sends the file from its start
             with open(path, "rb") as f:
                 while chunk := f.read(CHUNK):
                     yield chunk
+                    if bar is not None:
+                        bar.update(len(chunk))
 
-        return self._put(chunks, {"Content-Length": str(size)})
+        try:
+            return self._put(chunks, {"Content-Length": str(size)})
+        finally:
+            if bar is not None:
+                bar.close()
 
     def _put(self, content: Any, headers: dict[str, str]) -> ObjectInfo:
         client = self.bucket.client
@@ -135,20 +149,32 @@ class Object:
             return False
         return True
 
-    def get_bytes(self, etl_name: EtlName = None, etl_args: EtlArgs = None) -> bytes:
+    def get_bytes(
+        self, etl_name: EtlName = None, etl_args: EtlArgs = None, progress: bool = False
+    ) -> bytes:
         """The whole object (transformed by ``etl_name`` if given) in memory."""
-        with self.open(etl_name=etl_name, etl_args=etl_args) as reader:
+        with self.open(etl_name=etl_name, etl_args=etl_args, progress=progress) as reader:
             return reader.read()
 
-    def open(self, etl_name: EtlName = None, etl_args: EtlArgs = None) -> ObjectReader:
-        """A streaming reader; use it as a context manager so the connection is freed."""
+    def open(
+        self, etl_name: EtlName = None, etl_args: EtlArgs = None, progress: bool = False
+    ) -> ObjectReader:
+        """A streaming reader; use it as a context manager so the connection is freed.
+
+        ``progress=True`` shows a ``tqdm`` bar on stderr as the body is read
+        (without a total when the size is not known, as for most ETL output).
+        """
         etl = etl_name if isinstance(etl_name, str | None) else ",".join(etl_name)
         ctx = dict(self._context, etl=etl)
         cm = self.bucket.client.object_request(
             "GET", self._path, params=etl_params(etl_name, etl_args), context=ctx
         )
         response = cm.__enter__()
-        return ObjectReader(response, cm, f"{self.bucket.name}/{self.name}")
+        reader = ObjectReader(response, cm, f"{self.bucket.name}/{self.name}")
+        if progress:
+            via = f" via {etl_name}" if etl_name else ""
+            reader.bar = byte_bar(True, reader.size, f"get {reader.what}{via}")
+        return reader
 
     def __repr__(self) -> str:
         return f"Object({self.bucket.name!r}, {self.name!r})"
@@ -168,6 +194,7 @@ class ObjectReader(io.RawIOBase):
         self.response = response
         self._cm = cm
         self._what = what
+        self.bar: tqdm | None = None  # a progress bar, advanced as chunks arrive
         self._chunks = response.iter_raw(CHUNK)
         self._pending = memoryview(b"")
         self._received = 0
@@ -175,6 +202,11 @@ class ObjectReader(io.RawIOBase):
         length = response.headers.get("content-length")
         self.size: int | None = int(length) if length and length.isdigit() else None
         self.etag = clean_etag(response.headers.get("etag"))
+
+    @property
+    def what(self) -> str:
+        """``bucket/object``, as errors name it."""
+        return self._what
 
     def readable(self) -> bool:
         return True
@@ -193,6 +225,8 @@ class ObjectReader(io.RawIOBase):
             raise errors.from_transport(exc, f"GET {self._what}") from exc
         self._received += len(chunk)
         self._pending = memoryview(chunk)
+        if self.bar is not None:
+            self.bar.update(len(chunk))
         return True
 
     def readinto(self, buffer: Any) -> int:
@@ -224,6 +258,8 @@ class ObjectReader(io.RawIOBase):
             try:
                 self._cm.__exit__(None, None, None)
             finally:
+                if self.bar is not None:
+                    self.bar.close()
                 super().close()
 
     def __enter__(self) -> ObjectReader:
