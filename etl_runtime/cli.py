@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from etl_runtime import cli_remote
+from etl_runtime.cli_remote import parse_ref
 from etl_runtime.sdk import Client, EtlDetails, SluiceError
 from etl_runtime.sdk.client import DEFAULT_ENDPOINT
 
@@ -28,7 +30,7 @@ class CliError(Exception):
 
 
 def split_object(ref: str) -> tuple[str, str]:
-    bucket, sep, name = ref.partition("/")
+    bucket, sep, name = parse_ref(ref)[1].partition("/")
     if not (bucket and sep and name):
         raise CliError(f"expected BUCKET/OBJECT, got {ref!r}")
     return bucket, name
@@ -84,7 +86,7 @@ def cmd_cluster(client: Client, args: argparse.Namespace) -> None:
 
 def cmd_put(client: Client, args: argparse.Namespace) -> None:
     bucket, name = split_object(args.dest)
-    obj = client.bucket(bucket).object(name)
+    obj = client.bucket(bucket, provider=parse_ref(args.dest)[0]).object(name)
     if args.file == "-":
         info = obj.put_content(sys.stdin.buffer.read())
     else:
@@ -96,7 +98,7 @@ def cmd_put(client: Client, args: argparse.Namespace) -> None:
 
 def cmd_get(client: Client, args: argparse.Namespace) -> None:
     bucket, name = split_object(args.src)
-    obj = client.bucket(bucket).object(name)
+    obj = client.bucket(bucket, provider=parse_ref(args.src)[0]).object(name)
     with obj.open(etl_name=args.etl, etl_args=args.etl_args) as reader:
         if args.output in (None, "-"):
             _copy(reader, sys.stdout.buffer)
@@ -120,7 +122,10 @@ def _copy(reader: Any, out: BinaryIO) -> None:
 
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> None:
-    for info in client.bucket(args.bucket).list_objects(prefix=args.prefix):
+    provider, bucket = parse_ref(args.bucket)
+    if provider == "aws":
+        return cli_remote.ls(client, bucket.rstrip("/"), args.prefix)
+    for info in client.bucket(bucket).list_objects(prefix=args.prefix):
         print(f"{info.size:>12}  {info.etag or '-':<32}  {info.name}")
 
 
@@ -319,6 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--tail", type=int, default=200, help="logs: lines per transformer")
     e.set_defaults(func=cmd_etl)
+    cli_remote.register(sub)
     return p
 
 

@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from etl_runtime.jobs.context import JobContext
 
 # Modules that register kinds (one line per kind module).
-KIND_MODULES: list[str] = []
+KIND_MODULES: list[str] = [
+    "etl_runtime.remote.jobs",  # prefetch, evict (remote buckets)
+]
 
 Run = Callable[["JobContext"], Awaitable[None]]
 # validate(gateway, spec) -> the normalized spec; raise a SluiceError (400/404) to refuse.
