@@ -17,8 +17,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from etl_runtime import cli_dsort
+from etl_runtime import cli_dsort, cli_remote
 from etl_runtime.cli_jobs import register as register_jobs
+from etl_runtime.cli_remote import parse_ref
 from etl_runtime.sdk import Client, EtlDetails, SluiceError
 from etl_runtime.sdk.client import DEFAULT_ENDPOINT
 
@@ -30,7 +31,7 @@ class CliError(Exception):
 
 
 def split_object(ref: str) -> tuple[str, str]:
-    bucket, sep, name = ref.partition("/")
+    bucket, sep, name = parse_ref(ref)[1].partition("/")
     if not (bucket and sep and name):
         raise CliError(f"expected BUCKET/OBJECT, got {ref!r}")
     return bucket, name
@@ -92,7 +93,7 @@ def show_progress(args: argparse.Namespace, to_stdout: bool = False) -> bool:
 
 def cmd_put(client: Client, args: argparse.Namespace) -> None:
     bucket, name = split_object(args.dest)
-    obj = client.bucket(bucket).object(name)
+    obj = client.bucket(bucket, provider=parse_ref(args.dest)[0]).object(name)
     if args.file == "-":
         info = obj.put_content(sys.stdin.buffer.read())
     else:
@@ -104,7 +105,7 @@ def cmd_put(client: Client, args: argparse.Namespace) -> None:
 
 def cmd_get(client: Client, args: argparse.Namespace) -> None:
     bucket, name = split_object(args.src)
-    obj = client.bucket(bucket).object(name)
+    obj = client.bucket(bucket, provider=parse_ref(args.src)[0]).object(name)
     etl = args.etl.split(",") if args.etl else None  # a,b,c: a pipeline
     to_stdout = args.output in (None, "-")
     progress = show_progress(args, to_stdout)
@@ -131,7 +132,10 @@ def _copy(reader: Any, out: BinaryIO) -> None:
 
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> None:
-    for info in client.bucket(args.bucket).list_objects(prefix=args.prefix):
+    provider, bucket = parse_ref(args.bucket)
+    if provider == "aws":
+        return cli_remote.ls(client, bucket.rstrip("/"), args.prefix)
+    for info in client.bucket(bucket).list_objects(prefix=args.prefix):
         print(f"{info.size:>12}  {info.etag or '-':<32}  {info.name}")
 
 
@@ -412,6 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_etl)
     register_jobs(sub)  # sluice job ..., sluice transform (etl_runtime.cli_jobs)
     cli_dsort.register(sub)
+    cli_remote.register(sub)
     return p
 
 

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 KIND_MODULES: list[str] = [
     "etl_runtime.jobs.transform",
     "etl_runtime.dsort.job",
+    "etl_runtime.remote.jobs",  # prefetch, evict (remote buckets)
 ]
 
 Run = Callable[["JobContext"], Awaitable[None]]

@@ -29,7 +29,7 @@ from etl_runtime.remote.errors import (
 from etl_runtime.remote.props import S3Settings, resolve
 from etl_runtime.target.errors import ObjectNotFound, SluiceError
 
-STREAM_CHUNK = 256 << 10  # small enough that the first byte does not wait for much
+STREAM_CHUNK = 1 << 20  # small enough that the first byte does not wait for much
 CONNECT_TIMEOUT = "3s"
 REQUEST_TIMEOUT = "600s"  # a whole GET of a big shard; reads stall-check below
 RETRIES = 2

@@ -53,6 +53,7 @@ from etl_runtime.target.store import ETAG_XATTR, READ_CHUNK, BeforePublish, Obje
 log = logging.getLogger(__name__)
 
 DEFAULT_HIGH_WM = 90.0
+MEMORY_WINDOW = 8 << 20  # per fill
 LOW_WM_RATIO = 0.9
 
 
@@ -84,6 +85,25 @@ class Fill:
         self.finished = asyncio.Event()  # published, or failed
         self._progress = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        # The latest chunks, so readers that keep up take them from memory
+        # (no disk read, no thread hop); one that fell behind reads the file.
+        self.recent: collections.deque[tuple[int, bytes]] = collections.deque()
+        self.recent_bytes = 0
+
+    def append(self, chunk: bytes) -> None:
+        self.recent.append((self.written, chunk))
+        self.recent_bytes += len(chunk)
+        self.written += len(chunk)
+        while self.recent_bytes - len(self.recent[0][1]) >= MEMORY_WINDOW:
+            self.recent_bytes -= len(self.recent.popleft()[1])
+        self.notify()
+
+    def from_memory(self, offset: int) -> memoryview | None:
+        """The bytes from ``offset`` up to the end of the chunk holding it, if still held."""
+        for start, chunk in self.recent:
+            if start <= offset < start + len(chunk):
+                return memoryview(chunk)[offset - start :]
+        return None
 
     def notify(self) -> None:
         ev, self._progress = self._progress, asyncio.Event()
@@ -206,9 +226,8 @@ class RemoteCache:
             fill.ready.set()
             async for chunk in chunks:
                 f.write(chunk)
-                fill.written += len(chunk)
                 self.counters.backend_fetch_bytes += len(chunk)
-                fill.notify()
+                fill.append(chunk)
             if fill.written != meta.size:
                 raise BackendError(
                     f"backend {backend.where} sent {fill.written} of {meta.size} bytes of "
@@ -236,6 +255,7 @@ class RemoteCache:
             self._fills.pop(key, None)
             fill.ready.set()
             fill.finished.set()
+            fill.recent.clear()
             fill.notify()
         self._maybe_evict()
 
@@ -252,7 +272,7 @@ class RemoteCache:
         bdir = self.store.bucket_dir(fill.bucket)
         self.store._publish(fill.tmp, bdir, fill.bucket, fill.name, False)
 
-    async def reader(self, fill: Fill) -> AsyncIterator[bytes]:
+    async def reader(self, fill: Fill) -> AsyncIterator[bytes | memoryview]:
         """The object's bytes as the fill writes them (call after ``fill.ready``)."""
         try:
             src: IO[bytes] | None = open(fill.tmp, "rb", buffering=0)  # noqa: SIM115
@@ -278,8 +298,12 @@ class RemoteCache:
                     if fill.done:
                         return
                     continue
-                n = min(fill.written - offset, READ_CHUNK)
-                data = await anyio.to_thread.run_sync(os.pread, src.fileno(), n, offset)
+                data = fill.from_memory(offset)
+                if data is None:
+                    n = min(fill.written - offset, READ_CHUNK)
+                    data = memoryview(
+                        await anyio.to_thread.run_sync(os.pread, src.fileno(), n, offset)
+                    )
                 offset += len(data)
                 yield data
 

@@ -8,6 +8,7 @@ GET of a remote object costs what a GET of a native one does.
 from __future__ import annotations
 
 import email.utils
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,12 @@ from etl_runtime.target.store import BeforePublish
 # A cold GET with one of these waits for the whole object, then is served from
 # the cache by the ordinary path (ranges and validators need the stored file).
 WHOLE_FIRST = ("range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since")
+
+
+async def _as_bytes(chunks: AsyncIterator[bytes | memoryview]) -> AsyncIterator[bytes]:
+    """The transformer client takes ``bytes`` chunks (one copy per MiB)."""
+    async for chunk in chunks:
+        yield chunk if isinstance(chunk, bytes) else bytes(chunk)
 
 
 def _headers(size: int, etag: str, last_modified: float) -> dict[str, str]:
@@ -62,9 +69,9 @@ async def get(
         await cache.wait_filled(fill)
         return None
     if etl_name:
-        return await forwarder.transform(
-            bucket, name, etl_name, etl_args, source=cache.reader(fill)
-        )
+        source = _as_bytes(cache.reader(fill))
+        return await forwarder.transform(bucket, name, etl_name, etl_args, source=source)
+
     meta = fill.meta
     assert meta is not None
     return StreamingResponse(

@@ -9,16 +9,23 @@ props, ``prefetch`` and ``evict``. Listings carry ``cached`` per object.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from etl_runtime.sdk.bucket import Bucket
+from etl_runtime.sdk.client import quote_path
+from etl_runtime.sdk.errors import SluiceError
 from etl_runtime.sdk.object import Object, ObjectInfo
 
 if TYPE_CHECKING:
     from etl_runtime.sdk.client import Client
 
 PROVIDER = "aws"
+
+
+class JobError(SluiceError):
+    """A prefetch or evict job ended Failed or Aborted."""
 
 
 class RemoteBucket(Bucket):
@@ -103,15 +110,57 @@ class RemoteBucket(Bucket):
             if not start_after:
                 return
 
-    def evict(self, prefix: str = "") -> dict[str, Any]:
-        """Drop the cached copies (under ``prefix``) on every target; the backend keeps them."""
+    def prefetch(
+        self,
+        prefix: str = "",
+        wait: bool = True,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+        poll: float = 0.5,
+    ) -> dict[str, Any]:
+        """Warm the cache with every backend object under ``prefix``: a ``prefetch`` job.
+
+        Returns the job (``GET /v1/jobs/{id}``: ``state``, ``progress`` with
+        ``objects``/``bytes`` fetched and ``skipped``, ``spec.total``); with
+        ``wait`` once it ended, calling ``on_progress(job)`` at every poll.
+        A failed or aborted job raises ``JobError`` naming the reason.
+        """
+        return self._job("prefetch", prefix, wait, on_progress, poll)
+
+    def evict(self, prefix: str = "", wait: bool = True) -> dict[str, Any]:
+        """Drop the cached copies (under ``prefix``) on every target: an ``evict`` job.
+
+        The backend keeps the objects; the next GET fetches them again."""
+        return self._job("evict", prefix, wait, None, 0.2)
+
+    def _job(
+        self,
+        kind: str,
+        prefix: str,
+        wait: bool,
+        on_progress: Callable[[dict[str, Any]], None] | None,
+        poll: float,
+    ) -> dict[str, Any]:
         self._ensure()
-        return self.client.request_json(
-            "POST",
-            self._path,
-            json_body={"action": "evict", "value": {"prefix": prefix}},
-            context={"bucket": self.name},
+        spec = {"bucket": self.name, "prefix": prefix}
+        ctx = {"bucket": self.name}
+        started = self.client.request_json(
+            "POST", "/v1/jobs", json_body={"kind": kind, "spec": spec}, context=ctx
         )
+        path = f"/v1/jobs/{quote_path(started['id'])}"
+        while True:
+            job = self.client.request_json("GET", path, context=ctx)
+            if on_progress is not None:
+                on_progress(job)
+            if not wait or job["state"] != "Running":
+                break
+            time.sleep(poll)
+        if job["state"] in ("Failed", "Aborted"):
+            raise JobError(
+                f"{kind} job {job['id']} of bucket {self.name!r} {job['state'].lower()}: "
+                f"{job.get('reason')}",
+                bucket=self.name,
+            )
+        return job
 
     def __repr__(self) -> str:
         return f"RemoteBucket({self.name!r})"

@@ -10,6 +10,8 @@ from __future__ import annotations
 import concurrent.futures
 import io
 import os
+import subprocess
+import sys
 import uuid
 
 import httpx
@@ -188,3 +190,50 @@ def test_warm_gets_survive_the_backend_going_down(endpoint: str, minio: MinioSer
     finally:
         minio.start()
     assert get(endpoint, bucket, "cold.bin").content == b"c"
+
+
+def sluice(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "etl_runtime.cli", "--endpoint", endpoint, *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+
+
+def test_prefetch_and_evict_jobs_with_the_sdk_and_the_cli(
+    endpoint: str, minio: MinioServer, tmp_path
+) -> None:
+    warm = {f"warm/{i}.bin": os.urandom(100_000) for i in range(6)}
+    bucket = new_bucket(minio, {**warm, "other.bin": b"o"})
+    with Client(endpoint) as client:
+        remote = client.bucket(bucket, provider="aws")
+        job = remote.prefetch(prefix="warm/")
+        assert job["state"] == "Finished", job
+        assert job["progress"]["objects"] == 6 and job["progress"]["bytes"] == 600_000
+        assert job["spec"]["total"] == {"objects": 6, "bytes": 600_000}
+        assert {o["name"] for o in remote.list_entries() if o["cached"]} == set(warm)
+
+        before = metric(endpoint, FETCHES)
+        assert remote.object("warm/3.bin").get_bytes() == warm["warm/3.bin"]
+        assert metric(endpoint, FETCHES) == before  # prefetched: served from the cache
+
+        again = remote.prefetch(prefix="warm/")
+        assert again["progress"]["objects"] == 0 and again["progress"]["skipped"] == 6
+
+        evicted = remote.evict(prefix="warm/")
+        assert evicted["progress"]["objects"] == 6
+        assert not any(o["cached"] for o in remote.list_entries())
+
+    # The CLI: prefetch with a progress bar, ls with the cached column, get through s3://.
+    done = sluice(endpoint, "prefetch", f"s3://{bucket}", "--prefix", "warm/")
+    assert done.returncode == 0, done.stderr
+    assert "prefetched 6 object(s), 600000 bytes" in done.stdout
+    assert "100%" in done.stderr  # tqdm's bar reached the total
+    listing = sluice(endpoint, "ls", f"s3://{bucket}").stdout.splitlines()
+    assert [line.split()[-2:] for line in listing] == [
+        ["-", "other.bin"],
+        *[["cached", n] for n in sorted(warm)],
+    ]
+    out = tmp_path / "o.bin"
+    got = sluice(endpoint, "get", f"aws://{bucket}/warm/5.bin", "-o", str(out))
+    assert got.returncode == 0, got.stderr
+    assert out.read_bytes() == warm["warm/5.bin"]
+    evict = sluice(endpoint, "evict", f"s3://{bucket}")
+    assert evict.returncode == 0 and "evicted 6 cached object(s)" in evict.stdout

@@ -210,3 +210,45 @@ affinity:
 priorityClassName: {{ . }}
 {{- end }}
 {{- end -}}
+
+{{/*
+Remote (aws) buckets: the AWS environment of targets and gateways.
+*/}}
+{{- define "sluice.remoteEnv" -}}
+{{- with .Values.remote.endpoint }}
+- name: AWS_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+{{- with .Values.remote.region }}
+- name: AWS_REGION
+  value: {{ . | quote }}
+{{- end }}
+- name: SLUICE_REMOTE_CACHE_BYTES
+  value: {{ .Values.remote.cacheBytes | int64 | quote }}
+- name: SLUICE_REMOTE_CACHE_HIGH_WM
+  value: {{ .Values.remote.highWatermark | quote }}
+{{- end -}}
+
+{{- define "sluice.remoteEnvFrom" -}}
+{{- with .Values.remote.secretName }}
+envFrom:
+  - secretRef:
+      name: {{ . }}
+{{- end }}
+{{- end -}}
+
+{{- define "sluice.remoteSecretMounts" -}}
+{{- range .Values.remote.bucketSecrets }}
+- name: remote-secret-{{ . }}
+  mountPath: /etc/sluice/secrets/{{ . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "sluice.remoteSecretVolumes" -}}
+{{- range .Values.remote.bucketSecrets }}
+- name: remote-secret-{{ . }}
+  secret:
+    secretName: {{ . }}
+{{- end }}
+{{- end -}}
