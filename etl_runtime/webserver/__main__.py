@@ -39,6 +39,13 @@ def _parser() -> argparse.ArgumentParser:
         help="worker processes (default: spec.workers, else CPU count)",
     )
     p.add_argument(
+        "--inline",
+        action=argparse.BooleanOptionalAction,
+        default=env("SLUICE_INLINE", "").strip().lower() in ("1", "true", "yes"),
+        help="object mode: run the code in the server processes' threads, not in worker "
+        "processes (faster for cheap transforms; no crash isolation, see docs/architecture.md)",
+    )
+    p.add_argument(
         "--servers",
         type=int,
         default=int(env("SLUICE_SERVERS", "1")),
@@ -96,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(name, f"--workers must be at least 1, got {args.workers}")
     if args.servers < 1:
         return _fail(name, f"--servers must be at least 1, got {args.servers}")
+    if args.inline and spec.mode != "object":
+        return _fail(name, f"--inline (SLUICE_INLINE) is for object mode; this ETL is {spec.mode}")
     if args.servers > 1:
         return _serve_many(name, spec, args, loop)
 
@@ -105,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
         workers=args.workers,
         token=os.environ.get("SLUICE_ETL_TOKEN"),
         deps_dir=os.environ.get("SLUICE_DEPS_DIR"),
+        inline=args.inline,
     )
     server = uvicorn.Server(
         uvicorn.Config(
@@ -137,6 +147,7 @@ def _serve_many(name: str, spec: EtlSpec, args: argparse.Namespace, loop: str) -
             deps_dir=os.environ.get("SLUICE_DEPS_DIR"),
             board=board,
             slot=slot,
+            inline=args.inline,
         )
         server = uvicorn.Server(uvicorn.Config(app, loop=loop, log_level="info", access_log=False))
         transformer: Transformer = app.state.transformer

@@ -50,15 +50,24 @@ def create_app(
     roots: tuple[str, ...] | None = None,
     board: Board | None = None,
     slot: int = 0,
+    inline: bool = False,
 ) -> FastAPI:
     """The transformer app; ``app.state.transformer`` is its ``Transformer``.
 
     ``roots``: where ``etl_fqn`` files may lie (default ``$SLUICE_DATA_ROOTS``, see fqn).
     ``board``/``slot``: this app is server ``slot`` of several (see ``servers``).
+    ``inline``: object-mode code runs in this process's threads (see ``inline``).
     """
     roots = data_roots() if roots is None else roots
     transformer = Transformer(
-        name, spec, workers=workers, token=token, deps_dir=deps_dir, board=board, slot=slot
+        name,
+        spec,
+        workers=workers,
+        token=token,
+        deps_dir=deps_dir,
+        board=board,
+        slot=slot,
+        inline=inline,
     )
     # The pid of the process that was started: the supervisor's with several servers.
     main_pid = os.getpid() if board is None else os.getppid()
@@ -128,6 +137,8 @@ def create_app(
         fqn = request.query_params.get("etl_fqn") or None
         if fqn is not None:
             fqn = confine(fqn, roots)  # under the target's data dir, or 400 unopened
+        if transformer.inline is not None:
+            return await transformer.inline.transform(transformer.stats, request, obj, args, fqn)
         if spec.mode == "wds":
             return await transform_shard(transformer, request, obj, args, fqn)
         return await transform_object(transformer.pool, transformer.stats, request, obj, args, fqn)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from etl_runtime.spec import EtlSpec
 from etl_runtime.webserver.code import check_code, install_dependencies
 from etl_runtime.webserver.errors import StartupError
+from etl_runtime.webserver.inline import InlineRunner
 from etl_runtime.webserver.pool import WorkerPool
 from etl_runtime.webserver.shards import load_tariterators
 from etl_runtime.webserver.stats import Board, LogBuffer, SharedStats, Stats
@@ -36,8 +37,10 @@ class Transformer:
         deps_dir: str | None = None,
         board: Board | None = None,
         slot: int = 0,
+        inline: bool = False,
     ) -> None:
-        """``board``/``slot``: this is server ``slot`` of several (see ``servers``)."""
+        """``board``/``slot``: this is server ``slot`` of several (see ``servers``);
+        ``inline``: object-mode code runs in this process's threads (see ``inline``)."""
         self.name = name
         self.spec = spec
         self.token = token or None
@@ -52,6 +55,9 @@ class Transformer:
             on_log=self.logs.worker_output,
             on_fatal=self.fail,
         )
+        self.inline: InlineRunner | None = None
+        if inline and spec.mode == "object":
+            self.inline = InlineRunner(spec, self.pool.size, deps_dir, self.logs)
         self.ready = False
         self.fatal: str | None = None
         self.on_fatal: Callable[[str], None] = lambda reason: None
@@ -71,15 +77,20 @@ class Transformer:
                 log.info("installing dependencies %s into %s", deps, self.deps_dir)
                 await asyncio.to_thread(install_dependencies, self.spec, self.deps_dir)
             self.pool.deps_dir = self.deps_dir
-            log.info("starting %d workers (mode %s)", self.pool.size, self.spec.mode)
-            await self.pool.start()
+            if self.inline is not None:
+                log.info("loading the code inline, %d threads", self.inline.threads)
+                self.inline.deps_dir = self.deps_dir
+                await asyncio.to_thread(self.inline.load)
+            else:
+                log.info("starting %d workers (mode %s)", self.pool.size, self.spec.mode)
+                await self.pool.start()
         except StartupError as e:
             self.fail(str(e))
             return
         self.ready = True
         if self.board is not None:
             self.board.set_ready(self.slot, True)
-        log.info("ETL %r ready: workers %s", self.name, self.pool.pids)
+        log.info("ETL %r ready: workers %s", self.name, self.pool.pids or "inline")
 
     @property
     def all_ready(self) -> bool:
@@ -99,4 +110,6 @@ class Transformer:
         self.ready = False
         if self.board is not None:
             self.board.set_ready(self.slot, False)
+        if self.inline is not None:
+            self.inline.close()
         await self.pool.close()

@@ -1,0 +1,215 @@
+"""``--inline`` (``SLUICE_INLINE=1``): object-mode code run in the server process.
+
+A worker process costs every object two trips through a Unix socket and the
+event-loop wake-ups that come with them; for a cheap, byte-heavy transform
+that hand-off, not the function, is the work. Inline, each server process
+loads the user's code itself and calls it in its own small thread pool
+(``threads`` = the workers of this server), never on the event loop: the
+request body (or the ``etl_fqn`` file, read in the thread) goes to the
+function as it is, and a bytes result is answered with ``Content-Length`` from
+the same buffer. An iterable result is pulled one chunk at a time in the pool,
+so a slow client still holds the function back (backpressure) and memory stays
+bounded. Errors keep their rules: before the first byte they are JSON (the
+status of the error), after it the connection is aborted.
+
+What a process boundary gave and inline does not: a transform that crashes
+the interpreter takes its server process down (with ``--servers`` the
+supervisor then stops the transformer, which its manager restarts), and a
+transform past ``spec.timeouts.requestSeconds`` is answered 504 but its
+thread cannot be killed and runs on. Use it for trusted, well-behaved code;
+WebDataset mode always uses workers (per-sample parallelism inside a shard).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from etl_runtime.spec import EtlSpec
+from etl_runtime.webserver.code import load_transform, takes_args
+from etl_runtime.webserver.errors import (
+    BadRequest,
+    BadResult,
+    CodeLoadError,
+    ObjectNotFound,
+    StartupError,
+    TransformerError,
+    TransformError,
+    TransformTimeout,
+    traceback_tail,
+)
+from etl_runtime.webserver.responses import TransformedStream
+from etl_runtime.webserver.stats import LogBuffer, Stats
+
+log = logging.getLogger("sluice.transformer")
+
+MEDIA_TYPE = "application/octet-stream"
+_DONE = object()
+
+
+class _Output(io.TextIOBase):
+    """``sys.stdout`` of an inline server: what user code prints goes to ``/logs``."""
+
+    def __init__(self, logs: LogBuffer) -> None:
+        self.logs = logs
+        self.buf = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.buf += s
+        if "\n" in self.buf:
+            lines, _, self.buf = self.buf.rpartition("\n")
+            self.logs.worker_output(os.getpid(), lines + "\n")
+        return len(s)
+
+
+class InlineRunner:
+    """The user's function, loaded in this process, and the threads that call it."""
+
+    def __init__(self, spec: EtlSpec, threads: int, deps_dir: str | None, logs: LogBuffer):
+        self.spec = spec
+        self.threads = threads
+        self.deps_dir = deps_dir
+        self.logs = logs
+        self.timeout = spec.request_timeout_seconds
+        self.fn: Callable[..., Any] | None = None
+        self.with_args = False
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="sluice-inline")
+
+    def load(self) -> None:
+        """Apply ``spec.env`` and the dependencies, load the code (``StartupError``)."""
+        os.environ.update(dict(self.spec.env))
+        if self.deps_dir and self.deps_dir not in sys.path:
+            sys.path.insert(0, self.deps_dir)
+        sys.stdout = _Output(self.logs)
+        try:
+            fn = load_transform(self.spec)
+        except StartupError:
+            raise
+        except BaseException as e:  # anything the user's module does on import
+            raise CodeLoadError(f"code failed to load: {type(e).__name__}: {e}") from e
+        self.fn = fn
+        self.with_args = takes_args(fn)
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- in the pool's threads --------------------------------------------------
+
+    def _call(self, data: bytes | None, fqn: str | None, args: str | None) -> Any:
+        if fqn is not None:
+            try:
+                with open(fqn, "rb") as f:
+                    data = f.read()
+            except FileNotFoundError:
+                raise ObjectNotFound(f"etl_fqn {fqn!r}: no such file") from None
+            except OSError as e:
+                raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from None
+        assert self.fn is not None
+        try:
+            result = self.fn(data, args) if self.with_args else self.fn(data)
+        except TransformerError:
+            raise
+        except Exception as e:
+            raise TransformError(
+                f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e)
+            ) from e
+        if isinstance(result, str):
+            return result.encode("utf-8")
+        if isinstance(result, bytes | bytearray | memoryview):
+            return result
+        if result is None or isinstance(result, dict) or not hasattr(result, "__iter__"):
+            raise BadResult(
+                f"transform returned {type(result).__name__}; return bytes, str, "
+                "or an iterable of bytes chunks"
+            )
+        return iter(result)
+
+    @staticmethod
+    def _next(chunks: Iterator[Any]) -> Any:
+        try:
+            item = next(chunks)
+        except StopIteration:
+            return _DONE
+        except TransformerError:
+            raise
+        except Exception as e:
+            raise TransformError(
+                f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e)
+            ) from e
+        if isinstance(item, str):
+            return item.encode("utf-8")
+        if not isinstance(item, bytes | bytearray | memoryview):
+            raise BadResult(f"transform yielded a {type(item).__name__}; yield bytes or str chunks")
+        return item
+
+    # -- on the event loop ------------------------------------------------------
+
+    async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await loop.run_in_executor(self.pool, fn, *args)
+        except TimeoutError:
+            raise TransformTimeout(
+                f"transform took longer than {self.timeout:.0f}s "
+                "(spec.timeouts.requestSeconds); inline, its thread could not be stopped"
+            ) from None
+
+    async def transform(
+        self, stats: Stats, request: Request, obj: str, args: str | None, fqn: str | None
+    ) -> Response:
+        started = time.perf_counter()
+        try:
+            data = None if fqn is not None else await request.body()
+            result = await self._in_pool(self._call, data, fqn, args)
+            if fqn is not None:
+                stats.bytes_in += os.path.getsize(fqn)
+            elif data is not None:
+                stats.bytes_in += len(data)
+            first = None
+            if isinstance(result, Iterator):
+                first = await self._in_pool(self._next, result)
+        except TransformerError as e:
+            stats.error(obj, None, e.message)
+            stats.transform_seconds += time.perf_counter() - started
+            raise
+        if not isinstance(result, Iterator):
+            stats.objects += 1
+            stats.bytes_out += len(result)
+            stats.transform_seconds += time.perf_counter() - started
+            return Response(memoryview(result).cast("B"), media_type=MEDIA_TYPE)
+        if first is _DONE:
+            stats.objects += 1
+            stats.transform_seconds += time.perf_counter() - started
+            return Response(b"", media_type=MEDIA_TYPE)
+        return TransformedStream(self._stream(result, first, stats, obj, started), MEDIA_TYPE)
+
+    async def _stream(
+        self, chunks: Iterator[Any], first: Any, stats: Stats, obj: str, started: float
+    ) -> AsyncIterator[bytes]:
+        try:
+            item = first
+            while item is not _DONE:
+                stats.bytes_out += len(item)
+                yield item
+                item = await self._in_pool(self._next, chunks)
+            stats.objects += 1
+        except TransformerError as e:
+            stats.error(obj, None, e.message)
+            log.error("ETL failed on %s after streaming began (connection aborted): %s", obj, e)
+            raise
+        finally:
+            stats.transform_seconds += time.perf_counter() - started
