@@ -126,3 +126,50 @@ def test_status_page_with_a_read_token(tmp_path: Path, page) -> None:
         page.click("#forget")
         expect(page.locator("#auth")).to_be_visible()
     assert page.problems == []
+
+
+def test_jobs_show_state_progress_and_reason(tmp_path: Path, page) -> None:
+    """A job as ``GET /v1/jobs`` describes it (issue 11's shape) is shown, escaped.
+
+    Jobs are built on another branch, so the browser is handed that answer
+    (Playwright's ``route``); with no jobs the real gateway's answer shows
+    "no jobs" (above).
+    """
+    from playwright.sync_api import expect
+
+    job = {
+        "id": "j-1f3a",
+        "kind": "dsort",
+        "state": "Failed",
+        "reason": "target t1 away for 60 s <script>pwned=1</script>",
+        "started": 1_763_856_000.0,
+        "progress": {"objects": 12, "bytes": 3 << 20, "records": 480, "skipped": 0},
+        "error_count": 2,
+        "targets": {"t0": {"state": "Finished", "progress": {"objects": 12}}},
+    }
+    app = create_gateway_app(FakeTargets([]), DictBackend(DictRegistry()))
+    with serve_in_thread(app) as url:
+        page.route("**/v1/jobs", lambda route: route.fulfill(json={"jobs": [job]}))
+        page.goto(f"{url}/ui")
+        row = page.locator("#jobs tr[data-job='j-1f3a']")
+        expect(row).to_contain_text("dsort")
+        expect(row).to_contain_text("Failed")
+        expect(row).to_contain_text("12 objects, 480 records, 3.0 MiB")
+        expect(row).to_contain_text("<script>pwned=1</script>")
+        expect(page.locator("#jobs")).to_contain_text("t0: Finished, 12 obj")
+        assert page.evaluate("typeof window.pwned") == "undefined"
+    assert page.problems == []
+
+
+def test_ui_refuses_unknown_parameters_and_sets_a_csp() -> None:
+    app = create_gateway_app(FakeTargets([]), DictBackend(DictRegistry()))
+    with serve_in_thread(app) as url:
+        r = httpx.get(f"{url}/ui?token=x")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/html")
+        assert "script-src 'sha256-" in r.headers["content-security-policy"]
+        r = httpx.get(f"{url}/ui?refresh=5")
+        assert r.status_code == 400 and "refresh" in r.json()["error"]
+        r = httpx.get(f"{url}/v1/ui/summary?verbose=1")
+        assert r.status_code == 400 and "verbose" in r.json()["error"]
+        body = httpx.get(f"{url}/v1/ui/summary").json()
+        assert body["targets"] == [] and body["etls"] == [] and "gateway" in body["traffic"]
