@@ -65,7 +65,7 @@ def test_status_page_shows_etls_errors_and_a_target_going_down(tmp_path: Path, p
     with LocalCluster(data, targets=2) as cluster, Client(cluster.endpoint) as client:
         bucket = client.bucket("ui").create()
         bucket.object("shards/a.tar").put_content(shard(["s0", HOSTILE_KEY, "s2"]))
-        client.etl("ui-picky").init_code(transform=picky, mode="wds", on_error="skip")
+        client.etl("ui-picky").init_code(transform=picky, mode="wds", on_error="skip", workers=1)
 
         page.goto(f"{cluster.endpoint}/ui")
         etl = row(page, "etls", "etl", "ui-picky")
