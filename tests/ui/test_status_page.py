@@ -58,7 +58,9 @@ def row(page, table: str, attr: str, value: str):
 
 
 @pytest.mark.timeout(240)
-def test_status_page_shows_etls_errors_and_a_target_going_down(tmp_path: Path, page) -> None:
+def test_status_page_shows_etls_errors_and_a_target_going_down(
+    tmp_path: Path, page, capsys: pytest.CaptureFixture[str]
+) -> None:
     from playwright.sync_api import expect
 
     data = tmp_path / "data"
@@ -76,9 +78,11 @@ def test_status_page_shows_etls_errors_and_a_target_going_down(tmp_path: Path, p
         expect(page.locator("#jobs")).to_contain_text("no jobs")
 
         # A GET through the ETL skips the bad sample; the page shows why, naming it.
-        out = bucket.object("shards/a.tar").get_bytes(etl_name="ui-picky")
+        out = bucket.object("shards/a.tar").get_bytes(etl_name="ui-picky", progress=True)
         names = tarfile.open(fileobj=io.BytesIO(out)).getnames()
         assert names == ["s0.txt", "s2.txt"], names
+        # (The SDK's bar for an ETL GET: bytes and speed, the size is not known up front.)
+        assert "get ui/shards/a.tar via ui-picky" in capsys.readouterr().err
         errors = page.locator("#errors tbody")
         expect(errors).to_contain_text(HOSTILE_KEY, timeout=WAIT_MS)
         expect(errors).to_contain_text("shards/a.tar")
