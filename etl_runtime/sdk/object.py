@@ -172,7 +172,7 @@ class Object:
         response = cm.__enter__()
         reader = ObjectReader(response, cm, f"{self.bucket.name}/{self.name}")
         if progress:
-            via = f" via {etl_name}" if etl_name else ""
+            via = f" via {etl}" if etl_name else ""
             reader.bar = byte_bar(True, reader.size, f"get {reader.what}{via}")
         return reader
 
