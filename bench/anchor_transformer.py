@@ -9,8 +9,9 @@ as answer), in two configurations:
 * ``ais-default``: ``FastAPIServer().start()``, what its README's examples run
   (one uvicorn process).
 
-Sluice runs ``python -m etl_runtime.webserver --servers N --workers N`` (N
-server processes on one port, one worker process each). Every server gets the
+Sluice runs ``python -m etl_runtime.webserver --servers N --workers N``: N
+server processes on one port, with one worker process each (``sluice``) or
+running the function in their own thread (``sluice-inline``, ``--inline``). Every server gets the
 same function: identity on 1 MiB and on 16 KiB bodies, and a PIL JPEG resize
 (1024x768 JPEG in, 224x224 JPEG out). For each transform and concurrency
 (1, 16, 64 requests in flight) the load generator (``loadgen``: client
@@ -109,8 +110,9 @@ def server(kind: str, code: str, servers: int, workdir: Path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     # AIStore reads AIS_TARGET_URL at start (for hpull, unused here): any URL does.
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "AIS_TARGET_URL": "http://127.0.0.1:9"}
-    if kind == "sluice":
+    if kind.startswith("sluice"):
         spec = {"mode": "object", "code": {"source": code}}
+        env["SLUICE_INLINE"] = "1" if kind == "sluice-inline" else ""
         env.update(SLUICE_ETL_NAME="anchor", SLUICE_ETL_SPEC=json.dumps(spec))
         env["SLUICE_ETL_TOKEN"] = TOKEN
         argv = [sys.executable, "-m", "etl_runtime.webserver", "--host", "127.0.0.1"]
@@ -136,7 +138,7 @@ def server(kind: str, code: str, servers: int, workdir: Path) -> Iterator[str]:
             tail = (workdir / f"{kind}.log").read_text(errors="replace")[-3000:]
             print(f"{kind} did not start; its log ends:\n{tail}", file=sys.stderr)
             raise
-        if kind == "sluice" or kind == "ais-best":
+        if kind != "ais-default":
             time.sleep(1.0)  # every server process up, not just the first to answer
         yield url
     finally:
@@ -165,7 +167,7 @@ def main() -> None:
     p.add_argument("--client-procs", type=int, default=4, help="load generator processes")
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--transforms", default=",".join(TRANSFORMS))
-    p.add_argument("--kinds", default="sluice,ais-best,ais-default")
+    p.add_argument("--kinds", default="sluice,sluice-inline,ais-best,ais-default")
     args = p.parse_args()
     kinds = args.kinds.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -199,18 +201,19 @@ def main() -> None:
                             flush=True,
                         )
             for c in levels:
-                ours = results.get(("sluice", c))
-                for kind in kinds[1:]:
-                    theirs = results.get((kind, c))
+                for us, kind in [(u, k) for u in kinds for k in kinds]:
+                    ours, theirs = results.get((us, c)), results.get((kind, c))
+                    if not us.startswith("sluice") or kind.startswith("sluice"):
+                        continue
                     if ours is None or theirs is None or not theirs.rate:
                         continue
                     summary.append(
-                        f"| {name} | {c} | {kind} | {ours.rate:.0f} | {theirs.rate:.0f} | "
+                        f"| {name} | {c} | {us} vs {kind} | {ours.rate:.0f} | {theirs.rate:.0f} | "
                         f"{ours.rate / theirs.rate:.2f} | {ours.p50_ms:.1f} / {theirs.p50_ms:.1f} "
                         f"| {ours.p99_ms:.1f} / {theirs.p99_ms:.1f} |"
                     )
     print(
-        "\n| transform | concurrency | anchor | Sluice req/s | anchor req/s | ratio "
+        "\n| transform | concurrency | servers | Sluice req/s | anchor req/s | ratio "
         "| p50 ms Sluice / anchor | p99 ms Sluice / anchor |"
     )
     print("|---|---|---|---|---|---|---|---|")

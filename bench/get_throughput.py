@@ -3,12 +3,21 @@
 Starts a real local cluster as child processes — a gateway, two targets and,
 beside each target, an identity transformer (``python -m etl_runtime.webserver``
 with ``def transform(data): return data``) — uploads objects of 16 KiB and
-1 MiB, then has several concurrent clients (httpx, following the gateway's 307)
-read them for a fixed time, plainly and then through the ETL (``--rounds``
-pairs, alternating, so a machine whose load changes affects both alike), and
-prints objects/s, MB/s, CPU milliseconds per object of each process role
-(client, gateway, target, transformer server, workers: load-independent, unlike
-the rates) and the ETL/plain ratio for each size (median over the rounds).
+1 MiB, then has ``--clients`` concurrent readers read them for a fixed time,
+plainly and then through the ETL (``--rounds`` pairs, alternating, so a machine
+whose load changes affects both alike), and prints objects/s, MB/s, CPU
+milliseconds per object of each process role (client, gateway, target,
+transformer server, workers: load-independent, unlike the rates), the ETL/plain
+ratio for each size (median over the rounds) and the servers' CPU per ETL GET
+over that per plain GET.
+
+The readers are ``bench/loadgen.py``: ``--client-procs`` processes with raw
+HTTP/1.1 connections that follow the gateway's 307, so the client is not the
+bottleneck (its CPU per object is printed as ``client``). ``--direct`` adds a
+row per size that skips gateway and target: hpush with ``etl_fqn`` straight to
+a transformer, the most a "307 to the transformer" answer path could gain.
+Targets pass ``etl_fqn`` as under ``sluice up`` (``SLUICE_ETL_FQN=always``);
+``--no-fqn`` sends the object bytes instead.
 
 Gateway and targets share a cluster map (``DIR/cluster.json``) as under
 ``sluice up``, so placement, ownership checks and the map's per-request reads
@@ -18,7 +27,8 @@ The targets learn their transformer from a ``FileRegistry`` directory that this
 script writes itself (``DIR/etl/identity.json`` = ``EtlRecord.to_dict()``), so
 the measurement covers the data path only, not the local ETL controller.
 
-    .venv/bin/python bench/get_throughput.py [--clients 8] [--seconds 5] [--rounds 3]
+    .venv/bin/python bench/get_throughput.py [--clients 16] [--client-procs 4]
+        [--seconds 5] [--rounds 3] [--transformer-servers 2 --transformer-workers 2 --inline]
 """
 
 from __future__ import annotations
@@ -31,7 +41,6 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,16 +54,22 @@ from etl_runtime.cluster import EtlRecord, TransformerStatus  # noqa: E402
 from etl_runtime.spec import EtlSpec  # noqa: E402
 from tests.servers import free_port, serve_process  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from loadgen import Req, Result, run_load  # noqa: E402
+
 ETL = "identity"
 UID = "bench-uid"
 SPEC = {"mode": "object", "code": {"source": "def transform(data):\n    return data\n"}}
 
 
 @contextlib.contextmanager
-def local_cluster(workdir: Path, transformer_workers: int) -> Iterator[str]:
-    """Gateway + 2 targets + 2 identity transformers; yields the gateway URL."""
+def local_cluster(workdir: Path, args: argparse.Namespace) -> Iterator[tuple[str, dict[str, str]]]:
+    """Gateway + 2 targets + 2 identity transformers; yields the gateway URL and
+    the transformers' {target id: URL}."""
     key = auth.new_key()
+    os.environ["BENCH_CLUSTER_KEY"] = key  # for --direct requests
     base_env = {"SLUICE_CLUSTER_KEY": key, "PYTHONUNBUFFERED": "1"}
+    target_env = {**base_env, "SLUICE_ETL_FQN": "never" if args.no_fqn else "always"}
     with contextlib.ExitStack() as stack:
         transformers: dict[str, str] = {}
         for tid in ("t0", "t1"):
@@ -64,9 +79,12 @@ def local_cluster(workdir: Path, transformer_workers: int) -> Iterator[str]:
                 "SLUICE_ETL_NAME": ETL,
                 "SLUICE_ETL_SPEC": json.dumps(SPEC),
                 "SLUICE_ETL_TOKEN": auth.transformer_token(key, ETL, UID),
+                "SLUICE_DATA_ROOTS": str(workdir / "targets" / tid),
+                "SLUICE_SERVERS": str(args.transformer_servers),
+                "SLUICE_INLINE": "1" if args.inline else "",
             }
             url = f"http://127.0.0.1:{port}"
-            args = [
+            argv = [
                 "-m",
                 "etl_runtime.webserver",
                 "--host",
@@ -74,9 +92,9 @@ def local_cluster(workdir: Path, transformer_workers: int) -> Iterator[str]:
                 "--port",
                 str(port),
                 "--workers",
-                str(transformer_workers),
+                str(args.transformer_workers),
             ]
-            stack.enter_context(serve_process(args, f"{url}/health", env=env, timeout=120))
+            stack.enter_context(serve_process(argv, f"{url}/health", env=env, timeout=120))
             transformers[tid] = url
         registry_dir = workdir / "etl"
         registry_dir.mkdir(parents=True)
@@ -94,7 +112,7 @@ def local_cluster(workdir: Path, transformer_workers: int) -> Iterator[str]:
         for tid in ("t0", "t1"):
             port = free_port()
             url = f"http://127.0.0.1:{port}"
-            args = [
+            argv = [
                 "-m",
                 "etl_runtime.target",
                 "--host",
@@ -110,11 +128,11 @@ def local_cluster(workdir: Path, transformer_workers: int) -> Iterator[str]:
                 "--cluster-map",
                 f"file:{workdir / 'cluster.json'}",
             ]
-            stack.enter_context(serve_process(args, f"{url}/v1/health", env=base_env))
+            stack.enter_context(serve_process(argv, f"{url}/v1/health", env=target_env))
             targets.append(f"{tid}={url}")
         port = free_port()
         url = f"http://127.0.0.1:{port}"
-        args = [
+        argv = [
             "-m",
             "etl_runtime.gateway",
             "--host",
@@ -128,8 +146,8 @@ def local_cluster(workdir: Path, transformer_workers: int) -> Iterator[str]:
             "--cluster-map",
             f"file:{workdir / 'cluster.json'}",
         ]
-        stack.enter_context(serve_process(args, f"{url}/v1/health", env=base_env))
-        yield url
+        stack.enter_context(serve_process(argv, f"{url}/v1/health", env=base_env))
+        yield url, transformers
 
 
 async def upload(client: httpx.AsyncClient, names: list[str], size: int) -> None:
@@ -143,53 +161,19 @@ async def upload(client: httpx.AsyncClient, names: list[str], size: int) -> None
     await asyncio.gather(*(one(n) for n in names))
 
 
-async def measure(
-    client: httpx.AsyncClient, names: list[str], size: int, etl: bool, clients: int, seconds: float
-) -> tuple[float, float, int]:
-    """Objects/s and MB/s over ``seconds`` with ``clients`` concurrent readers."""
-    params = {"etl_name": ETL} if etl else {}
-    count = 0
-    nbytes = 0
-    bad = 0
-    deadline = 0.0
-
-    async def reader(i: int) -> None:
-        nonlocal count, nbytes, bad
-        j = i
-        while time.perf_counter() < deadline:
-            r = await client.get(f"/v1/objects/bench/{names[j % len(names)]}", params=params)
-            j += clients
-            if r.status_code != 200 or len(r.content) != size:
-                bad += 1
-                continue
-            count += 1
-            nbytes += len(r.content)
-
-    deadline = time.perf_counter() + min(1.0, seconds / 4)  # warm-up: connections, caches
-    await asyncio.gather(*(reader(i) for i in range(clients)))
-    count = nbytes = 0
-    start = time.perf_counter()
-    deadline = start + seconds
-    await asyncio.gather(*(reader(i) for i in range(clients)))
-    elapsed = time.perf_counter() - start
-    return count / elapsed, nbytes / elapsed / 1e6, bad
-
-
 def cpu_by_role() -> dict[str, float]:
-    """CPU seconds so far of this process (``client``) and each cluster process, by role."""
+    """CPU seconds so far of each cluster process, by role (clients report their own)."""
     import psutil  # dev dependency, only needed here
 
     out: dict[str, float] = {}
     me = psutil.Process()
-    for proc in [me, *me.children(recursive=True)]:
+    for proc in me.children(recursive=True):
         try:
             cmd = " ".join(proc.cmdline())
             t = proc.cpu_times()
         except psutil.Error:
             continue
-        if proc.pid == me.pid:
-            role = "client"
-        elif "multiprocessing" in cmd:  # forkserver and its workers
+        if "multiprocessing" in cmd:  # forkserver and its workers
             role = "worker"
         elif "etl_runtime.webserver" in cmd:
             role = "transformer"
@@ -198,70 +182,145 @@ def cpu_by_role() -> dict[str, float]:
         elif "etl_runtime.gateway" in cmd:
             role = "gateway"
         else:
-            role = "other"
+            continue  # load generator processes: they count their own CPU
         out[role] = out.get(role, 0.0) + t.user + t.system
     return out
 
 
-async def run(gateway: str, args: argparse.Namespace) -> None:
-    limits = httpx.Limits(
-        max_connections=args.clients * 4, max_keepalive_connections=args.clients * 4
-    )
-    async with httpx.AsyncClient(
-        base_url=gateway, follow_redirects=True, timeout=120, limits=limits, trust_env=False
-    ) as client:
+SERVER_ROLES = ("gateway", "target", "transformer", "worker")
+
+
+def measure_row(reqs: list[Req], args: argparse.Namespace) -> tuple[Result, dict[str, float]]:
+    before = cpu_by_role()
+    result = run_load(reqs, args.clients, args.seconds, args.client_procs, args.warmup)
+    after = cpu_by_role()
+    count = max(1, result.requests)
+    # CPU over the warm-up too, divided by the measured requests: an upper bound,
+    # the same for every row (warm-up share = warmup / (warmup + seconds)).
+    scale = args.seconds / (args.seconds + args.warmup + 0.3)
+    spent = {k: (after[k] - before.get(k, 0.0)) * scale * 1e3 / count for k in after}
+    spent["client"] = result.client_cpu_ms
+    return result, spent
+
+
+async def prepare(gateway: str, args: argparse.Namespace) -> dict[str, list[str]]:
+    async with httpx.AsyncClient(base_url=gateway, follow_redirects=True, timeout=120) as client:
         r = await client.post("/v1/buckets/bench", json={"action": "create-bck"})
         r.raise_for_status()
-        sizes = {"16KiB": (16 << 10, args.small), "1MiB": (1 << 20, args.large)}
-        print(
-            f"gateway {gateway}; {args.clients} concurrent clients, {args.seconds:.0f}s per row, "
-            f"{args.rounds} round(s) alternating plain/etl"
-        )
-        print(f"{'size':>6} {'mode':>9} {'objects/s':>10} {'MB/s':>9} {'errors':>6}  CPU ms/object")
-        ratios: dict[str, list[float]] = {}
-        for label, (size, n) in sizes.items():
+        out = {}
+        for label, (size, n) in sizes(args).items():
             names = [f"{label}/obj-{i:05d}" for i in range(n)]
             await upload(client, names, size)
-            for _ in range(args.rounds):
-                row = {}
-                for mode in ("plain", "etl"):
-                    before = cpu_by_role()
-                    ops, mbs, bad = await measure(
-                        client, names, size, mode == "etl", args.clients, args.seconds
-                    )
-                    after = cpu_by_role()
-                    count = max(1.0, ops * args.seconds)
-                    spent = {k: (after[k] - before.get(k, 0.0)) * 1e3 / count for k in after}
-                    cpu = " ".join(f"{k}={v:.1f}" for k, v in sorted(spent.items()) if v >= 0.05)
-                    row[mode] = ops
-                    print(
-                        f"{label:>6} {mode:>9} {ops:>10.1f} {mbs:>9.1f} {bad:>6}  "
-                        f"total={sum(spent.values()):.1f} ({cpu})"
-                    )
-                ratio = row["etl"] / row["plain"] if row["plain"] else float("nan")
-                ratios.setdefault(label, []).append(ratio)
-        for label, values in ratios.items():
-            each = ", ".join(f"{v:.2f}" for v in values)
-            print(
-                f"{label}: identity ETL / plain throughput = {statistics.median(values):.2f}"
-                + (f" (median of {each})" if len(values) > 1 else "")
-            )
+            out[label] = names
+        return out
+
+
+def sizes(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
+    return {"16KiB": (16 << 10, args.small), "1MiB": (1 << 20, args.large)}
+
+
+def direct_requests(
+    workdir: Path, transformers: dict[str, str], names: list[str], size: int
+) -> list[Req]:
+    """hpush with etl_fqn straight to the transformer beside the target holding each object."""
+    from etl_runtime.target.store import ObjectStore
+
+    key = os.environ["BENCH_CLUSTER_KEY"]
+    auth_header = (("Authorization", f"Bearer {auth.transformer_token(key, ETL, UID)}"),)
+    reqs = []
+    for name in names:
+        for tid, url in transformers.items():
+            try:
+                path = ObjectStore(workdir / "targets" / tid).object_file("bench", name)
+            except Exception:
+                continue
+            reqs.append(Req("PUT", f"{url}/bench/{name}?etl_fqn={path}", b"", auth_header, size))
+            break
+    return reqs
+
+
+def run(
+    gateway: str, transformers: dict[str, str], workdir: Path, args: argparse.Namespace
+) -> None:
+    objects = asyncio.run(prepare(gateway, args))
+    print(
+        f"{os.cpu_count()} CPUs; gateway {gateway}; {args.clients} concurrent requests from "
+        f"{args.client_procs} client processes, {args.seconds:.0f}s per row, {args.rounds} "
+        f"round(s) alternating plain/etl; transformers: {args.transformer_servers} server(s), "
+        f"{args.transformer_workers} worker(s){', inline' if args.inline else ''}; "
+        f"etl_fqn {'off' if args.no_fqn else 'on'}"
+    )
+    print(
+        f"{'size':>6} {'mode':>9} {'objects/s':>10} {'MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
+        f"{'errors':>6}  CPU ms/object"
+    )
+    ratios: dict[str, list[float]] = {}
+    cpu_ratios: dict[str, list[float]] = {}
+    for label, (size, _) in sizes(args).items():
+        names = objects[label]
+        modes = {
+            "plain": [
+                Req("GET", f"{gateway}/v1/objects/bench/{n}", expect_len=size) for n in names
+            ],
+            "etl": [
+                Req("GET", f"{gateway}/v1/objects/bench/{n}?etl_name={ETL}", expect_len=size)
+                for n in names
+            ],
+        }
+        if args.direct:
+            modes["direct"] = direct_requests(workdir, transformers, names, size)
+        for _ in range(args.rounds):
+            row: dict[str, tuple[Result, dict[str, float]]] = {}
+            for mode, reqs in modes.items():
+                result, spent = measure_row(reqs, args)
+                row[mode] = (result, spent)
+                cpu = " ".join(f"{k}={v:.2f}" for k, v in sorted(spent.items()) if v >= 0.005)
+                server = sum(v for k, v in spent.items() if k in SERVER_ROLES)
+                mbs = result.nbytes / args.seconds / 1e6
+                print(
+                    f"{label:>6} {mode:>9} {result.rate:>10.1f} {mbs:>9.1f} "
+                    f"{result.p50_ms:>7.2f} {result.p99_ms:>7.2f} {result.errors:>6}  "
+                    f"server={server:.2f} ({cpu})"
+                    + (f"  first error: {result.first_error}" if result.errors else ""),
+                    flush=True,
+                )
+            plain, etl = row["plain"], row["etl"]
+            if plain[0].rate:
+                ratios.setdefault(label, []).append(etl[0].rate / plain[0].rate)
+            server_plain = sum(v for k, v in plain[1].items() if k in SERVER_ROLES)
+            server_etl = sum(v for k, v in etl[1].items() if k in SERVER_ROLES)
+            if server_plain:
+                cpu_ratios.setdefault(label, []).append(server_etl / server_plain)
+    for label, values in ratios.items():
+        each = ", ".join(f"{v:.2f}" for v in values)
+        cpu = cpu_ratios.get(label, [float("nan")])
+        print(
+            f"{label}: identity ETL / plain throughput = {statistics.median(values):.2f}"
+            + (f" (median of {each})" if len(values) > 1 else "")
+            + f"; server CPU per ETL GET / per plain GET = {statistics.median(cpu):.2f}"
+        )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--clients", type=int, default=8, help="concurrent readers")
+    p.add_argument("--clients", type=int, default=16, help="concurrent requests")
+    p.add_argument("--client-procs", type=int, default=4, help="load generator processes")
     p.add_argument("--seconds", type=float, default=5.0, help="measuring time per row")
+    p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each row")
     p.add_argument("--small", type=int, default=500, help="number of 16 KiB objects")
     p.add_argument("--large", type=int, default=50, help="number of 1 MiB objects")
     p.add_argument("--transformer-workers", type=int, default=1, help="workers per transformer")
+    p.add_argument("--transformer-servers", type=int, default=1, help="server processes each")
+    p.add_argument("--inline", action="store_true", help="transformers run the code inline")
+    p.add_argument("--no-fqn", action="store_true", help="targets send object bytes, not etl_fqn")
+    p.add_argument("--direct", action="store_true", help="also hpush etl_fqn to transformers")
     p.add_argument(
         "--rounds", type=int, default=1, help="plain/etl pairs per size (the median ratio is shown)"
     )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="sluice-bench-") as tmp:
-        with local_cluster(Path(tmp), args.transformer_workers) as gateway:
-            asyncio.run(run(gateway, args))
+        with local_cluster(Path(tmp), args) as (gateway, transformers):
+            run(gateway, transformers, Path(tmp), args)
 
 
 if __name__ == "__main__":

@@ -152,7 +152,7 @@ def test_token_required_except_health(url: str) -> None:
     assert health.status_code == 200
     body = health.json()
     assert isinstance(body.pop("pid"), int)
-    assert body == {"status": "ok", "etl": "objects", "mode": "object", "workers": 2}
+    assert body == {"status": "ok", "etl": "objects", "mode": "object", "workers": 2, "servers": 1}
 
 
 def test_user_exception_is_json_before_first_byte(url: str) -> None:
