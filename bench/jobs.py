@@ -23,6 +23,7 @@ A second section (``dsort``) can be added as one function and one entry of
 ``SECTIONS``.
 
     .venv/bin/python bench/jobs.py [--only transform] [--targets 3] [--objects 600]
+        [--job-workers N]   # the job's objects in flight per target beside the reader
 """
 
 from __future__ import annotations
@@ -106,9 +107,10 @@ async def inline(endpoint: str, names: list[str], clients: int, put_to: str | No
         return time.perf_counter() - start
 
 
-def offline(client: Client, to_bucket: str) -> tuple[float, dict[str, Any]]:
+def offline(client: Client, to_bucket: str, workers: int = 0) -> tuple[float, dict[str, Any]]:
     start = time.perf_counter()
-    status = client.bucket("src").transform(ETL, to_bucket=to_bucket).wait(timeout=1800, poll=0.1)
+    job = client.bucket("src").transform(ETL, to_bucket=to_bucket, num_workers=workers)
+    status = job.wait(timeout=1800, poll=0.1)
     return time.perf_counter() - start, status
 
 
@@ -180,12 +182,12 @@ def section_transform(cluster: LocalCluster, args: argparse.Namespace) -> None:
 
     # A reader alone, then during a job.
     serve = names[: args.objects // 2]
-    secs, _ = offline(client, "probe")  # how long a job takes now
+    secs, _ = offline(client, "probe", args.job_workers)  # how long a job takes now
     t_end = time.monotonic() + secs
     alone = asyncio.run(
         reader(endpoint, serve, args.reader_clients, lambda: time.monotonic() > t_end)
     )
-    job = client.bucket("src").transform(ETL, to_bucket="during")
+    job = client.bucket("src").transform(ETL, to_bucket="during", num_workers=args.job_workers)
     done = {"flag": False}
 
     def finished() -> bool:
@@ -206,7 +208,10 @@ def section_transform(cluster: LocalCluster, args: argparse.Namespace) -> None:
         return await reader(endpoint, serve, args.reader_clients, stop)
 
     during = asyncio.run(during_job())
-    print(f"\n== GETs of a concurrent reader ({args.reader_clients} clients, plain GET) ==")
+    print(
+        f"\n== GETs of a concurrent reader ({args.reader_clients} clients, plain GET), "
+        f"job num_workers={args.job_workers or 4} =="
+    )
     print(f"   alone: {alone['gets_per_s']:8.1f} GET/s, {alone['cpu_ms_per_get']:.2f} ms CPU/GET")
     print(
         f"  during: {during['gets_per_s']:8.1f} GET/s, {during['cpu_ms_per_get']:.2f} ms CPU/GET, "
@@ -233,6 +238,7 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--reader-clients", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--job-workers", type=int, default=0, help="the job beside the reader (0: 4)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="sluice-bench-jobs-") as tmp:
         with LocalCluster(Path(tmp) / "data", targets=args.targets) as cluster:
