@@ -197,3 +197,17 @@ def test_without_a_cluster_map_outputs_land_at_the_gateways_owner(tmp_path: Path
             for i in range(20):  # the gateway finds each output at the owner it computes
                 r = http.get(f"/v1/objects/dst/o{i}")
                 assert r.status_code == 200 and r.content == f"object {i}".encode()[::-1]
+
+
+def test_a_target_gone_for_good_fails_the_job_naming_it(
+    map_cluster: MapCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_JOB_TARGET_TIMEOUT", "2")
+    _cluster(map_cluster, objects=30)
+    job_id = _start(map_cluster, {"bucket": "src", "delay": 0.3})
+    time.sleep(0.3)
+    map_cluster.stop_target("t2")  # never comes back
+    view = _wait(map_cluster, job_id, timeout=30)
+    assert view["state"] == "Failed"
+    assert "'t2'" in view["reason"]
+    assert view["targets"]["t2"]["state"] == "Unreachable"
