@@ -138,16 +138,16 @@ def redirect_router(gw: Gateway) -> APIRouter:
         try:
             validate_names(bucket, name)
             refuse_unknown_object_params(request, bucket, name)
-            if "etl_pipeline" in request.query_params:  # every step known, modes alike
-                q = request.query_params
-                await check_chain_async(
-                    gw.backend.get, parse_chain(q.get("etl_name"), q["etl_pipeline"])
-                )
             if request.method in MUTATING:
                 gw.require_write(request)
             else:
                 gw.require_read(request)
             await remote_gateway.ensure_bucket(gw, request, bucket)
+            if "etl_pipeline" in request.query_params:  # every step known, modes alike (after auth)
+                q = request.query_params
+                await check_chain_async(
+                    gw.backend.get, parse_chain(q.get("etl_name"), q["etl_pipeline"])
+                )
             location = redirect_location(gw, request, bucket, name)
             if proxy:
                 return await _proxy_put(gw, request, location, f"{bucket}/{name}")

@@ -8,15 +8,24 @@ barrier, abort, and resume after a target stops mid-job.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
+from etl_runtime.cluster import TargetInfo
+from etl_runtime.gateway import create_gateway_app
 from etl_runtime.jobs import JobContext, JobFailed, register_kind
-from tests.cluster.conftest import MapCluster
+from etl_runtime.target import create_target_app
+from tests.cluster.conftest import Liveness, MapCluster
+from tests.gateway.conftest import DictBackend
+from tests.servers import serve_in_thread
+from tests.target.fakes import CLUSTER_KEY, DictRegistry
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -147,3 +156,58 @@ def test_target_stopped_mid_job_resumes_from_its_checkpoint(map_cluster: MapClus
     assert view["state"] == "Finished", view
     assert view["targets"]["t1"]["restarts"] == 1
     assert view["progress"]["objects"] == 30  # nothing done twice, nothing lost
+
+
+async def _copy_reversed(ctx: JobContext) -> None:
+    async def one(name: str) -> None:
+        data = ctx.store.stat_object("src", name)
+        f, _ = ctx.store.open_object("src", name)
+        with f:
+            body = f.read()
+        size = await ctx.put_object("dst", name, body[::-1])
+        ctx.progress.add(objects=1, bytes=size or data.size)
+
+    await ctx.map(ctx.owned_objects("src"), one, workers=2)
+
+
+register_kind("test-copy", _copy_reversed)
+
+
+def test_without_a_cluster_map_outputs_land_at_the_gateways_owner(tmp_path: Path) -> None:
+    """Kubernetes without a shared map: placement is HRW over the live targets."""
+    live, registry = Liveness(), DictRegistry()
+    with contextlib.ExitStack() as stack:
+        for tid in ("t0", "t1", "t2"):
+            app = create_target_app(tid, tmp_path / tid, registry, cluster_key=CLUSTER_KEY)
+            live.all.append(TargetInfo(id=tid, url=stack.enter_context(serve_in_thread(app))))
+        gw = create_gateway_app(live, DictBackend(registry), cluster_key=CLUSTER_KEY)
+        with httpx.Client(
+            base_url=stack.enter_context(serve_in_thread(gw)), follow_redirects=True, timeout=30
+        ) as http:
+            for b in ("src", "dst"):
+                http.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
+            for i in range(20):
+                http.put(f"/v1/objects/src/o{i}", content=f"object {i}".encode()).raise_for_status()
+            job_id = http.post("/v1/jobs", json={"kind": "test-copy", "spec": {}}).json()["id"]
+            deadline = time.monotonic() + 30
+            while (view := http.get(f"/v1/jobs/{job_id}").json())["state"] == "Running":
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            assert view["state"] == "Finished" and view["progress"]["objects"] == 20, view
+            for i in range(20):  # the gateway finds each output at the owner it computes
+                r = http.get(f"/v1/objects/dst/o{i}")
+                assert r.status_code == 200 and r.content == f"object {i}".encode()[::-1]
+
+
+def test_a_target_gone_for_good_fails_the_job_naming_it(
+    map_cluster: MapCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_JOB_TARGET_TIMEOUT", "2")
+    _cluster(map_cluster, objects=30)
+    job_id = _start(map_cluster, {"bucket": "src", "delay": 0.3})
+    time.sleep(0.3)
+    map_cluster.stop_target("t2")  # never comes back
+    view = _wait(map_cluster, job_id, timeout=30)
+    assert view["state"] == "Failed"
+    assert "'t2'" in view["reason"]
+    assert view["targets"]["t2"]["state"] == "Unreachable"
