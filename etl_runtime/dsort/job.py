@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import anyio.to_thread
 
-from etl_runtime.clustermap import BucketProps
+from etl_runtime.clustermap import BucketProps, hrw_order
 from etl_runtime.dsort.errors import DsortFailed
 from etl_runtime.dsort.plan import OutputShard, make_plan
 from etl_runtime.dsort.records import Record, copy_range, index_shard
@@ -76,6 +76,12 @@ def _out_file(ctx: JobContext, index: int) -> Path:
     return _workdir(ctx) / f"out-{index:08d}.tar"
 
 
+def _owner(ctx: JobContext, bucket: str, name: str) -> str:
+    """HRW owner among the job's members, fixed at its start: every target agrees on it
+    even if the cluster map changes mid-job, so no shard is read twice or skipped."""
+    return hrw_order(ctx.members, f"{bucket}/{name}")[0]
+
+
 def _workdir(ctx: JobContext) -> Path:
     ctx.workdir.mkdir(parents=True, exist_ok=True)
     return ctx.workdir
@@ -99,7 +105,7 @@ async def run(ctx: JobContext) -> None:
         doc = json.loads((ctx.workdir / f"inventory-{t}.json").read_bytes())
         inventory[t] = {s: [Record.from_wire(w) for w in recs] for s, recs in doc.items()}
     try:
-        plan = make_plan(spec, inventory, lambda name: ctx.owners(spec.output_bck, name)[0])
+        plan = make_plan(spec, inventory, lambda name: _owner(ctx, spec.output_bck, name))
     except DsortFailed as e:
         raise JobFailed(str(e)) from None
     del inventory
@@ -141,7 +147,7 @@ async def run(ctx: JobContext) -> None:
 async def _index(ctx: JobContext, spec: DsortSpec) -> dict[str, list[Record]]:
     """The records of every input shard this target owns (its part of the inventory)."""
     found: dict[str, list[Record]] = {}
-    mine = [n for n in spec.input_names() if ctx.owns(spec.input_bck, n)]
+    mine = [n for n in spec.input_names() if _owner(ctx, spec.input_bck, n) == ctx.target_id]
 
     async def one(name: str) -> None:
         try:
