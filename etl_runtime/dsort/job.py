@@ -115,7 +115,7 @@ async def run(ctx: JobContext) -> None:
 
     if "sent" not in phases:  # sends are idempotent: a resumed target sends all again
         todo = [i for i, shard in enumerate(plan) if any(p.target == me for p in shard.records)]
-        await ctx.map(todo, send, workers=SEND_WORKERS)
+        await ctx.map(todo, send, workers=spec.create_concurrency or SEND_WORKERS)
     await ctx.barrier("sent")
 
     built = [i for i, shard in enumerate(plan) if shard.owner == me]
@@ -135,7 +135,8 @@ async def run(ctx: JobContext) -> None:
             await ctx.save_checkpoint({"published": sorted(published)})
         path.unlink()
 
-    await ctx.map([i for i in built if i not in published], publish, workers=2)
+    todo = [i for i in built if i not in published]
+    await ctx.map(todo, publish, workers=min(2, spec.create_concurrency or 2))
     ctx.set_output(
         bucket=spec.output_bck,
         shards=len(built),
@@ -164,7 +165,7 @@ async def _index(ctx: JobContext, spec: DsortSpec) -> dict[str, list[Record]]:
             return
         found[name] = await anyio.to_thread.run_sync(index_shard, path, name)
 
-    await ctx.map(mine, one, workers=INDEX_WORKERS)
+    await ctx.map(mine, one, workers=spec.extract_concurrency or INDEX_WORKERS)
     return found
 
 

@@ -130,6 +130,8 @@ def test_alphanumeric_and_none_orders(cluster: tuple[MapCluster, dict]) -> None:
     c, samples = cluster
     input_order = [k for name in sorted(samples) for k in samples[name]]
     none = {**SPEC, "algorithm": {"kind": "none"}, "output_bck": {"name": "resharded"}}
+    none["create_concurrency_max_limit"] = 1  # one shard at a time: the same output
+    none["extract_concurrency_max_limit"] = 1
     none["output_shard_size"] = "100KB"
     _v, shards = run(c, none)
     assert keys_of(shards) == input_order

@@ -90,6 +90,8 @@ def test_seed_spec_parses() -> None:
         ({"extension": ".tgz"}, "extension"),
         ({"ekm_file": "http://x/ekm.json"}, "ekm_file"),
         ({"shard_size": "1MB"}, "shard_size"),
+        ({"create_concurrency_max_limit": -1}, "create_concurrency_max_limit"),
+        ({"extract_concurrency_max_limit": "2"}, "extract_concurrency_max_limit"),
     ],
 )
 def test_bad_spec_names_the_field(change: dict, field: str) -> None:
