@@ -26,6 +26,7 @@ the extension appended unless it already ends with it.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -287,9 +288,12 @@ def _output_format(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidDsortSpec(key, 'required: a name such as "shuffled-%06d.tar"')
     if "%" in value:
+        conversions = re.findall(r"%[^a-zA-Z%]*", value)
+        if any(int(n) > 99 for c in conversions for n in re.findall(r"\d+", c)):
+            raise InvalidDsortSpec(key, "a %d width or precision above 99 makes no object name")
         try:
             first, second = value % 0, value % 1
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError, MemoryError, KeyError) as e:
             raise InvalidDsortSpec(key, f"must take exactly one %d-style number ({e})") from None
         if first == second:
             raise InvalidDsortSpec(key, "must contain a %d-style number so shard names differ")

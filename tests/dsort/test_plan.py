@@ -82,6 +82,7 @@ def test_seed_spec_parses() -> None:
         ({"algorithm": {"kind": "shuffle", "sed": "1"}}, "algorithm.sed"),
         ({"output_format": "shuffled.tar"}, "output_format"),
         ({"output_format": "s-%s-%d.tar"}, "output_format"),
+        ({"output_format": "s-%.99999999d"}, "output_format"),
         ({"input_format": 7}, "input_format"),
         ({"input_format": {"tmpl": "x"}}, "input_format.tmpl"),
         ({"bck": {"provider": "ais"}}, "bck.name"),
