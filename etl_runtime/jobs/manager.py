@@ -26,6 +26,7 @@ from etl_runtime.target.peers import INTERNAL_HEADER
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 0.5
+KEEP_ENDED = 1000  # ended jobs kept per target (listed by GET /v1/jobs)
 
 
 class JobNotFound(NotFound):
@@ -76,7 +77,12 @@ class JobManager:
     # -- lifecycle ------------------------------------------------------------------
 
     async def start(self) -> None:
-        for part in await anyio.to_thread.run_sync(self.files.load_all):
+        parts = await anyio.to_thread.run_sync(self.files.load_all)
+        ended = sorted((p for p in parts if p.state in TERMINAL), key=lambda p: p.ended or 0)
+        for old in ended[: max(0, len(ended) - KEEP_ENDED)]:  # the newest KEEP_ENDED stay
+            await anyio.to_thread.run_sync(self.files.remove, old.id)
+            parts.remove(old)
+        for part in parts:
             self.parts[part.id] = part
             if part.state != RUNNING:
                 continue

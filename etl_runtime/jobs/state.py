@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -72,6 +73,10 @@ class JobFiles:
     def save(self, part: JobPart) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         write_atomic(self.path(part.id), json.dumps(part.to_dict()).encode())
+
+    def remove(self, job_id: str) -> None:
+        self.path(job_id).unlink(missing_ok=True)
+        shutil.rmtree(self.workdir(job_id), ignore_errors=True)
 
     def load_all(self) -> list[JobPart]:
         parts = []

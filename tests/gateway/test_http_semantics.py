@@ -100,7 +100,7 @@ def test_etl_get_with_range_is_400(cluster: Cluster, blob: bytes) -> None:
 
 def test_unknown_query_parameters_are_400_by_name(cluster: Cluster, blob: bytes) -> None:
     for method, query in [
-        ("GET", "etl_name=x&etl_pipeline=a,b"),
+        ("GET", "etl_name=x&etl_pipe=a,b"),
         ("HEAD", "bogus=1"),
         ("DELETE", "force=1"),
         ("PUT", "etl_fqn=/etc/passwd"),

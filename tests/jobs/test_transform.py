@@ -225,3 +225,41 @@ def test_job_survives_a_target_kill(cluster: LocalCluster, client: Client) -> No
         assert out.object(f"o{i:03d}").get_bytes() == b"slow %d!" % i
     assert status["progress"]["objects"] + status["progress"]["skipped"] >= 120
     assert status["error_count"] == 0
+
+
+def test_cli_transform_and_job_commands(
+    cluster: LocalCluster, client: Client, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from etl_runtime import cli
+
+    _fill(client, "clisrc", {"a.txt": b"abc", "b.txt": b"xyz"})
+    ep = ["--endpoint", cluster.endpoint]
+    rc = cli.main([*ep, "transform", "clisrc", "clidst", "--etl", "up,bang", "--wait"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert "Finished" in out.out and "2 objects" in out.out
+    assert client.bucket("clidst").object("a.txt").get_bytes() == b"ABC!"
+    job_id = out.out.split()[1]
+    assert cli.main([*ep, "job", "ls", "--kind", "etl-bck", "--state", "Finished"]) == 0
+    assert job_id in capsys.readouterr().out
+    assert cli.main([*ep, "job", "show", job_id]) == 0
+    assert "t0:" in capsys.readouterr().out
+    assert cli.main([*ep, "job", "wait", "etl-bck-00000000"]) == 1
+    assert "etl-bck-00000000" in capsys.readouterr().err
+
+
+def test_official_aistore_sdk_transform_call(cluster: LocalCluster, client: Client) -> None:
+    from aistore.sdk import Client as AisClient
+
+    _fill(client, "aissrc", {"p/a.jpg": b"abc", "p/b.jpg": b"def", "q.jpg": b"not me"})
+    ais = AisClient(cluster.endpoint)
+    job_id = ais.bucket("aissrc").transform(
+        "up",
+        to_bck=ais.bucket("aisdst"),
+        prefix_filter="p/",
+        ext={"jpg": "txt"},
+        etl_pipeline=["bang"],
+    )
+    status = client.job(job_id).wait(timeout=60)
+    assert status["progress"]["objects"] == 2
+    assert client.bucket("aisdst").object("p/a.txt").get_bytes() == b"ABC!"
