@@ -184,3 +184,31 @@ def test_webdataset_reads_a_planned_shard(shard_dir: tuple[Path, dict], tmp_path
     (tmp_path / "o.tar").write_bytes(out.getvalue())
     got = [s["__key__"] for s in wds.WebDataset(str(tmp_path / "o.tar"), shardshuffle=False)]
     assert got == [p.record.key for p in shard.records]
+
+
+def test_a_shard_replaced_after_indexing_is_refused_by_name(
+    shard_dir: tuple[Path, dict], tmp_path: Path
+) -> None:
+    import asyncio
+    import os
+    import shutil
+
+    from etl_runtime.dsort.job import _record_stream, _stamp
+
+    d, _samples = shard_dir
+    shard = tmp_path / "shard-000000.tar"
+    shutil.copy(d / "shard-000000.tar", shard)
+    records = index_shard(shard, shard.name)
+    stamps = {shard.name: _stamp(os.stat(shard))}
+    offsets = [(0, shard.name, records[0])]
+
+    async def drain() -> bytes:
+        stream = _record_stream(b"[]", {shard.name: shard}, offsets, "images", stamps)
+        return b"".join([c async for c in stream])
+
+    assert records[0].size < len(asyncio.run(drain()))  # unchanged: the record's bytes
+    replaced = tmp_path / "new.tar"
+    shutil.copy(d / "shard-000001.tar", replaced)
+    os.replace(replaced, shard)  # as the store publishes a new version
+    with pytest.raises(DsortFailed, match="images/shard-000000.tar changed during the job"):
+        asyncio.run(drain())
