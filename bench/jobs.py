@@ -26,6 +26,7 @@ One run starts a real local cluster (``sluice up`` as a child: gateway,
     alone runs more rounds).
 
     .venv/bin/python bench/jobs.py [--only transform] [--targets 3] [--objects 600]
+        [--job-workers N]   # the job's objects in flight per target beside the reader
 """
 
 from __future__ import annotations
@@ -109,9 +110,10 @@ async def inline(endpoint: str, names: list[str], clients: int, put_to: str | No
         return time.perf_counter() - start
 
 
-def offline(client: Client, to_bucket: str) -> tuple[float, dict[str, Any]]:
+def offline(client: Client, to_bucket: str, workers: int = 0) -> tuple[float, dict[str, Any]]:
     start = time.perf_counter()
-    status = client.bucket("src").transform(ETL, to_bucket=to_bucket).wait(timeout=1800, poll=0.1)
+    job = client.bucket("src").transform(ETL, to_bucket=to_bucket, num_workers=workers)
+    status = job.wait(timeout=1800, poll=0.1)
     return time.perf_counter() - start, status
 
 
@@ -183,12 +185,12 @@ def section_transform(cluster: LocalCluster, args: argparse.Namespace) -> None:
 
     # A reader alone, then during a job.
     serve = names[: args.objects // 2]
-    secs, _ = offline(client, "probe")  # how long a job takes now
+    secs, _ = offline(client, "probe", args.job_workers)  # how long a job takes now
     t_end = time.monotonic() + secs
     alone = asyncio.run(
         reader(endpoint, serve, args.reader_clients, lambda: time.monotonic() > t_end)
     )
-    job = client.bucket("src").transform(ETL, to_bucket="during")
+    job = client.bucket("src").transform(ETL, to_bucket="during", num_workers=args.job_workers)
     done = {"flag": False}
 
     def finished() -> bool:
@@ -209,7 +211,10 @@ def section_transform(cluster: LocalCluster, args: argparse.Namespace) -> None:
         return await reader(endpoint, serve, args.reader_clients, stop)
 
     during = asyncio.run(during_job())
-    print(f"\n== GETs of a concurrent reader ({args.reader_clients} clients, plain GET) ==")
+    print(
+        f"\n== GETs of a concurrent reader ({args.reader_clients} clients, plain GET), "
+        f"job num_workers={args.job_workers or 4} =="
+    )
     print(f"   alone: {alone['gets_per_s']:8.1f} GET/s, {alone['cpu_ms_per_get']:.2f} ms CPU/GET")
     print(
         f"  during: {during['gets_per_s']:8.1f} GET/s, {during['cpu_ms_per_get']:.2f} ms CPU/GET, "
@@ -248,6 +253,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--dsort-mb", type=int, default=200, help="dsort: input size (issue: 1000)")
     p.add_argument("--dsort-shard-mb", type=int, default=20, help="dsort: output shard size")
+    p.add_argument("--job-workers", type=int, default=0, help="the job beside the reader (0: 4)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="sluice-bench-jobs-") as tmp:
         with LocalCluster(Path(tmp) / "data", targets=args.targets) as cluster:

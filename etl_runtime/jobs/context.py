@@ -15,6 +15,7 @@ import anyio
 import anyio.to_thread
 import httpx
 
+from etl_runtime.clustermap import hrw_order
 from etl_runtime.jobs.state import ABORTED, FAILED, MAX_ERRORS, TERMINAL, JobPart
 from etl_runtime.target.access import object_url
 from etl_runtime.target.errors import Unavailable
@@ -109,7 +110,9 @@ class JobContext:
     def owners(self, bucket: str, name: str) -> list[str]:
         cmap = self.manager.cmap.get() if self.manager.cmap is not None else None
         if cmap is None or cmap.version == 0 or not cmap.members:
-            return [self.target_id]
+            # No shared map (Kubernetes without one): HRW over the job's members, as
+            # the gateway places over its live targets.
+            return hrw_order(self.members, f"{bucket}/{name}")[:1] or [self.target_id]
         return cmap.owners(bucket, name)
 
     def owns(self, bucket: str, name: str) -> bool:
