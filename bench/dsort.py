@@ -168,6 +168,63 @@ class Reader:
         return self.count / self.seconds
 
 
+def run_section(
+    cluster: LocalCluster,
+    work: Path,
+    size_mb: int,
+    input_shard_mb: int,
+    shard_mb: int,
+    rounds: int,
+    clients: int,
+    reader_seconds: float,
+) -> None:
+    """The whole comparison on a running cluster (``bench/jobs.py`` calls it too)."""
+    t = time.perf_counter()
+    shards = make_shards(work / "in", size_mb, input_shard_mb)
+    size = sum(p.stat().st_size for p in shards)
+    print(f"data: {len(shards)} shards, {size / 1e6:.0f} MB ({time.perf_counter() - t:.0f}s)")
+    url = cluster.endpoint.rstrip("/")
+    http = httpx.Client(base_url=url, timeout=120, follow_redirects=True)
+    for b in ("images", "small"):
+        http.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
+    for p in shards:
+        http.put(f"/v1/objects/images/{p.name}", content=p.read_bytes()).raise_for_status()
+    small = [f"o{i:04d}" for i in range(200)]
+    blob = bytes(64 * 1024)
+    for n in small:
+        http.put(f"/v1/objects/small/{n}", content=blob).raise_for_status()
+
+    base_t, dsort_t, base_cpu, dsort_cpu = [], [], [], []
+    for r in range(rounds):
+        c0 = time.process_time()
+        base_t.append(baseline(url, [p.name for p in shards], work / f"b{r}", shard_mb * 10**6))
+        base_cpu.append(time.process_time() - c0)
+        c0 = cluster_cpu(cluster.pid)
+        view = run_dsort(http, len(shards), shard_mb, f"out{r}")
+        dsort_cpu.append(cluster_cpu(cluster.pid) - c0)
+        dsort_t.append(view["seconds"])
+        print(
+            f"round {r}: baseline {base_t[-1]:.1f}s, dsort {dsort_t[-1]:.1f}s "
+            f"({view['output']['shards']} shards, {view['progress']['records']} records)"
+        )
+    b, d = statistics.median(base_t), statistics.median(dsort_t)
+    bc, dc = statistics.median(base_cpu), statistics.median(dsort_cpu)
+    print(f"baseline (1 process, webdataset + ShardWriter): {b:.1f}s, CPU {bc:.1f}s")
+    print(f"dsort (3 targets):                  {d:.1f}s, cluster CPU {dc:.1f}s")
+    print(f"ratio baseline/dsort: {b / d:.2f}  (>= 1.0: dSort is at least as fast)")
+
+    with Reader(url, small, clients) as idle:
+        time.sleep(reader_seconds)
+    with Reader(url, small, clients) as busy:
+        run_dsort(http, len(shards), shard_mb, "during")
+    print(
+        f"reader GETs/s: without a job {idle.rate:.0f}, during dsort {busy.rate:.0f} "
+        f"({busy.seconds:.1f}s) -> ratio {busy.rate / idle.rate:.2f}; reader CPU "
+        f"{1000 * idle.cpu / idle.count:.2f} / {1000 * busy.cpu / busy.count:.2f} ms/GET"
+    )
+    http.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--size-mb", type=int, default=200, help="input data (default 200)")
@@ -177,56 +234,18 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4, help="concurrent reader clients")
     ap.add_argument("--reader-seconds", type=float, default=5.0)
     args = ap.parse_args()
-
     with tempfile.TemporaryDirectory(prefix="sluice-bench-dsort-") as tmp:
-        work = Path(tmp)
-        t = time.perf_counter()
-        shards = make_shards(work / "in", args.size_mb, args.input_shard_mb)
-        size = sum(p.stat().st_size for p in shards)
-        print(f"data: {len(shards)} shards, {size / 1e6:.0f} MB ({time.perf_counter() - t:.0f}s)")
-        with LocalCluster(work / "cluster", targets=3) as cluster:
-            url = cluster.endpoint.rstrip("/")
-            http = httpx.Client(base_url=url, timeout=120, follow_redirects=True)
-            for b in ("images", "small"):
-                http.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
-            for p in shards:
-                http.put(f"/v1/objects/images/{p.name}", content=p.read_bytes()).raise_for_status()
-            small = [f"o{i:04d}" for i in range(200)]
-            blob = bytes(64 * 1024)
-            for n in small:
-                http.put(f"/v1/objects/small/{n}", content=blob).raise_for_status()
-
-            base_t, dsort_t, base_cpu, dsort_cpu = [], [], [], []
-            for r in range(args.rounds):
-                c0 = time.process_time()
-                base_t.append(
-                    baseline(url, [p.name for p in shards], work / f"b{r}", args.shard_mb * 10**6)
-                )
-                base_cpu.append(time.process_time() - c0)
-                c0 = cluster_cpu(cluster.pid)
-                view = run_dsort(http, len(shards), args.shard_mb, f"out{r}")
-                dsort_cpu.append(cluster_cpu(cluster.pid) - c0)
-                dsort_t.append(view["seconds"])
-                print(
-                    f"round {r}: baseline {base_t[-1]:.1f}s, dsort {dsort_t[-1]:.1f}s "
-                    f"({view['output']['shards']} shards, {view['progress']['records']} records)"
-                )
-            b, d = statistics.median(base_t), statistics.median(dsort_t)
-            bc, dc = statistics.median(base_cpu), statistics.median(dsort_cpu)
-            print(f"baseline (1 process, webdataset + ShardWriter): {b:.1f}s, CPU {bc:.1f}s")
-            print(f"dsort (3 targets):                  {d:.1f}s, cluster CPU {dc:.1f}s")
-            print(f"ratio baseline/dsort: {b / d:.2f}  (>= 1.0: dSort is at least as fast)")
-
-            with Reader(url, small, args.clients) as idle:
-                time.sleep(args.reader_seconds)
-            with Reader(url, small, args.clients) as busy:
-                view = run_dsort(http, len(shards), args.shard_mb, "during")
-            print(
-                f"reader GETs/s: without a job {idle.rate:.0f}, during dsort {busy.rate:.0f} "
-                f"({busy.seconds:.1f}s) -> ratio {busy.rate / idle.rate:.2f}; reader CPU "
-                f"{1000 * idle.cpu / idle.count:.2f} / {1000 * busy.cpu / busy.count:.2f} ms/GET"
+        with LocalCluster(Path(tmp) / "cluster", targets=3) as cluster:
+            run_section(
+                cluster,
+                Path(tmp),
+                args.size_mb,
+                args.input_shard_mb,
+                args.shard_mb,
+                args.rounds,
+                args.clients,
+                args.reader_seconds,
             )
-            http.close()
 
 
 if __name__ == "__main__":

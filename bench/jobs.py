@@ -19,8 +19,11 @@ One run starts a real local cluster (``sluice up`` as a child: gateway,
     GET/s during ÷ alone says how much serving a job takes away. The load
     generator's CPU per request is printed for the inline and reader runs.
 
-A second section (``dsort``) can be added as one function and one entry of
-``SECTIONS``.
+``dsort``
+    ``bench/dsort.py``'s comparison on the same cluster: ``--dsort-mb`` of
+    shards shuffled by dSort ÷ one process with webdataset + ShardWriter, and
+    a reader's GET/s during the job ÷ without (one round; ``bench/dsort.py``
+    alone runs more rounds).
 
     .venv/bin/python bench/jobs.py [--only transform] [--targets 3] [--objects 600]
         [--job-workers N]   # the job's objects in flight per target beside the reader
@@ -222,8 +225,18 @@ def section_transform(cluster: LocalCluster, args: argparse.Namespace) -> None:
     http.close()
 
 
+def section_dsort(cluster: LocalCluster, args: argparse.Namespace) -> None:
+    """dSort shuffle ÷ a single-process webdataset shuffle, and a reader during it."""
+    from bench.dsort import run_section
+
+    print(f"\n== dSort shuffle of {args.dsort_mb} MB vs one process (bench/dsort.py) ==")
+    with tempfile.TemporaryDirectory(prefix="sluice-bench-dsort-") as tmp:
+        run_section(cluster, Path(tmp), args.dsort_mb, 10, args.dsort_shard_mb, 1, 4, 5.0)
+
+
 SECTIONS: dict[str, Callable[[LocalCluster, argparse.Namespace], None]] = {
     "transform": section_transform,
+    "dsort": section_dsort,
 }
 
 
@@ -238,6 +251,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--reader-clients", type=int, default=4)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--dsort-mb", type=int, default=200, help="dsort: input size (issue: 1000)")
+    p.add_argument("--dsort-shard-mb", type=int, default=20, help="dsort: output shard size")
     p.add_argument("--job-workers", type=int, default=0, help="the job beside the reader (0: 4)")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="sluice-bench-jobs-") as tmp:

@@ -146,6 +146,7 @@ def dsort_router(gw: Gateway) -> APIRouter:
         if view["state"] not in (FINISHED, FAILED, ABORTED):
             urls = [t.url for t in gw.known_targets()]
             await _end_everywhere(gw, job_id, urls, ABORTED, "aborted by request")
-        return {"id": job_id, "aborted": True}
+            view = await _job(gw, job_id)
+        return {"id": job_id, "state": view["state"], "reason": view["reason"]}
 
     return router

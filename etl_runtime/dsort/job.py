@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import anyio.to_thread
 
-from etl_runtime.clustermap import BucketProps
+from etl_runtime.clustermap import BucketProps, hrw_order
 from etl_runtime.dsort.errors import DsortFailed
 from etl_runtime.dsort.plan import OutputShard, make_plan
 from etl_runtime.dsort.records import Record, copy_range, index_shard
@@ -51,6 +51,7 @@ INDEX_WORKERS = 2
 SEND_WORKERS = 4
 CHUNK = 1 << 20
 _LEN = struct.Struct(">Q")
+STAMPS = "stamps.json"  # size, mtime, inode of each input shard this target indexed
 
 
 # -- gateway side ----------------------------------------------------------------------
@@ -76,6 +77,12 @@ def _out_file(ctx: JobContext, index: int) -> Path:
     return _workdir(ctx) / f"out-{index:08d}.tar"
 
 
+def _owner(ctx: JobContext, bucket: str, name: str) -> str:
+    """HRW owner among the job's members, fixed at its start: every target agrees on it
+    even if the cluster map changes mid-job, so no shard is read twice or skipped."""
+    return hrw_order(ctx.members, f"{bucket}/{name}")[0]
+
+
 def _workdir(ctx: JobContext) -> Path:
     ctx.workdir.mkdir(parents=True, exist_ok=True)
     return ctx.workdir
@@ -99,17 +106,19 @@ async def run(ctx: JobContext) -> None:
         doc = json.loads((ctx.workdir / f"inventory-{t}.json").read_bytes())
         inventory[t] = {s: [Record.from_wire(w) for w in recs] for s, recs in doc.items()}
     try:
-        plan = make_plan(spec, inventory, lambda name: ctx.owners(spec.output_bck, name)[0])
+        plan = make_plan(spec, inventory, lambda name: _owner(ctx, spec.output_bck, name))
     except DsortFailed as e:
         raise JobFailed(str(e)) from None
     del inventory
 
+    stamps = json.loads((ctx.workdir / STAMPS).read_bytes())
+
     async def send(index: int) -> None:
-        await _send_records(ctx, spec, index, plan[index])
+        await _send_records(ctx, spec, index, plan[index], stamps)
 
     if "sent" not in phases:  # sends are idempotent: a resumed target sends all again
         todo = [i for i, shard in enumerate(plan) if any(p.target == me for p in shard.records)]
-        await ctx.map(todo, send, workers=SEND_WORKERS)
+        await ctx.map(todo, send, workers=spec.create_concurrency or SEND_WORKERS)
     await ctx.barrier("sent")
 
     built = [i for i, shard in enumerate(plan) if shard.owner == me]
@@ -129,7 +138,8 @@ async def run(ctx: JobContext) -> None:
             await ctx.save_checkpoint({"published": sorted(published)})
         path.unlink()
 
-    await ctx.map([i for i in built if i not in published], publish, workers=2)
+    todo = [i for i in built if i not in published]
+    await ctx.map(todo, publish, workers=min(2, spec.create_concurrency or 2))
     ctx.set_output(
         bucket=spec.output_bck,
         shards=len(built),
@@ -141,7 +151,8 @@ async def run(ctx: JobContext) -> None:
 async def _index(ctx: JobContext, spec: DsortSpec) -> dict[str, list[Record]]:
     """The records of every input shard this target owns (its part of the inventory)."""
     found: dict[str, list[Record]] = {}
-    mine = [n for n in spec.input_names() if ctx.owns(spec.input_bck, n)]
+    stamps: dict[str, list[int]] = {}
+    mine = [n for n in spec.input_names() if _owner(ctx, spec.input_bck, n) == ctx.target_id]
 
     async def one(name: str) -> None:
         try:
@@ -156,13 +167,30 @@ async def _index(ctx: JobContext, spec: DsortSpec) -> dict[str, list[Record]]:
             if spec.missing_shards == "warn":
                 ctx.error(name, f"input shard {where} does not exist: skipped")
             return
+        before = _stamp(os.stat(path))
         found[name] = await anyio.to_thread.run_sync(index_shard, path, name)
+        if _stamp(os.stat(path)) != before:
+            raise DsortFailed(f"input shard {spec.input_bck}/{name} changed while being read")
+        stamps[name] = before
 
-    await ctx.map(mine, one, workers=INDEX_WORKERS)
+    await ctx.map(mine, one, workers=spec.extract_concurrency or INDEX_WORKERS)
+    # what was indexed: the sends check that they read these very files
+    data = json.dumps(stamps).encode()
+    await anyio.to_thread.run_sync(write_atomic, _workdir(ctx) / STAMPS, data)
     return found
 
 
-async def _send_records(ctx: JobContext, spec: DsortSpec, index: int, shard: OutputShard) -> None:
+def _stamp(st: os.stat_result) -> list[int]:
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
+
+
+async def _send_records(
+    ctx: JobContext,
+    spec: DsortSpec,
+    index: int,
+    shard: OutputShard,
+    stamps: dict[str, list[int]],
+) -> None:
     """Stream this target's records of output shard ``index`` to the shard's builder."""
     offsets: list[tuple[int, str, Record]] = []
     at = 0
@@ -177,7 +205,7 @@ async def _send_records(ctx: JobContext, spec: DsortSpec, index: int, shard: Out
             paths[name] = ctx.store.object_file(spec.input_bck, name)
 
     def body() -> AsyncIterator[bytes]:
-        return _record_stream(layout, paths, offsets)
+        return _record_stream(layout, paths, offsets, spec.input_bck, stamps)
 
     meta = {"op": "records", "index": index, "size": shard.size}
     got = await ctx.send(shard.owner, meta, body)
@@ -190,7 +218,11 @@ async def _send_records(ctx: JobContext, spec: DsortSpec, index: int, shard: Out
 
 
 async def _record_stream(
-    layout: bytes, paths: dict[str, Path], offsets: list[tuple[int, str, Record]]
+    layout: bytes,
+    paths: dict[str, Path],
+    offsets: list[tuple[int, str, Record]],
+    bucket: str,
+    stamps: dict[str, list[int]],
 ) -> AsyncIterator[bytes]:
     yield _LEN.pack(len(layout)) + layout
 
@@ -203,6 +235,11 @@ async def _record_stream(
                 f = files.get(name)
                 if f is None:
                     f = files[name] = open(paths[name], "rb")  # noqa: SIM115 - closed below
+                    if _stamp(os.fstat(f.fileno())) != stamps.get(name):
+                        raise DsortFailed(
+                            f"input shard {bucket}/{name} changed during the job "
+                            "(its records were indexed from another version); run it again"
+                        )
                 for data in copy_range(f, rec.offset, rec.size, CHUNK):
                     batch.append(data)
                     size += len(data)

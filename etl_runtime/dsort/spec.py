@@ -14,9 +14,11 @@ Accepted keys (AIStore's names; the older ``bck``/``extension`` and the newer
     description        free text
     missing_shards     "abort" (default) | "warn" | "ignore"
 
-AIStore tuning knobs that mean nothing here (``max_mem_usage``,
-``*_concurrency_max_limit``, ``dsorter_type``, ``duplicated_records``) are
-accepted and ignored; features Sluice does not have (``ekm_file``,
+``extract_concurrency_max_limit`` and ``create_concurrency_max_limit`` bound
+the shards each target indexes and the output shards it sends or publishes at
+once (0: the defaults, 2 and 4). AIStore knobs that mean nothing here
+(``max_mem_usage``, ``dsorter_type``, ``duplicated_records``) are accepted and
+ignored; features Sluice does not have (``ekm_file``,
 ``dry_run``, ``kind: content``, ``.tgz``) are refused with a 400 naming the
 field, and so is any key not listed here. A shard name from a template gets
 the extension appended unless it already ends with it.
@@ -24,6 +26,7 @@ the extension appended unless it already ends with it.
 
 from __future__ import annotations
 
+import re
 import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -42,8 +45,6 @@ MISSING_SHARDS = ("abort", "warn", "ignore")
 MAX_INPUT_SHARDS = 1_000_000
 _IGNORED = {
     "max_mem_usage": str,
-    "extract_concurrency_max_limit": int,
-    "create_concurrency_max_limit": int,
     "dsorter_type": str,
     "duplicated_records": str,
 }
@@ -63,6 +64,8 @@ _KNOWN = {
     "ekm_file",
     "ekm_file_sep",
     "dry_run",
+    "extract_concurrency_max_limit",
+    "create_concurrency_max_limit",
     *_IGNORED,
 }
 _SIZE = TypeAdapter(ByteSize)
@@ -90,6 +93,8 @@ class DsortSpec:
     algorithm: Algorithm = field(default_factory=Algorithm)
     description: str = ""
     missing_shards: str = "abort"
+    extract_concurrency: int = 0  # 0: the job's default
+    create_concurrency: int = 0
 
     # -- names ---------------------------------------------------------------------
 
@@ -133,6 +138,8 @@ class DsortSpec:
             "algorithm": self.algorithm.to_dict(),
             "description": self.description,
             "missing_shards": self.missing_shards,
+            "extract_concurrency_max_limit": self.extract_concurrency,
+            "create_concurrency_max_limit": self.create_concurrency,
         }
         if self.input_objnames is not None:
             d["input_format"] = {"objnames": list(self.input_objnames)}
@@ -183,6 +190,8 @@ def _parse(raw: Any) -> DsortSpec:
         algorithm=_algorithm(raw.get("algorithm")),
         description=_string(raw, "description"),
         missing_shards=_choice(raw, "missing_shards", MISSING_SHARDS, "abort"),
+        extract_concurrency=_limit(raw, "extract_concurrency_max_limit"),
+        create_concurrency=_limit(raw, "create_concurrency_max_limit"),
     )
     _check_names(spec)
     return spec
@@ -201,6 +210,17 @@ def _choice(raw: dict[str, Any], key: str, choices: tuple[str, ...], default: st
     value = _string(raw, key, default) or default
     if value not in choices:
         raise InvalidDsortSpec(key, f"must be one of {', '.join(choices)}; got {value!r}")
+    return value
+
+
+def _limit(raw: dict[str, Any], key: str) -> int:
+    value = raw.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1024:
+        raise InvalidDsortSpec(
+            key, f"must be an integer from 0 (the default) to 1024, got {value!r}"
+        )
     return value
 
 
@@ -268,9 +288,12 @@ def _output_format(value: Any) -> str:
     if not isinstance(value, str) or not value:
         raise InvalidDsortSpec(key, 'required: a name such as "shuffled-%06d.tar"')
     if "%" in value:
+        conversions = re.findall(r"%[^a-zA-Z%]*", value)
+        if any(int(n) > 99 for c in conversions for n in re.findall(r"\d+", c)):
+            raise InvalidDsortSpec(key, "a %d width or precision above 99 makes no object name")
         try:
             first, second = value % 0, value % 1
-        except (TypeError, ValueError) as e:
+        except (TypeError, ValueError, OverflowError, MemoryError, KeyError) as e:
             raise InvalidDsortSpec(key, f"must take exactly one %d-style number ({e})") from None
         if first == second:
             raise InvalidDsortSpec(key, "must contain a %d-style number so shard names differ")

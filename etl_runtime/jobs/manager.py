@@ -21,7 +21,7 @@ from etl_runtime.jobs.context import JobAborted, JobContext, JobFailed
 from etl_runtime.jobs.kinds import get_kind
 from etl_runtime.jobs.state import ABORTED, FAILED, FINISHED, RUNNING, TERMINAL, JobFiles, JobPart
 from etl_runtime.target.context import Target
-from etl_runtime.target.errors import Conflict, NotFound, SluiceError
+from etl_runtime.target.errors import Conflict, NotFound, SluiceError, Unavailable
 from etl_runtime.target.peers import INTERNAL_HEADER
 
 log = logging.getLogger(__name__)
@@ -179,9 +179,12 @@ class JobManager:
     ) -> Any:
         part = self.get(job_id)
         ctx = self.contexts.get(job_id)
+        if part.state == RUNNING and ctx is None:  # created, not launched yet: the sender retries
+            raise Unavailable(f"job {job_id!r} is starting on target {self.target.id!r}", 1)
         if part.state != RUNNING or ctx is None:
+            why = f": {part.reason}" if part.reason else ""  # the cause travels to the sender
             raise Conflict(
-                f"job {job_id!r} is {part.state} on target {self.target.id!r}",
+                f"job {job_id!r} is {part.state} on target {self.target.id!r}{why}",
                 job=job_id,
                 target=self.target.id,
             )

@@ -130,6 +130,8 @@ def test_alphanumeric_and_none_orders(cluster: tuple[MapCluster, dict]) -> None:
     c, samples = cluster
     input_order = [k for name in sorted(samples) for k in samples[name]]
     none = {**SPEC, "algorithm": {"kind": "none"}, "output_bck": {"name": "resharded"}}
+    none["create_concurrency_max_limit"] = 1  # one shard at a time: the same output
+    none["extract_concurrency_max_limit"] = 1
     none["output_shard_size"] = "100KB"
     _v, shards = run(c, none)
     assert keys_of(shards) == input_order
@@ -199,6 +201,12 @@ def test_official_aistore_sdk_starts_and_waits(
     info = dsort.get_job_info()
     assert set(info) == {"t0", "t1", "t2"}
     assert sum(int(i.objects) for i in info.values()) >= 1
+    dsort.abort()  # a finished job stays finished
+    with c.client() as http:
+        r = http.delete("/v1/sort/abort", params={"uuid": job_id})
+        assert r.json()["state"] == "Finished"
+        assert http.delete("/v1/sort/abort").status_code == 400
+        assert http.delete("/v1/sort/abort", params={"uuid": "dsort-nope"}).status_code == 404
     with c.client() as http:
         assert len(keys_of(output(http, "via-ais"))) == 6 * 30
         # AIStore's SDK refuses nothing it sends, and Sluice refuses what it cannot do

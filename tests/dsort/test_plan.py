@@ -82,6 +82,7 @@ def test_seed_spec_parses() -> None:
         ({"algorithm": {"kind": "shuffle", "sed": "1"}}, "algorithm.sed"),
         ({"output_format": "shuffled.tar"}, "output_format"),
         ({"output_format": "s-%s-%d.tar"}, "output_format"),
+        ({"output_format": "s-%.99999999d"}, "output_format"),
         ({"input_format": 7}, "input_format"),
         ({"input_format": {"tmpl": "x"}}, "input_format.tmpl"),
         ({"bck": {"provider": "ais"}}, "bck.name"),
@@ -90,6 +91,8 @@ def test_seed_spec_parses() -> None:
         ({"extension": ".tgz"}, "extension"),
         ({"ekm_file": "http://x/ekm.json"}, "ekm_file"),
         ({"shard_size": "1MB"}, "shard_size"),
+        ({"create_concurrency_max_limit": -1}, "create_concurrency_max_limit"),
+        ({"extract_concurrency_max_limit": "2"}, "extract_concurrency_max_limit"),
     ],
 )
 def test_bad_spec_names_the_field(change: dict, field: str) -> None:
@@ -181,3 +184,31 @@ def test_webdataset_reads_a_planned_shard(shard_dir: tuple[Path, dict], tmp_path
     (tmp_path / "o.tar").write_bytes(out.getvalue())
     got = [s["__key__"] for s in wds.WebDataset(str(tmp_path / "o.tar"), shardshuffle=False)]
     assert got == [p.record.key for p in shard.records]
+
+
+def test_a_shard_replaced_after_indexing_is_refused_by_name(
+    shard_dir: tuple[Path, dict], tmp_path: Path
+) -> None:
+    import asyncio
+    import os
+    import shutil
+
+    from etl_runtime.dsort.job import _record_stream, _stamp
+
+    d, _samples = shard_dir
+    shard = tmp_path / "shard-000000.tar"
+    shutil.copy(d / "shard-000000.tar", shard)
+    records = index_shard(shard, shard.name)
+    stamps = {shard.name: _stamp(os.stat(shard))}
+    offsets = [(0, shard.name, records[0])]
+
+    async def drain() -> bytes:
+        stream = _record_stream(b"[]", {shard.name: shard}, offsets, "images", stamps)
+        return b"".join([c async for c in stream])
+
+    assert records[0].size < len(asyncio.run(drain()))  # unchanged: the record's bytes
+    replaced = tmp_path / "new.tar"
+    shutil.copy(d / "shard-000001.tar", replaced)
+    os.replace(replaced, shard)  # as the store publishes a new version
+    with pytest.raises(DsortFailed, match="images/shard-000000.tar changed during the job"):
+        asyncio.run(drain())
