@@ -192,8 +192,8 @@ def main() -> None:
                 for names in rounds:
                     dire.append(timed(lambda n=names: obstore_get_all(direct, n)))
                     cold.append(timed(lambda n=names: obstore_get_all(via, n)))
-                    warm.append(timed(lambda n=names: obstore_get_all(via, n)))
                     nat.append(timed(lambda: obstore_get_all(via_native, rounds[0])))
+                    warm.append(timed(lambda n=names: obstore_get_all(via, n)))
                 (c_rate, c_cpu), (d_rate, _), (w_rate, w_cpu), (n_rate, _) = map(
                     rate, (cold, dire, warm, nat)
                 )
