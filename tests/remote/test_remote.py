@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
+import json
 import os
 import subprocess
 import sys
@@ -46,8 +47,16 @@ def test_cold_get_streams_from_the_backend_then_warm_get_serves_the_cache(
     endpoint: str, minio: MinioServer
 ) -> None:
     data = os.urandom(3 << 20)
-    bucket = new_bucket(minio, {"dir/shard.bin": data})
+    bucket = new_bucket(minio, {"dir/shard.bin": data, "dir/ranged.bin": data})
     before = metric(endpoint, FETCHES)
+
+    # HEAD of a cold object asks the backend; a ranged cold GET is the right slice.
+    url = f"{endpoint}/v1/objects/{bucket}/dir/ranged.bin"
+    head = httpx.head(url, params={"provider": "aws"}, follow_redirects=True)
+    assert head.status_code == 200 and head.headers["content-length"] == str(len(data))
+    ranged = httpx.get(url, headers={"Range": "bytes=100-199"}, follow_redirects=True)
+    assert ranged.status_code == 206 and ranged.content == data[100:200]
+    before += 1
 
     cold = get(endpoint, bucket, "dir/shard.bin")
     assert cold.status_code == 200 and cold.content == data
@@ -237,6 +246,10 @@ def test_prefetch_and_evict_jobs_with_the_sdk_and_the_cli(
     assert out.read_bytes() == warm["warm/5.bin"]
     evict = sluice(endpoint, "evict", f"s3://{bucket}")
     assert evict.returncode == 0 and "evicted 6 cached object(s)" in evict.stdout
+    props = sluice(endpoint, "props", f"s3://{bucket}", "--validate-warm-get", "true")
+    assert props.returncode == 0, props.stderr
+    assert json.loads(props.stdout)["backend"] == {"validate_warm_get": True}
+    assert json.loads(props.stdout)["provider"] == "aws"
 
 
 def test_the_official_aistore_sdk_reads_and_lists_an_aws_bucket(
