@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from etl_runtime import cli_remote
+from etl_runtime.cli_jobs import register as register_jobs
 from etl_runtime.cli_remote import parse_ref
 from etl_runtime.sdk import Client, EtlDetails, SluiceError
 from etl_runtime.sdk.client import DEFAULT_ENDPOINT
@@ -99,7 +100,8 @@ def cmd_put(client: Client, args: argparse.Namespace) -> None:
 def cmd_get(client: Client, args: argparse.Namespace) -> None:
     bucket, name = split_object(args.src)
     obj = client.bucket(bucket, provider=parse_ref(args.src)[0]).object(name)
-    with obj.open(etl_name=args.etl, etl_args=args.etl_args) as reader:
+    etl = args.etl.split(",") if args.etl else None  # a,b,c: a pipeline
+    with obj.open(etl_name=etl, etl_args=args.etl_args) as reader:
         if args.output in (None, "-"):
             _copy(reader, sys.stdout.buffer)
             sys.stdout.buffer.flush()
@@ -291,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     get = sub.add_parser("get", help="download BUCKET/OBJECT, optionally through an ETL")
     get.add_argument("src", metavar="BUCKET/OBJECT")
-    get.add_argument("--etl", metavar="NAME", help="transform with this ETL")
+    get.add_argument("--etl", metavar="NAME", help="transform with this ETL (a,b,c: a pipeline)")
     get.add_argument("--etl-args", metavar="ARGS", help="string passed to the transform")
     get.add_argument("-o", "--output", metavar="FILE", help="write here (default stdout)")
     get.set_defaults(func=cmd_get)
@@ -324,6 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     e.add_argument("--tail", type=int, default=200, help="logs: lines per transformer")
     e.set_defaults(func=cmd_etl)
+    register_jobs(sub)  # sluice job ..., sluice transform (etl_runtime.cli_jobs)
     cli_remote.register(sub)
     return p
 

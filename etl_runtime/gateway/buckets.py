@@ -29,6 +29,8 @@ from etl_runtime.gateway import aiscompat
 from etl_runtime.gateway.context import Gateway, unreachable
 from etl_runtime.gateway.errors import BucketNotFound, InvalidRequest, NoTargets, SluiceError
 from etl_runtime.gateway.placement import RETRY_AFTER_SECONDS
+from etl_runtime.jobs.bucket_action import is_job_action as bucket_action_is_job
+from etl_runtime.jobs.bucket_action import start_transform
 from etl_runtime.remote import gateway as remote_gateway
 from etl_runtime.target.errors import BucketExists, bucket_not_found
 from etl_runtime.target.names import read_bucket_action, validate_bucket
@@ -110,10 +112,12 @@ def bucket_router(gw: Gateway) -> APIRouter:
             return aiscompat.bucket_models(await bucket_names())
         return {"buckets": await bucket_names()}
 
-    @router.post("/v1/buckets/{bucket}")
-    async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
+    @router.post("/v1/buckets/{bucket}", response_model=None)
+    async def bucket_action(bucket: str, request: Request) -> dict[str, Any] | Response:
         validate_bucket(bucket)
         gw.require_write(request)
+        if await bucket_action_is_job(request):  # etl-bck: etl_runtime.jobs.bucket_action
+            return await start_transform(gw, bucket, request)
         if gw.cmap is not None:
             return await _map_bucket_action(bucket, request)
         body = await read_bucket_action(bucket, request)

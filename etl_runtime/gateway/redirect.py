@@ -37,6 +37,7 @@ from etl_runtime.remote import gateway as remote_gateway
 from etl_runtime.target.access import SIGNATURE_PARAMS, object_path, object_url
 from etl_runtime.target.names import validate_names
 from etl_runtime.target.params import refuse_unknown_object_params
+from etl_runtime.target.pipeline import check_chain_async, parse_chain
 
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH"]
@@ -137,6 +138,11 @@ def redirect_router(gw: Gateway) -> APIRouter:
         try:
             validate_names(bucket, name)
             refuse_unknown_object_params(request, bucket, name)
+            if "etl_pipeline" in request.query_params:  # every step known, modes alike
+                q = request.query_params
+                await check_chain_async(
+                    gw.backend.get, parse_chain(q.get("etl_name"), q["etl_pipeline"])
+                )
             if request.method in MUTATING:
                 gw.require_write(request)
             else:

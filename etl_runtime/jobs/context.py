@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import quote
 
+import anyio
 import anyio.to_thread
 import httpx
 
 from etl_runtime.jobs.state import ABORTED, FAILED, MAX_ERRORS, TERMINAL, JobPart
 from etl_runtime.target.access import object_url
+from etl_runtime.target.errors import Unavailable
 
 if TYPE_CHECKING:
     from etl_runtime.jobs.manager import JobManager
@@ -128,21 +131,56 @@ class JobContext:
             start_after = page[-1].name
 
     async def put_object(self, bucket: str, name: str, body: AsyncIterable[bytes] | bytes) -> int:
-        """Store ``bucket/name`` at its HRW owner (with its copies); returns the size."""
+        """Store ``bucket/name`` at its HRW owner (with its copies); returns the size.
+
+        Written here directly when this target is the only owner; otherwise the
+        body is kept first (in memory up to 4 MiB, else in ``workdir``) so the
+        write can be retried while an owner is away (up to ``target_timeout``).
+        """
+        owners = self.owners(bucket, name)
+        if owners == [self.target_id] or self.placement is None:
+            info = await self.store.write_object(bucket, name, _as_stream(body))
+            assert info is not None
+            return info.size
+        kept = await _keep(body, self.workdir)
+        try:
+            return await self.retrying(
+                f"PUT {bucket}/{name}", lambda: self._put(bucket, name, kept)
+            )
+        finally:
+            if isinstance(kept, Path):
+                kept.unlink(missing_ok=True)
+
+    async def _put(self, bucket: str, name: str, kept: bytes | Path) -> int:
         owners = self.owners(bucket, name)
         if self.target_id in owners and self.placement is not None:
-            chunks = _as_stream(body)
             others = self.placement.check_owner(bucket, name)
             copies = self.placement.write_through(bucket, name, others)
-            info = await self.store.write_object(bucket, name, chunks, before_publish=copies)
+            info = await self.store.write_object(bucket, name, _replay(kept), before_publish=copies)
             assert info is not None
             return info.size
         url = object_url(self.manager.url(self.part, owners[0]), bucket, name)
         headers = {"Authorization": f"Bearer {self.target.token}"} if self.target.token else {}
-        r = await self.manager.http.put(url, content=_as_stream(body), headers=headers)
+        r = await self.manager.http.put(url, content=_replay(kept), headers=headers)
+        if r.status_code == 503:
+            raise Unavailable(f"target {owners[0]!r} answered 503: {r.text[:300]}")
         if r.status_code != 200:
             raise OSError(f"PUT {bucket}/{name} on target {owners[0]!r}: {r.status_code} {r.text}")
         return int(r.json().get("size", 0))
+
+    async def retrying(self, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """``call()``, again while a target is unreachable or busy (503), up to the timeout."""
+        deadline = time.monotonic() + self.manager.target_timeout
+        delay = 0.1
+        while True:
+            self.check()
+            try:
+                return await call()
+            except (httpx.TransportError, Unavailable) as e:
+                if time.monotonic() > deadline:
+                    raise OSError(f"{what}: {e}") from None
+            await asyncio.sleep(delay)
+            delay = min(2.0, delay * 2)
 
     async def map(
         self,
@@ -279,6 +317,46 @@ def _stream_of(body: Body) -> AsyncIterator[bytes]:
     if isinstance(body, AsyncIterable):
         return aiter(body)
     return aiter(body())
+
+
+SPOOL_MEMORY = 4 << 20
+
+
+async def _keep(body: AsyncIterable[bytes] | bytes, workdir: Path) -> bytes | Path:
+    """The whole body, in memory if small, else in a file under ``workdir``."""
+    if isinstance(body, bytes):
+        return body
+    buf = bytearray()
+    f = None
+    path = workdir / f"out-{uuid.uuid4().hex}"
+    try:
+        async for chunk in body:
+            if f is None and len(buf) + len(chunk) <= SPOOL_MEMORY:
+                buf += chunk
+                continue
+            if f is None:
+                workdir.mkdir(parents=True, exist_ok=True)
+                f = await anyio.open_file(path, "wb")
+                await f.write(bytes(buf))
+            await f.write(chunk)
+    except BaseException:
+        if f is not None:
+            await f.aclose()
+            path.unlink(missing_ok=True)
+        raise
+    if f is None:
+        return bytes(buf)
+    await f.aclose()
+    return path
+
+
+async def _replay(kept: bytes | Path) -> AsyncIterator[bytes]:
+    if isinstance(kept, bytes):
+        yield kept
+        return
+    async with await anyio.open_file(kept, "rb") as f:
+        while chunk := await f.read(1 << 20):
+            yield chunk
 
 
 def _as_stream(body: AsyncIterable[bytes] | bytes) -> AsyncIterator[bytes]:

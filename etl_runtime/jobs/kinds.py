@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 
 # Modules that register kinds (one line per kind module).
 KIND_MODULES: list[str] = [
+    "etl_runtime.jobs.transform",
     "etl_runtime.remote.jobs",  # prefetch, evict (remote buckets)
 ]
 

@@ -28,6 +28,7 @@ from etl_runtime.sdk.errors import (
     Unavailable,
 )
 from etl_runtime.sdk.etl import Etl, EtlDetails, EtlSummary
+from etl_runtime.sdk.job import Job, JobError, JobTimeout
 from etl_runtime.sdk.object import Object, ObjectInfo, ObjectReader
 from etl_runtime.sdk.retry import RetryPolicy
 
@@ -41,6 +42,9 @@ __all__ = [
     "EtlError",
     "EtlSummary",
     "HTTPError",
+    "Job",
+    "JobError",
+    "JobTimeout",
     "NetworkError",
     "NotFound",
     "Object",

@@ -7,7 +7,7 @@ browser) can read a transformed dataset without the SDK in the loop.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from braceexpand import braceexpand
@@ -18,6 +18,7 @@ from etl_runtime.sdk.object import Object, ObjectInfo
 
 if TYPE_CHECKING:
     from etl_runtime.sdk.client import Client
+    from etl_runtime.sdk.job import Job
 
 PAGE_SIZE = 1000
 
@@ -123,6 +124,53 @@ class Bucket:
     ) -> list[str]:
         """GET URLs for every object listed under ``prefix`` (sorted by name)."""
         return [self.object(o.name).url(etl_name, etl_args) for o in self.list_objects(prefix)]
+
+    def transform(
+        self,
+        etl_name: str | Sequence[str],
+        to_bucket: str,
+        prefix: str = "",
+        template: str = "",
+        prepend: str = "",
+        ext: Mapping[str, str] | None = None,
+        skip_existing: bool = False,
+        dry_run: bool = False,
+        num_workers: int = 0,
+        continue_on_error: bool = True,
+        etl_args: EtlArgs = None,
+    ) -> Job:
+        """Transform this bucket into ``to_bucket`` on the targets (an ``etl-bck`` job).
+
+        ``etl_name`` may be a list (a pipeline). ``template`` (``"a-{000..099}.tar"``)
+        and ``prefix`` select objects; ``ext={"jpg": "npy"}`` and ``prepend`` name
+        the outputs; ``skip_existing`` skips objects whose output is newer.
+        ``num_workers``: objects in flight per target (0: the default, 4).
+        """
+        from etl_runtime.sdk.client import encode_etl_args
+        from etl_runtime.sdk.job import Job
+
+        chain = [etl_name] if isinstance(etl_name, str) else list(etl_name)
+        value: dict[str, Any] = {
+            "id": chain[0],
+            "pipeline": chain[1:],
+            "to_bucket": to_bucket,
+            "prefix": prefix,
+            "template": template,
+            "prepend": prepend,
+            "ext": dict(ext or {}),
+            "skip_existing": skip_existing,
+            "dry_run": dry_run,
+            "num-workers": num_workers,
+            "coer": continue_on_error,
+            "etl_args": encode_etl_args(etl_args),
+        }
+        data = self.client.request_json(
+            "POST",
+            self._path,
+            json_body={"action": "etl-bck", "value": value},
+            context={"bucket": self.name, "etl": ",".join(chain)},
+        )
+        return Job(self.client, str(data["id"]))
 
     def __repr__(self) -> str:
         return f"Bucket({self.name!r})"

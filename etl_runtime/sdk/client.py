@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import urllib.parse
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -32,12 +32,14 @@ from etl_runtime.sdk.retry import RETRY_STATUSES, RETRY_TRANSPORT_ERRORS, Attemp
 if TYPE_CHECKING:
     from etl_runtime.sdk.bucket import Bucket
     from etl_runtime.sdk.etl import Etl, EtlSummary
+    from etl_runtime.sdk.job import Job
 
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
 REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 5
 
 EtlArgs = str | Mapping[str, Any] | None
+EtlName = str | Sequence[str] | None  # a list: a pipeline, applied in order
 
 
 def encode_etl_args(etl_args: EtlArgs) -> str | None:
@@ -49,10 +51,14 @@ def encode_etl_args(etl_args: EtlArgs) -> str | None:
     return json.dumps(dict(etl_args), separators=(",", ":"))
 
 
-def etl_params(etl_name: str | None, etl_args: EtlArgs) -> dict[str, str]:
+def etl_params(etl_name: EtlName, etl_args: EtlArgs) -> dict[str, str]:
     params: dict[str, str] = {}
-    if etl_name:
-        params["etl_name"] = etl_name
+    if isinstance(etl_name, str):
+        etl_name = [etl_name] if etl_name else []
+    if etl_name:  # ["a", "b", "c"]: etl_name=a&etl_pipeline=b,c (AIStore's shape)
+        params["etl_name"] = etl_name[0]
+        if len(etl_name) > 1:
+            params["etl_pipeline"] = ",".join(etl_name[1:])
     args = encode_etl_args(etl_args)
     if args is not None:
         params["etl_args"] = args
@@ -123,6 +129,18 @@ class Client:
         from etl_runtime.sdk.etl import Etl
 
         return Etl(self, name)
+
+    def job(self, job_id: str) -> Job:
+        """A handle on a job (``etl_runtime.sdk.job``)."""
+        from etl_runtime.sdk.job import Job
+
+        return Job(self, job_id)
+
+    def jobs(self, kind: str | None = None, state: str | None = None) -> list[dict[str, Any]]:
+        """Every job (newest first), as ``GET /v1/jobs`` aggregates them."""
+        from etl_runtime.sdk.job import list_jobs
+
+        return list_jobs(self, kind, state)
 
     def list_buckets(self) -> list[str]:
         return list(self.request_json("GET", "/v1/buckets")["buckets"])

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from etl_runtime.sdk import errors
-from etl_runtime.sdk.client import EtlArgs, etl_params, quote_path
+from etl_runtime.sdk.client import EtlArgs, EtlName, etl_params, quote_path
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -74,7 +74,7 @@ class Object:
     def _context(self) -> dict[str, str | None]:
         return {"bucket": self.bucket.name, "object": self.name}
 
-    def url(self, etl_name: str | None = None, etl_args: EtlArgs = None) -> str:
+    def url(self, etl_name: EtlName = None, etl_args: EtlArgs = None) -> str:
         """A plain GET URL on the gateway (curl -L, webdataset, a browser)."""
         return self.bucket.client.url(self._path, etl_params(etl_name, etl_args))
 
@@ -135,14 +135,15 @@ class Object:
             return False
         return True
 
-    def get_bytes(self, etl_name: str | None = None, etl_args: EtlArgs = None) -> bytes:
+    def get_bytes(self, etl_name: EtlName = None, etl_args: EtlArgs = None) -> bytes:
         """The whole object (transformed by ``etl_name`` if given) in memory."""
         with self.open(etl_name=etl_name, etl_args=etl_args) as reader:
             return reader.read()
 
-    def open(self, etl_name: str | None = None, etl_args: EtlArgs = None) -> ObjectReader:
+    def open(self, etl_name: EtlName = None, etl_args: EtlArgs = None) -> ObjectReader:
         """A streaming reader; use it as a context manager so the connection is freed."""
-        ctx = dict(self._context, etl=etl_name)
+        etl = etl_name if isinstance(etl_name, str | None) else ",".join(etl_name)
+        ctx = dict(self._context, etl=etl)
         cm = self.bucket.client.object_request(
             "GET", self._path, params=etl_params(etl_name, etl_args), context=ctx
         )

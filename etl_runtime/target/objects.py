@@ -22,6 +22,7 @@ from etl_runtime.target.context import Target
 from etl_runtime.target.errors import InvalidName, InvalidRequest, ObjectNotFound
 from etl_runtime.target.names import read_bucket_action, validate_bucket, validate_names
 from etl_runtime.target.params import refuse_unknown, refuse_unknown_object_params
+from etl_runtime.target.pipeline import parse_chain, pipeline_response
 from etl_runtime.target.ranges import byte_range, preconditions
 from etl_runtime.target.store import READ_CHUNK, ObjectInfo
 
@@ -137,6 +138,7 @@ def object_router(target: Target) -> APIRouter:
         request: Request,
         etl_name: str | None = None,
         etl_args: str | None = None,
+        etl_pipeline: str | None = None,
     ) -> Response:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
@@ -156,6 +158,9 @@ def object_router(target: Target) -> APIRouter:
             return cold
         if placement:
             await placement.ensure_local(bucket, name)
+        if etl_pipeline is not None:  # etl_runtime.target.pipeline: a, then b, then c
+            chain = parse_chain(etl_name, etl_pipeline)
+            return await pipeline_response(target.forwarder, bucket, name, chain, etl_args)
         if etl_name:
             return await target.forwarder.transform(bucket, name, etl_name, etl_args)
         f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)

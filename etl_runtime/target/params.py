@@ -1,8 +1,8 @@
 """Which query parameters each object call takes; anything else is a 400 naming it.
 
 A parameter that is silently ignored gives a wrong answer that looks right:
-``?etl_pipeline=a,b`` used to return the object through no ETL at all, as a
-success. So the gateway (before it redirects) and the targets refuse what they
+``?etl_pipline=a,b`` (a typo) would return the object through one ETL only,
+as a success. So the gateway (before it redirects) and the targets refuse what they
 do not know. ``provider=ais`` and ``props`` are what the aistore SDK sends;
 ``sluice_exp``/``sluice_sig`` are the gateway's redirect signature.
 """
@@ -18,13 +18,12 @@ from etl_runtime.target.access import SIGNATURE_PARAMS
 from etl_runtime.target.errors import InvalidRequest
 
 OBJECT_PARAMS: dict[str, frozenset[str]] = {
-    "GET": frozenset({"etl_name", "etl_args", "provider", "props"}),
+    "GET": frozenset({"etl_name", "etl_pipeline", "etl_args", "provider", "props"}),
     "HEAD": frozenset({"provider", "props"}),
     "PUT": frozenset({"provider"}),
     "DELETE": frozenset({"provider"}),
 }
 _HINTS = {
-    "etl_pipeline": "Sluice runs one ETL per GET: chain the steps in one ETL's code",
     "etl_fqn": "etl_fqn is chosen by the target for ETLs with argType 'fqn', not by a caller",
 }
 
