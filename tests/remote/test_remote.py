@@ -93,7 +93,8 @@ def test_object_and_wds_etl_on_cold_objects(endpoint: str, minio: MinioServer) -
     with wds.TarWriter(shard) as sink:
         for i in range(20):
             sink.write({"__key__": f"s{i:03d}", "txt": f"sample {i}", "cls": i})
-    bucket = new_bucket(minio, {"hello.txt": b"hello remote", "shard-000.tar": shard.getvalue()})
+    objects = {"hello.txt": b"hello remote", "piped.txt": b"piped remote"}
+    bucket = new_bucket(minio, {**objects, "shard-000.tar": shard.getvalue()})
     with Client(endpoint) as client:
         client.etl("rm-upper").init_code(transform=lambda data: data.upper())
 
@@ -103,8 +104,12 @@ def test_object_and_wds_etl_on_cold_objects(endpoint: str, minio: MinioServer) -
             return sample
 
         client.etl("rm-wds").init_code(transform=relabel, mode="wds", decode=None)
+        client.etl("rm-reverse").init_code(transform=lambda data: data[::-1])
         remote = client.bucket(bucket, provider="aws")
         assert remote.object("hello.txt").get_bytes(etl_name="rm-upper") == b"HELLO REMOTE"
+        # A pipeline on a cold object: upper, then reverse.
+        piped = get(endpoint, bucket, "piped.txt", etl_name="rm-upper", etl_pipeline="rm-reverse")
+        assert piped.status_code == 200 and piped.content == b"ETOMER DEPIP", piped.text
 
         urls = remote.object_urls("shard-{000..000}.tar", etl_name="rm-wds")
         samples = list(wds.WebDataset(urls, shardshuffle=False).decode())
