@@ -109,6 +109,46 @@ def rate(samples: list[tuple[float, float, int]]) -> tuple[float, float]:
     return statistics.median(mibs), statistics.median(cpu)
 
 
+class ServerCpu:
+    """CPU seconds the Sluice servers (``process_cpu_seconds_total`` of the gateway
+    and the targets' ``/metrics``) and MinIO (psutil) spend per phase."""
+
+    def __init__(self, endpoint: str, minio: MinioServer) -> None:
+        import psutil
+
+        self.endpoint = endpoint
+        cluster = httpx.get(f"{endpoint}/v1/cluster", timeout=10).json()
+        self.urls = [endpoint] + [t["url"] for t in cluster["targets"]]
+        assert minio.process is not None
+        self.minio = psutil.Process(minio.process.pid)
+        self.spent: dict[str, list[float]] = {}
+
+    def _sluice(self) -> float:
+        total = 0.0
+        for url in self.urls:
+            for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
+                if line.startswith("process_cpu_seconds_total"):
+                    total += float(line.split()[-1])
+        return total
+
+    def _minio(self) -> float:
+        t = self.minio.cpu_times()
+        return t.user + t.system
+
+    def timed(self, phase: str, fn: Callable[[], int]) -> tuple[float, float, int]:
+        s0, m0 = self._sluice(), self._minio()
+        wall, cpu, n = timed(fn)
+        spent = self.spent.setdefault(phase, [0.0, 0.0, 0.0])
+        spent[0] += self._sluice() - s0
+        spent[1] += self._minio() - m0
+        spent[2] += n / MiB
+        return wall, cpu, n
+
+    def per_mib(self, phase: str) -> tuple[float, float]:
+        sluice, minio, mib = self.spent[phase]
+        return sluice * 1000 / mib, minio * 1000 / mib
+
+
 def ttfb(url: str) -> tuple[float, int]:
     with httpx.Client(timeout=600, follow_redirects=True) as client:
         t0 = time.perf_counter()
@@ -167,12 +207,11 @@ def main() -> None:
             cluster_dir = Path(tmp) / "cluster"
             with environ(env), LocalCluster(cluster_dir, targets=2, port=0) as cluster:
                 ep = cluster.endpoint.rstrip("/")
-                r = httpx.post(
+                httpx.post(
                     f"{ep}/v1/buckets/{bucket}",
                     params={"provider": "aws"},
                     json={"action": "create-bck"},
-                )
-                r.raise_for_status()
+                ).raise_for_status()
                 native = "bench-native"
                 httpx.post(f"{ep}/v1/buckets/{native}", json={"action": "create-bck"})
                 for name in rounds[0]:
@@ -189,11 +228,14 @@ def main() -> None:
                     f"{ep}/v1/objects/{native}", client_options={"allow_http": True}
                 )
                 cold, dire, warm, nat = [], [], [], []
+                servers = ServerCpu(ep, minio)
                 for names in rounds:
-                    dire.append(timed(lambda n=names: obstore_get_all(direct, n)))
-                    cold.append(timed(lambda n=names: obstore_get_all(via, n)))
-                    warm.append(timed(lambda n=names: obstore_get_all(via, n)))
-                    nat.append(timed(lambda: obstore_get_all(via_native, rounds[0])))
+                    dire.append(servers.timed("direct", lambda n=names: obstore_get_all(direct, n)))
+                    cold.append(servers.timed("cold", lambda n=names: obstore_get_all(via, n)))
+                    nat.append(
+                        servers.timed("native", lambda: obstore_get_all(via_native, rounds[0]))
+                    )
+                    warm.append(servers.timed("warm", lambda n=names: obstore_get_all(via, n)))
                 (c_rate, c_cpu), (d_rate, _), (w_rate, w_cpu), (n_rate, _) = map(
                     rate, (cold, dire, warm, nat)
                 )
@@ -214,6 +256,10 @@ def main() -> None:
                     t_small.append(ttfb(f"{base}/small-{r}.tar")[0])
                     t_big.append(ttfb(f"{base}/big-{r}.tar")[0])
                 ts, tb = statistics.median(t_small), statistics.median(t_big)
+                print("   server CPU ms per MiB (targets+gateway / MinIO):")
+                for phase in ("direct", "cold", "warm", "native"):
+                    sluice_ms, minio_ms = servers.per_mib(phase)
+                    print(f"     {phase:<7} {sluice_ms:6.2f} / {minio_ms:6.2f}")
                 print(f"4. TTFB of a cold {args.big_mb} MB shard / a cold 5 MB shard:")
                 print(f"   {tb * 1000:.1f} ms / {ts * 1000:.1f} ms = {tb / ts:.2f} (goal <= 1.5)")
         finally:

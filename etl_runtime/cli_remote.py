@@ -105,7 +105,7 @@ def _bool(text: str) -> bool:
 def cmd_props(client: Client, args: argparse.Namespace) -> None:
     bucket = remote_bucket(client, args.bucket)
     given = {
-        "endpoint": args.endpoint,
+        "endpoint": args.s3_endpoint,
         "region": args.region,
         "secret": args.secret,
         "validate_warm_get": args.validate_warm_get,
@@ -154,14 +154,16 @@ def register(sub: Any) -> None:
         epilog=(
             "examples:\n"
             "  sluice props s3://imagenet\n"
-            "  sluice props s3://imagenet --create --endpoint http://minio:9000 "
+            "  sluice props s3://imagenet --create --s3-endpoint http://minio:9000 "
             "--secret minio-keys\n"
             "  sluice props s3://imagenet --validate-warm-get true --validate-interval 60\n"
         ),
     )
     pr.add_argument("bucket", metavar="s3://BUCKET")
     pr.add_argument("--create", action="store_true", help="add the backend bucket to Sluice")
-    pr.add_argument("--endpoint", help="S3 endpoint URL (default: the targets' AWS env)")
+    pr.add_argument(
+        "--s3-endpoint", help="the backend's S3 endpoint URL (default: the servers' AWS env)"
+    )
     pr.add_argument("--region")
     pr.add_argument("--secret", help="profile:NAME, anonymous, or a secret mounted on targets")
     pr.add_argument("--validate-warm-get", type=_bool, metavar="true|false")

@@ -289,14 +289,16 @@ class RemoteCache:
                     yield chunk
             return
         offset = 0
+        assert fill.meta is not None
+        size = fill.meta.size
         with src:
-            while True:
+            # Done when every byte went out: the fill's fsync and publish need not
+            # be waited for (they make the copy durable for later readers only).
+            while offset < size:
                 await fill.wait_beyond(offset)
                 if fill.error is not None:
                     raise fill.error
                 if fill.written <= offset:
-                    if fill.done:
-                        return
                     continue
                 data = fill.from_memory(offset)
                 if data is None:

@@ -65,7 +65,8 @@ async def get(
     await fill.ready.wait()
     if fill.error is not None:
         raise fill.error
-    if fqn or (not etl_name and any(h in request.headers for h in WHOLE_FIRST)):
+    pipeline = "etl_pipeline" in request.query_params  # a chain reads the cached file
+    if fqn or pipeline or (not etl_name and any(h in request.headers for h in WHOLE_FIRST)):
         await cache.wait_filled(fill)
         return None
     if etl_name:

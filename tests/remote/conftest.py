@@ -19,6 +19,8 @@ import pytest
 
 from tests.remote.minio import MinioServer
 
+CACHE_BYTES = 8 << 20  # per target: small, so that eviction is tested for real
+
 
 @pytest.fixture(scope="session")
 def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
@@ -65,7 +67,7 @@ def endpoint(
     env = {
         **minio.env(),
         "SLUICE_SECRETS_DIR": str(secrets_dir),
-        "SLUICE_REMOTE_CACHE_BYTES": str(64 << 20),
+        "SLUICE_REMOTE_CACHE_BYTES": str(CACHE_BYTES),
     }
     with (
         environ(env),
@@ -76,10 +78,15 @@ def endpoint(
 
 def metric(endpoint: str, name: str) -> float:
     """``name``'s value summed over every target's ``/metrics``."""
+    return sum(per_target(endpoint, name).values())
+
+
+def per_target(endpoint: str, name: str) -> dict[str, float]:
+    """``name``'s value on each target."""
     targets = httpx.get(f"{endpoint}/v1/cluster", timeout=10).json()["targets"]
-    total = 0.0
     pattern = re.compile(rf"^{re.escape(name)}(?:\{{[^}}]*\}})? (\S+)$", re.M)
+    found = {}
     for t in targets:
         text = httpx.get(f"{t['url']}/metrics", timeout=10).text
-        total += sum(float(v) for v in pattern.findall(text))
-    return total
+        found[t["id"]] = sum(float(v) for v in pattern.findall(text))
+    return found

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import io
+import json
 import os
 import subprocess
 import sys
@@ -18,7 +19,7 @@ import httpx
 import webdataset as wds
 
 from etl_runtime import Client
-from tests.remote.conftest import metric
+from tests.remote.conftest import CACHE_BYTES, metric, per_target
 from tests.remote.minio import MinioServer
 
 FETCHES = "sluice_remote_backend_fetches_total"
@@ -46,8 +47,16 @@ def test_cold_get_streams_from_the_backend_then_warm_get_serves_the_cache(
     endpoint: str, minio: MinioServer
 ) -> None:
     data = os.urandom(3 << 20)
-    bucket = new_bucket(minio, {"dir/shard.bin": data})
+    bucket = new_bucket(minio, {"dir/shard.bin": data, "dir/ranged.bin": data})
     before = metric(endpoint, FETCHES)
+
+    # HEAD of a cold object asks the backend; a ranged cold GET is the right slice.
+    url = f"{endpoint}/v1/objects/{bucket}/dir/ranged.bin"
+    head = httpx.head(url, params={"provider": "aws"}, follow_redirects=True)
+    assert head.status_code == 200 and head.headers["content-length"] == str(len(data))
+    ranged = httpx.get(url, headers={"Range": "bytes=100-199"}, follow_redirects=True)
+    assert ranged.status_code == 206 and ranged.content == data[100:200]
+    before += 1
 
     cold = get(endpoint, bucket, "dir/shard.bin")
     assert cold.status_code == 200 and cold.content == data
@@ -69,7 +78,7 @@ def test_cold_get_streams_from_the_backend_then_warm_get_serves_the_cache(
 
 
 def test_ten_concurrent_cold_gets_make_one_backend_fetch(endpoint: str, minio: MinioServer) -> None:
-    data = os.urandom(16 << 20)
+    data = os.urandom(6 << 20)  # within the targets' cache cap (conftest.CACHE_BYTES)
     bucket = new_bucket(minio, {"big.bin": data})
     before = metric(endpoint, FETCHES)
     with concurrent.futures.ThreadPoolExecutor(10) as pool:
@@ -84,7 +93,8 @@ def test_object_and_wds_etl_on_cold_objects(endpoint: str, minio: MinioServer) -
     with wds.TarWriter(shard) as sink:
         for i in range(20):
             sink.write({"__key__": f"s{i:03d}", "txt": f"sample {i}", "cls": i})
-    bucket = new_bucket(minio, {"hello.txt": b"hello remote", "shard-000.tar": shard.getvalue()})
+    objects = {"hello.txt": b"hello remote", "piped.txt": b"piped remote"}
+    bucket = new_bucket(minio, {**objects, "shard-000.tar": shard.getvalue()})
     with Client(endpoint) as client:
         client.etl("rm-upper").init_code(transform=lambda data: data.upper())
 
@@ -94,8 +104,12 @@ def test_object_and_wds_etl_on_cold_objects(endpoint: str, minio: MinioServer) -
             return sample
 
         client.etl("rm-wds").init_code(transform=relabel, mode="wds", decode=None)
+        client.etl("rm-reverse").init_code(transform=lambda data: data[::-1])
         remote = client.bucket(bucket, provider="aws")
         assert remote.object("hello.txt").get_bytes(etl_name="rm-upper") == b"HELLO REMOTE"
+        # A pipeline on a cold object: upper, then reverse.
+        piped = get(endpoint, bucket, "piped.txt", etl_name="rm-upper", etl_pipeline="rm-reverse")
+        assert piped.status_code == 200 and piped.content == b"ETOMER DEPIP", piped.text
 
         urls = remote.object_urls("shard-{000..000}.tar", etl_name="rm-wds")
         samples = list(wds.WebDataset(urls, shardshuffle=False).decode())
@@ -237,3 +251,57 @@ def test_prefetch_and_evict_jobs_with_the_sdk_and_the_cli(
     assert out.read_bytes() == warm["warm/5.bin"]
     evict = sluice(endpoint, "evict", f"s3://{bucket}")
     assert evict.returncode == 0 and "evicted 6 cached object(s)" in evict.stdout
+    props = sluice(endpoint, "props", f"s3://{bucket}", "--validate-warm-get", "true")
+    assert props.returncode == 0, props.stderr
+    assert json.loads(props.stdout)["backend"] == {"validate_warm_get": True}
+    assert json.loads(props.stdout)["provider"] == "aws"
+
+
+def test_the_official_aistore_sdk_reads_and_lists_an_aws_bucket(
+    endpoint: str, minio: MinioServer
+) -> None:
+    from aistore.sdk import Client as AisClient
+
+    bucket = new_bucket(minio, {"a/1.txt": b"one", "a/2.txt": b"two"})
+    bck = AisClient(endpoint).bucket(bucket, provider="aws")
+    assert bck.object("a/2.txt").get_reader().read_all() == b"two"
+    entries = bck.list_all_objects(prefix="a/")
+    assert [(e.name, e.size, e.is_cached()) for e in entries] == [
+        ("a/1.txt", 3, False),
+        ("a/2.txt", 3, True),
+    ]
+
+
+def test_validate_warm_get_sees_a_changed_object(endpoint: str, minio: MinioServer) -> None:
+    checked = new_bucket(minio, {"o.txt": b"version 1"})
+    trusting = new_bucket(minio, {"o.txt": b"version 1"})
+    props = {"action": "create-bck", "props": {"validate_warm_get": True}}
+    r = httpx.post(f"{endpoint}/v1/buckets/{checked}", params={"provider": "aws"}, json=props)
+    assert r.status_code == 200, r.text
+    for b in (checked, trusting):
+        assert get(endpoint, b, "o.txt").content == b"version 1"
+        minio.client().put_object(Bucket=b, Key="o.txt", Body=b"version 2!")
+    assert get(endpoint, checked, "o.txt").content == b"version 2!"
+    assert get(endpoint, trusting, "o.txt").content == b"version 1"  # the cached copy (default)
+    minio.client().delete_object(Bucket=checked, Key="o.txt")
+    gone = get(endpoint, checked, "o.txt")
+    assert gone.status_code == 404 and "no longer exists" in gone.json()["error"]
+
+
+def test_the_cache_evicts_least_recently_used_objects_above_its_cap(
+    endpoint: str, minio: MinioServer
+) -> None:
+    data = {f"lru/{i:02d}.bin": os.urandom(2 << 20) for i in range(10)}
+    bucket = new_bucket(minio, data)
+    before = metric(endpoint, "sluice_remote_cache_evicted_total")
+    for name in sorted(data):
+        assert get(endpoint, bucket, name).status_code == 200
+    # 20 MiB over two targets with 8 MiB each: some copies had to go, none over the cap.
+    assert metric(endpoint, "sluice_remote_cache_evicted_total") > before
+    assert all(
+        v <= CACHE_BYTES for v in per_target(endpoint, "sluice_remote_cached_bytes").values()
+    )
+    listing = httpx.get(f"{endpoint}/v1/buckets/{bucket}", params={"prefix": "lru/"}).json()
+    cached = [o["name"] for o in listing["objects"] if o["cached"]]
+    assert "lru/09.bin" in cached and len(cached) < 10  # the newest stays, the oldest went
+    assert get(endpoint, bucket, "lru/00.bin").content == data["lru/00.bin"]  # fetched again
