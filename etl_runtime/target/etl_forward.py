@@ -165,6 +165,44 @@ class EtlForwarder:
 
     # -- the data path ---------------------------------------------------------
 
+    async def send(
+        self,
+        record: EtlRecord,
+        tf: TransformerStatus,
+        bucket: str,
+        name: str,
+        params: dict[str, str],
+        body: bytes | AsyncIterator[bytes],
+    ) -> DuplexResponse:
+        """PUT ``body`` to ``tf`` (hpush) and return its answer, whatever its status.
+
+        The one place a request reaches a transformer: ``transform`` and every step
+        of a pipeline (``target/pipeline.py``). A transformer that does not answer
+        is counted and is a 503 naming the ETL, target, bucket and object.
+        """
+        assert tf.endpoint is not None
+        url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
+        try:
+            return await self.duplex.request(
+                "PUT",
+                url,
+                params=params,
+                body=body,
+                headers=self._headers(record),
+                timeout=record.spec.request_timeout_seconds,
+            )
+        except DuplexError as e:
+            if isinstance(body, AsyncIterator):
+                await body.aclose()  # type: ignore[attr-defined]
+            self._fail(record.name, f"{bucket}/{name}", f"transformer unreachable: {e}")
+            raise EtlNotReady(
+                f"the transformer of ETL {record.name!r} on target {self.target_id!r} "
+                f"did not answer ({type(e).__name__}: {e}); retry shortly",
+                etl=record.name,
+                bucket=bucket,
+                object=name,
+            ) from None
+
     async def transform(
         self,
         bucket: str,
@@ -208,28 +246,7 @@ class EtlForwarder:
             if f is not None:
                 f.close()
             raise
-        assert tf.endpoint is not None
-        url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
-        try:
-            response = await self.duplex.request(
-                "PUT",
-                url,
-                params=params,
-                body=content,
-                headers=self._headers(record),
-                timeout=record.spec.request_timeout_seconds,
-            )
-        except DuplexError as e:
-            if isinstance(content, AsyncIterator):
-                await content.aclose()  # type: ignore[attr-defined]
-            self._fail(etl_name, obj, f"transformer unreachable: {e}")
-            raise EtlNotReady(
-                f"the transformer of ETL {etl_name!r} on target {self.target_id!r} "
-                f"did not answer ({type(e).__name__}: {e}); retry shortly",
-                etl=etl_name,
-                bucket=bucket,
-                object=name,
-            ) from None
+        response = await self.send(record, tf, bucket, name, params, content)
         if response.status_code != 200:
             raise await self._transformer_error(response, etl_name, bucket, name)
         media_type = response.headers.get("content-type", "application/octet-stream")

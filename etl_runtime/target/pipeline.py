@@ -20,13 +20,11 @@ as for a single ETL.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from urllib.parse import quote
 
 from fastapi.responses import Response, StreamingResponse
 
 from etl_runtime.cluster import EtlRecord
-from etl_runtime.target.duplex import DuplexError
-from etl_runtime.target.errors import EtlNotFound, EtlNotReady, InvalidRequest
+from etl_runtime.target.errors import EtlNotFound, InvalidRequest
 from etl_runtime.target.etl_forward import EtlForwarder
 
 MAX_STEPS = 16
@@ -114,28 +112,8 @@ async def _step(
 ) -> AsyncIterator[bytes]:
     """Send ``body`` (the previous step's output) through ETL ``etl_name``."""
     record = fwd.record(etl_name)
-    tf = fwd.transformer(record)
-    assert tf.endpoint is not None
-    url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
     params = {"etl_args": etl_args} if etl_args is not None else {}
-    try:
-        response = await fwd.duplex.request(
-            "PUT",
-            url,
-            params=params,
-            body=body,
-            headers=fwd._headers(record),
-            timeout=record.spec.request_timeout_seconds,
-        )
-    except DuplexError as e:
-        await body.aclose()  # type: ignore[attr-defined]
-        raise EtlNotReady(
-            f"the transformer of ETL {etl_name!r} on target {fwd.target_id!r} did not answer "
-            f"({type(e).__name__}: {e}); retry shortly",
-            etl=etl_name,
-            bucket=bucket,
-            object=name,
-        ) from None
+    response = await fwd.send(record, fwd.transformer(record), bucket, name, params, body)
     if response.status_code != 200:
         await body.aclose()  # type: ignore[attr-defined]
         raise await fwd._transformer_error(response, etl_name, bucket, name)
