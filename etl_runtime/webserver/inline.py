@@ -23,7 +23,6 @@ WebDataset mode always uses workers (per-sample parallelism inside a shard).
 from __future__ import annotations
 
 import asyncio
-import io
 import logging
 import os
 import sys
@@ -36,17 +35,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from etl_runtime.spec import EtlSpec
+from etl_runtime.webserver import calls
 from etl_runtime.webserver.code import load_transform, takes_args
 from etl_runtime.webserver.errors import (
-    BadRequest,
-    BadResult,
     CodeLoadError,
-    ObjectNotFound,
     StartupError,
     TransformerError,
-    TransformError,
     TransformTimeout,
-    traceback_tail,
 )
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import LogBuffer, Stats
@@ -55,24 +50,6 @@ log = logging.getLogger("sluice.transformer")
 
 MEDIA_TYPE = "application/octet-stream"
 _DONE = object()
-
-
-class _Output(io.TextIOBase):
-    """``sys.stdout`` of an inline server: what user code prints goes to ``/logs``."""
-
-    def __init__(self, logs: LogBuffer) -> None:
-        self.logs = logs
-        self.buf = ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, s: str) -> int:
-        self.buf += s
-        if "\n" in self.buf:
-            lines, _, self.buf = self.buf.rpartition("\n")
-            self.logs.worker_output(os.getpid(), lines + "\n")
-        return len(s)
 
 
 class InlineRunner:
@@ -93,7 +70,8 @@ class InlineRunner:
         os.environ.update(dict(self.spec.env))
         if self.deps_dir and self.deps_dir not in sys.path:
             sys.path.insert(0, self.deps_dir)
-        sys.stdout = _Output(self.logs)
+        pid = os.getpid()
+        sys.stdout = calls.LineWriter(lambda text: self.logs.worker_output(pid, text))
         try:
             fn = load_transform(self.spec)
         except StartupError:
@@ -110,32 +88,10 @@ class InlineRunner:
 
     def _call(self, data: bytes | None, fqn: str | None, args: str | None) -> Any:
         if fqn is not None:
-            try:
-                with open(fqn, "rb") as f:
-                    data = f.read()
-            except FileNotFoundError:
-                raise ObjectNotFound(f"etl_fqn {fqn!r}: no such file") from None
-            except OSError as e:
-                raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from None
-        assert self.fn is not None
-        try:
-            result = self.fn(data, args) if self.with_args else self.fn(data)
-        except TransformerError:
-            raise
-        except Exception as e:
-            raise TransformError(
-                f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e)
-            ) from e
-        if isinstance(result, str):
-            return result.encode("utf-8")
-        if isinstance(result, bytes | bytearray | memoryview):
-            return result
-        if result is None or isinstance(result, dict) or not hasattr(result, "__iter__"):
-            raise BadResult(
-                f"transform returned {type(result).__name__}; return bytes, str, "
-                "or an iterable of bytes chunks"
-            )
-        return iter(result)
+            data = calls.read_fqn(fqn)
+        assert self.fn is not None and data is not None
+        result = calls.result_of(calls.call(self.fn, self.with_args, data, args))
+        return result if isinstance(result, calls.Chunk) else iter(result)
 
     @staticmethod
     def _next(chunks: Iterator[Any]) -> Any:
@@ -146,14 +102,8 @@ class InlineRunner:
         except TransformerError:
             raise
         except Exception as e:
-            raise TransformError(
-                f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e)
-            ) from e
-        if isinstance(item, str):
-            return item.encode("utf-8")
-        if not isinstance(item, bytes | bytearray | memoryview):
-            raise BadResult(f"transform yielded a {type(item).__name__}; yield bytes or str chunks")
-        return item
+            raise calls.raised(e) from e
+        return calls.chunk_of(item)
 
     # -- on the event loop ------------------------------------------------------
 

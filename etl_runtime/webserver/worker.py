@@ -11,7 +11,6 @@ server closes the socket.
 
 from __future__ import annotations
 
-import io
 import os
 import pickle
 import select
@@ -23,12 +22,9 @@ from collections.abc import Callable
 from typing import Any
 
 from etl_runtime.spec import EtlSpec
-from etl_runtime.webserver import ipc
+from etl_runtime.webserver import calls, ipc
 from etl_runtime.webserver.code import load_transform, takes_args
 from etl_runtime.webserver.errors import (
-    BadRequest,
-    BadResult,
-    ObjectNotFound,
     StartupError,
     TransformerError,
     TransformError,
@@ -36,33 +32,16 @@ from etl_runtime.webserver.errors import (
 )
 
 
-class _LogStream(io.TextIOBase):
-    """``sys.stdout``/``sys.stderr`` replacement: complete lines become LOG frames."""
+def _log_sender(frames: ipc.FrameSocket) -> Callable[[str], None]:
+    """What user code prints goes to the server as LOG frames (``GET /logs``)."""
 
-    def __init__(self, frames: ipc.FrameSocket) -> None:
-        self.frames = frames
-        self.buf = ""
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, s: str) -> int:
-        self.buf += s
-        if "\n" in self.buf:
-            lines, _, self.buf = self.buf.rpartition("\n")
-            self._send(lines + "\n")
-        return len(s)
-
-    def _send(self, text: str) -> None:
+    def send(text: str) -> None:
         try:
-            self.frames.send(ipc.LOG, text.encode("utf-8", "replace"))
+            frames.send(ipc.LOG, text.encode("utf-8", "replace"))
         except OSError:  # the server is gone; nobody is listening any more
             pass
 
-    def flush(self) -> None:
-        if self.buf:
-            text, self.buf = self.buf, ""
-            self._send(text + "\n")
+    return send
 
 
 _HANGUP = select.POLLHUP | getattr(select, "POLLRDHUP", 0)
@@ -98,7 +77,7 @@ def worker_main(sock: socket.socket, spec_json: str, deps_dir: str | None) -> No
     os.environ.update(dict(spec.env))
     if deps_dir:
         sys.path.insert(0, deps_dir)
-    sys.stdout = sys.stderr = _LogStream(frames)
+    sys.stdout = sys.stderr = calls.LineWriter(_log_sender(frames))
     try:
         fn = load_transform(spec)
         sample_transform = None
@@ -148,43 +127,24 @@ def _object_task(
         del parts
     else:
         try:
-            with open(fqn, "rb") as f:
-                data = f.read()
-        except FileNotFoundError:
-            return _send_error(frames, ObjectNotFound(f"etl_fqn {fqn!r}: no such file"))
-        except OSError as e:
-            return _send_error(frames, BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}"))
+            data = calls.read_fqn(fqn)
+        except TransformerError as e:
+            return _send_error(frames, e)
     try:
-        result = fn(data, args) if with_args else fn(data)
+        result = calls.result_of(calls.call(fn, with_args, data, args))
         del data
-        if isinstance(result, str):
-            result = result.encode("utf-8")
-        if isinstance(result, bytes | bytearray | memoryview):
+        if isinstance(result, calls.Chunk):
             view = memoryview(result).cast("B")
             # The length is known: the server can answer with Content-Length.
             frames.send(ipc.SIZE, ipc.LENGTH.pack(len(view)))
             _send_chunked(frames, view)
-        elif result is None or isinstance(result, dict) or not hasattr(result, "__iter__"):
-            raise BadResult(
-                f"transform returned {type(result).__name__}; return bytes, str, "
-                "or an iterable of bytes chunks"
-            )
         else:
             for item in result:
-                if isinstance(item, str):
-                    item = item.encode("utf-8")
-                if not isinstance(item, bytes | bytearray | memoryview):
-                    raise BadResult(
-                        f"transform yielded a {type(item).__name__}; yield bytes or str chunks"
-                    )
-                _send_chunked(frames, item)
+                _send_chunked(frames, calls.chunk_of(item))
     except TransformerError as e:
         return _send_error(frames, e)
-    except Exception as e:
-        return _send_error(
-            frames,
-            TransformError(f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e)),
-        )
+    except Exception as e:  # raised while iterating the result
+        return _send_error(frames, calls.raised(e))
     frames.send(ipc.END)
 
 

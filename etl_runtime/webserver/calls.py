@@ -1,0 +1,97 @@
+"""How object-mode user code is called, and what it may return: one set of rules
+for both places that call it, the worker processes (``worker``) and ``--inline``
+server threads (``inline``).
+
+- ``read_fqn``: the object by path (``etl_fqn``), a missing file is a 404 and an
+  unreadable one a 400, each naming the path;
+- ``call``: the function with or without ``etl_args``; what it raises becomes a
+  ``TransformError`` with the traceback's tail;
+- ``result_of`` / ``chunk_of``: a result is bytes or str (one body), or an
+  iterable of bytes/str chunks; anything else is a ``BadResult`` naming its type;
+- ``LineWriter``: ``sys.stdout`` for user code, complete lines to ``emit``.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from typing import Any
+
+from etl_runtime.webserver.errors import (
+    BadRequest,
+    BadResult,
+    ObjectNotFound,
+    TransformerError,
+    TransformError,
+    traceback_tail,
+)
+
+Chunk = bytes | bytearray | memoryview
+
+
+def read_fqn(fqn: str) -> bytes:
+    try:
+        with open(fqn, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise ObjectNotFound(f"etl_fqn {fqn!r}: no such file") from None
+    except OSError as e:
+        raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from None
+
+
+def raised(e: Exception) -> TransformError:
+    return TransformError(f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e))
+
+
+def call(fn: Callable[..., Any], with_args: bool, data: bytes, args: str | None) -> Any:
+    try:
+        return fn(data, args) if with_args else fn(data)
+    except TransformerError:
+        raise
+    except Exception as e:
+        raise raised(e) from e
+
+
+def result_of(result: Any) -> Chunk | Any:
+    """``result`` as one body (bytes-like) or as the iterable of its chunks."""
+    if isinstance(result, str):
+        return result.encode("utf-8")
+    if isinstance(result, Chunk):
+        return result
+    if result is None or isinstance(result, dict) or not hasattr(result, "__iter__"):
+        raise BadResult(
+            f"transform returned {type(result).__name__}; return bytes, str, "
+            "or an iterable of bytes chunks"
+        )
+    return result
+
+
+def chunk_of(item: Any) -> Chunk:
+    if isinstance(item, str):
+        return item.encode("utf-8")
+    if not isinstance(item, Chunk):
+        raise BadResult(f"transform yielded a {type(item).__name__}; yield bytes or str chunks")
+    return item
+
+
+class LineWriter(io.TextIOBase):
+    """A text stream that hands complete lines (and, on flush, the rest) to ``emit``."""
+
+    def __init__(self, emit: Callable[[str], None]) -> None:
+        self.emit = emit
+        self.buf = ""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, s: str) -> int:
+        self.buf += s
+        if "\n" in self.buf:
+            lines, _, self.buf = self.buf.rpartition("\n")
+            self.emit(lines + "\n")
+        return len(s)
+
+    def flush(self) -> None:
+        if self.buf:
+            text, self.buf = self.buf, ""
+            self.emit(text + "\n")
