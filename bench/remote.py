@@ -28,15 +28,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import obstore
@@ -49,17 +49,6 @@ from etl_runtime.local.cluster_api import LocalCluster  # noqa: E402
 from tests.remote.minio import ACCESS_KEY, REGION, SECRET_KEY, MinioServer  # noqa: E402
 
 MiB = 1 << 20
-
-
-@contextlib.contextmanager
-def environ(extra: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
 
 
 def s3_store(minio: MinioServer, bucket: str) -> S3Store:
@@ -205,7 +194,10 @@ def main() -> None:
 
             env = {**minio.env(), "SLUICE_REMOTE_CACHE_BYTES": str(64 << 30)}
             cluster_dir = Path(tmp) / "cluster"
-            with environ(env), LocalCluster(cluster_dir, targets=2, port=0) as cluster:
+            with (
+                mock.patch.dict(os.environ, env),
+                LocalCluster(cluster_dir, targets=2, port=0) as cluster,
+            ):
                 ep = cluster.endpoint.rstrip("/")
                 httpx.post(
                     f"{ep}/v1/buckets/{bucket}",

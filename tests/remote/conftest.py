@@ -8,11 +8,11 @@ environment of ``sluice up``, which passes them to its gateway and targets.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
+from unittest import mock
 
 import httpx
 import pytest
@@ -32,20 +32,6 @@ def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MinioServer]:
         yield server
     finally:
         server.stop()
-
-
-@contextlib.contextmanager
-def environ(extra: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in extra}
-    os.environ.update(extra)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="package")
@@ -70,7 +56,7 @@ def endpoint(
         "SLUICE_REMOTE_CACHE_BYTES": str(CACHE_BYTES),
     }
     with (
-        environ(env),
+        mock.patch.dict(os.environ, env),
         LocalCluster(tmp_path_factory.mktemp("cluster"), targets=2, port=0) as cluster,
     ):
         yield str(cluster.endpoint).rstrip("/")
