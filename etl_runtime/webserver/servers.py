@@ -46,8 +46,13 @@ BACKLOG = 2048
 def reuseport_socket(host: str, port: int) -> socket.socket:
     """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT`` (not listening)."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    family, _, _, _, addr = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    family, kind, proto, _, addr = infos[0]
+    # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only
+    # when the socket says it is TCP. Without it, a small answer written as headers
+    # then body waited for a delayed ACK: 40 ms per 16 KiB ETL GET, 0.2x the rate
+    # of uvloop (which always sets it). The listener's TCP_NODELAY is inherited too.
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(addr)

@@ -114,3 +114,36 @@ def test_sigkill_leaves_no_server_or_worker() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_connections_on_the_shared_port_send_small_answers_at_once(loop: str) -> None:
+    """Accepted connections of the SO_REUSEPORT socket have TCP_NODELAY on both
+    loops (asyncio sets it only for sockets that say they are TCP): without it a
+    small answer written in two parts waited ~40 ms for a delayed ACK."""
+    import asyncio
+    import socket
+
+    from etl_runtime.eventloop import loop_factory
+    from etl_runtime.webserver.servers import reuseport_socket
+
+    async def main() -> int:
+        sock = reuseport_socket("127.0.0.1", 0)
+        sock.listen()
+        seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+
+        def accepted(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            conn = writer.get_extra_info("socket")
+            seen.set_result(conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY))
+            writer.close()
+
+        server = await asyncio.start_server(accepted, sock=sock)
+        _, writer = await asyncio.open_connection(*sock.getsockname()[:2])
+        try:
+            return await asyncio.wait_for(seen, 10)
+        finally:
+            writer.close()
+            server.close()
+
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
+        assert runner.run(main()) != 0
