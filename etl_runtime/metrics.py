@@ -158,6 +158,8 @@ class MetricsMiddleware:
                     sent += len(body)
             elif kind == "http.response.start":
                 status = message["status"]
+            elif kind == "http.response.zerocopysend":  # etl_runtime.zerocopy
+                sent += message.get("count") or 0
             await send(message)
 
         try:

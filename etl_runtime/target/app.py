@@ -31,6 +31,7 @@ from etl_runtime.target.objects import object_router
 from etl_runtime.target.peers import Peers
 from etl_runtime.target.rebalance import Rebalancer
 from etl_runtime.target.store import ObjectStore
+from etl_runtime.zerocopy import SendfileCollector
 
 
 def create_target_app(
@@ -90,6 +91,7 @@ def create_target_app(
     collectors: list[Collector] = [StorageCollector(target_id, data_dir)]
     if target.remote is not None:
         collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
+    collectors.append(SendfileCollector())
     install_metrics(app, "target", *collectors)
     app.include_router(object_router(target))
     app.include_router(internal_router(store, cluster_key or None, rebalancer))

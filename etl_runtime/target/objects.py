@@ -25,6 +25,7 @@ from etl_runtime.target.params import refuse_unknown, refuse_unknown_object_para
 from etl_runtime.target.pipeline import parse_chain, pipeline_response
 from etl_runtime.target.ranges import byte_range, preconditions
 from etl_runtime.target.store import READ_CHUNK, ObjectInfo
+from etl_runtime.zerocopy import FileRangeResponse, offers_zerocopy
 
 INLINE_GET_MAX = 1 << 20  # read small objects in one go, stream bigger ones
 
@@ -179,6 +180,10 @@ def object_router(target: Target) -> APIRouter:
             (start, end), status = span, 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
             headers["Content-Length"] = str(end - start)
+        if offers_zerocopy(request.scope):  # os.sendfile, whatever the size
+            return FileRangeResponse(
+                f, start, end - start, status, headers, media_type="application/octet-stream"
+            )
         if end - start <= INLINE_GET_MAX:
             data = await anyio.to_thread.run_sync(_read_small, f, start, end - start)
             return Response(data, status, headers=headers, media_type="application/octet-stream")

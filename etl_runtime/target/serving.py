@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 
+from etl_runtime import zerocopy
 from etl_runtime.eventloop import loop_factory, loop_from_env
 
 Hook = Callable[[], Any]  # plain or async function
@@ -102,6 +103,7 @@ async def _serve(
             log_level="info",
             access_log=False,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            http=zerocopy.http_protocol(),  # plain GETs by os.sendfile (SLUICE_SENDFILE)
         )
         await _Server(config, before_exit).serve()
     finally:
@@ -126,11 +128,12 @@ def run_server(
     ``loop`` is ``auto``/``asyncio``/``uvloop`` (default: ``$SLUICE_LOOP``,
     else ``auto``); the hooks and uvicorn share that loop.
     """
-    if loop is None:
-        try:
+    try:
+        if loop is None:
             loop = loop_from_env()
-        except ValueError as e:
-            raise SystemExit(f"sluice: {e}") from None
+        zerocopy.enabled()  # a bad SLUICE_SENDFILE stops the process with its name
+    except ValueError as e:
+        raise SystemExit(f"sluice: {e}") from None
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
         runner.run(_serve(app, host, port, on_start, on_stop, before_exit))
 
