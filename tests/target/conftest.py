@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from etl_runtime import zerocopy
 from etl_runtime.target import create_target_app
 from tests.servers import serve_in_thread
 from tests.target.fakes import CLUSTER_KEY, DictRegistry
@@ -26,7 +27,7 @@ def _run(tmp_path: Path, token: str | None, loop: str = "auto") -> Iterator[Runn
     registry = DictRegistry()
     app = create_target_app("t0", tmp_path / "data", registry, token=token, cluster_key=CLUSTER_KEY)
     with (
-        serve_in_thread(app, loop=loop) as url,
+        serve_in_thread(app, loop=loop, http=zerocopy.http_protocol({})) as url,  # as run_server
         httpx.Client(base_url=url, timeout=30) as client,
     ):
         yield RunningTarget(url, tmp_path / "data", registry, client)
