@@ -13,20 +13,23 @@ ranges alike. The open file, not a path, travels in the message: an object
 replaced by rename meanwhile does not change the bytes behind the headers
 (ETag, Content-Length) already sent.
 
-How the bytes go, after the status line and headers were written:
+How the bytes go, after the status line and headers were written (the
+same code on asyncio and uvloop):
 
-* asyncio: ``loop.sendfile(transport, ...)``, the standard library's own
-  zero-copy send; it pauses reading, waits until the transport's buffer is
-  empty and calls ``os.sendfile`` whenever the socket is writable.
-* uvloop has no ``loop.sendfile`` and refuses to watch a file descriptor one
-  of its transports owns. The same steps here: pause reading, wait until the
-  buffer is empty (high-water mark 0, then uvicorn's own ``drain``), then
-  ``os.sendfile`` on a ``dup`` of the socket, waiting for writability on that
-  dup with ``add_writer``. Reading stays paused, so nothing else (a 400 for a
-  bad pipelined request, say) writes to the socket meanwhile.
-* Anything else (a platform without ``os.sendfile``, a file system that
-  refuses it before the first byte): the file is read in 1 MiB blocks in a
-  thread and written through the transport, as before.
+* The transport holds nothing (the usual case: both loops try to write at
+  once): ``os.sendfile`` on the socket right away, as long as it takes bytes;
+  an object that fits the socket buffer takes one system call.
+* The rest, or everything when the transport still holds bytes: reading is
+  paused (so nothing else, a 400 for a bad pipelined request say, writes to
+  the socket between our bytes), the transport's buffer is left to empty
+  (high-water mark 0, then uvicorn's ``drain``), and ``os.sendfile`` runs
+  whenever the socket is writable. Both loops refuse to watch a file
+  descriptor that one of their transports owns, so a ``dup`` of the socket
+  is watched (``add_writer``). asyncio's ``loop.sendfile`` does these steps
+  too but re-arms the selector after every call; uvloop has none.
+* ``os.sendfile`` missing, or refused before the first byte (a file system
+  without it): the file is read in 1 MiB blocks in a thread and written
+  through the transport.
 
 A client that goes away mid-answer ends the answer quietly (no traceback):
 the connection is closed, the app's ``send`` returns and the file is closed
@@ -196,30 +199,98 @@ async def _send_file(cycle: Any, message: Message) -> None:
 async def _send_range(
     transport: asyncio.Transport, flow: Any, file: IO[bytes], offset: int, count: int
 ) -> int:
-    """Bytes of ``file`` sent: by sendfile where the loop and file allow, else copied."""
-    loop = asyncio.get_running_loop()
-    if transport.is_closing():
-        raise ConnectionResetError("the connection is closing")
-    if isinstance(loop, asyncio.BaseEventLoop):
+    """Bytes of ``file`` sent: by ``os.sendfile`` where the platform and file allow, else copied."""
+    return await _FileSend(transport, flow, file.fileno(), offset, count).run()
+
+
+class _Refused(Exception):
+    """``os.sendfile`` does not take this file (before its first byte): copy it."""
+
+
+class _FileSend:
+    """``count`` bytes of the file ``in_fd`` from ``offset`` to the transport's socket."""
+
+    def __init__(
+        self, transport: asyncio.Transport, flow: Any, in_fd: int, offset: int, count: int
+    ) -> None:
+        self.transport, self.flow = transport, flow
+        self.in_fd, self.offset, self.count = in_fd, offset, count
+        self.sent = 0
+
+    async def run(self) -> int:
+        if self.transport.is_closing():
+            raise ConnectionResetError("the connection is closing")
+        sock = self.transport.get_extra_info("socket")
         try:
-            sent = await loop.sendfile(transport, file, offset, count, fallback=False)
-        except OSError:
-            # It leaves the file's position after the last byte it sent.
-            COUNTERS.bytes += max(0, file.tell() - offset)
-            raise
-        except asyncio.SendfileNotAvailableError:
-            # Also what a client gone before the first byte looks like.
+            if sock is None or not hasattr(os, "sendfile"):
+                raise _Refused
+            # The headers are in the kernel already (the usual case): send now;
+            # a range that fits the socket's buffer takes one system call.
+            if self.transport.get_write_buffer_size() or self._sendfile(sock.fileno()):
+                await self._sendfile_when_writable(sock)
+        except _Refused:
+            await self._copy()
+        return self.sent
+
+    def _sendfile(self, out_fd: int) -> bool:
+        """Send until the range is done or the file ended (False), or the socket is full (True)."""
+        while self.sent < self.count:
+            try:
+                n = os.sendfile(out_fd, self.in_fd, self.offset + self.sent, self.count - self.sent)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError as e:
+                if not self.sent and e.errno in _REFUSED:
+                    raise _Refused from e
+                raise  # the client went away (EPIPE, ECONNRESET, ENOTCONN)
+            if n == 0:
+                break  # the file ended early
+            if not self.sent:
+                COUNTERS.responses += 1
+            self.sent += n
+            COUNTERS.bytes += n
+        return False
+
+    async def _sendfile_when_writable(self, sock: Any) -> None:
+        """The rest of the range, waiting for room in the socket as often as needed.
+
+        Reading is paused meanwhile, so nothing else (a 400 for a bad pipelined
+        request, say) writes to the socket between our bytes. The loops refuse
+        to watch a file descriptor a transport owns: we watch a ``dup`` of it.
+        """
+        loop = asyncio.get_running_loop()
+        transport = self.transport
+        reading = transport.is_reading()
+        if reading:
+            transport.pause_reading()
+        try:
+            await _flushed(transport, self.flow)
             if transport.is_closing():
-                raise ConnectionResetError("the connection is closing") from None
-        else:
-            COUNTERS.responses += 1
-            COUNTERS.bytes += sent
-            return sent
-    else:
-        done = await _sendfile_on_dup(loop, transport, flow, file, offset, count)
-        if done is not None:
-            return done
-    return await _copy(transport, flow, file, offset, count)
+                raise ConnectionResetError("the connection is closing")
+            with sock.dup() as out:
+                while self._sendfile(out.fileno()):
+                    await _writable(loop, out.fileno())
+        finally:
+            if reading and not transport.is_closing():
+                transport.resume_reading()
+
+    async def _copy(self) -> None:
+        """The fallback: read blocks in a thread, write them through the transport."""
+        while self.sent < self.count:
+            block = await anyio.to_thread.run_sync(
+                os.pread,
+                self.in_fd,
+                min(COPY_BLOCK, self.count - self.sent),
+                self.offset + self.sent,
+            )
+            if not block:
+                break
+            if self.flow.write_paused:
+                await self.flow.drain()
+            if self.transport.is_closing():
+                raise ConnectionResetError("the connection is closing")
+            self.transport.write(block)
+            self.sent += len(block)
 
 
 async def _flushed(transport: asyncio.Transport, flow: Any) -> None:
@@ -239,50 +310,6 @@ async def _flushed(transport: asyncio.Transport, flow: Any) -> None:
             transport.set_write_buffer_limits(high=high, low=low)
 
 
-async def _sendfile_on_dup(
-    loop: asyncio.AbstractEventLoop,
-    transport: asyncio.Transport,
-    flow: Any,
-    file: IO[bytes],
-    offset: int,
-    count: int,
-) -> int | None:
-    """``os.sendfile`` to a dup of the transport's socket; None if sendfile is refused at once."""
-    if not hasattr(os, "sendfile"):
-        return None
-    reading = transport.is_reading()
-    if reading:
-        transport.pause_reading()
-    try:
-        await _flushed(transport, flow)
-        if transport.is_closing():
-            raise ConnectionResetError("the connection is closing")
-        sock = transport.get_extra_info("socket").dup()
-        sent = 0
-        with sock:
-            out_fd, in_fd = sock.fileno(), file.fileno()
-            while sent < count:
-                try:
-                    n = os.sendfile(out_fd, in_fd, offset + sent, count - sent)
-                except (BlockingIOError, InterruptedError):
-                    await _writable(loop, out_fd)
-                    continue
-                except OSError as e:
-                    if sent or e.errno not in _REFUSED:
-                        raise  # the client went away (EPIPE, ECONNRESET, ENOTCONN)
-                    return None  # a file system without sendfile: copy instead
-                if n == 0:
-                    break  # the file ended early
-                if not sent:
-                    COUNTERS.responses += 1
-                sent += n
-                COUNTERS.bytes += n
-        return sent
-    finally:
-        if reading and not transport.is_closing():
-            transport.resume_reading()
-
-
 async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
     ready = loop.create_future()
 
@@ -295,26 +322,6 @@ async def _writable(loop: asyncio.AbstractEventLoop, fd: int) -> None:
         await ready
     finally:
         loop.remove_writer(fd)
-
-
-async def _copy(
-    transport: asyncio.Transport, flow: Any, file: IO[bytes], offset: int, count: int
-) -> int:
-    """The fallback: read blocks in a thread, write them through the transport."""
-    sent = 0
-    while sent < count:
-        block = await anyio.to_thread.run_sync(
-            os.pread, file.fileno(), min(COPY_BLOCK, count - sent), offset + sent
-        )
-        if not block:
-            break
-        if flow.write_paused:
-            await flow.drain()
-        if transport.is_closing():
-            raise ConnectionResetError("the connection is closing")
-        transport.write(block)
-        sent += len(block)
-    return sent
 
 
 def _with_zerocopy(app: ASGIApp, cycle: Any) -> ASGIApp:
