@@ -26,6 +26,7 @@ from typing import Any
 import h11
 import httpx
 import pytest
+import uvicorn
 from uvicorn.protocols.http.flow_control import FlowControl
 
 from etl_runtime import zerocopy
@@ -184,6 +185,39 @@ def test_client_gone_mid_body(zc_target: RunningTarget, caplog: pytest.LogCaptur
     assert zc_target.client.get("/v1/objects/b/big").content == BIG
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
+
+
+def test_shutdown_finishes_the_answer_in_flight(tmp_path: Path, loop_name: str) -> None:
+    app = create_target_app("t0", tmp_path / "data", DictRegistry(), cluster_key=CLUSTER_KEY)
+    port = free_port()
+    config = uvicorn.Config(
+        app, port=port, loop=loop_name, http=zerocopy.http_protocol({}), log_level="warning"
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        assert thread.is_alive()
+        time.sleep(0.01)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        httpx.post(f"{url}/v1/buckets/b", json={"action": "create-bck"}).raise_for_status()
+        httpx.put(f"{url}/v1/objects/b/big", content=BIG).raise_for_status()
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
+            sock.sendall(_requests(f"127.0.0.1:{port}", [("/v1/objects/b/big", {})]))
+            got = bytearray(sock.recv(16_384))
+            server.should_exit = True  # as on SIGTERM, mid-body
+            time.sleep(0.3)
+            while data := sock.recv(1 << 20):
+                got += data
+        head, _, body = bytes(got).partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200") and body == BIG  # then the server closed
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 class _Sink(asyncio.Protocol):
