@@ -66,6 +66,9 @@ COPY_BLOCK = 1 << 20  # the fallback's read size
 # os.sendfile's answers that mean "not for this file": copy it instead
 _REFUSED = {errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP}
 
+# besides ConnectionError (EPIPE, ECONNRESET, ...): what a vanished client looks like
+_CLIENT_GONE = {errno.ENOTCONN, errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH}
+
 log = logging.getLogger("sluice.zerocopy")
 
 
@@ -181,13 +184,21 @@ async def _send_file(cycle: Any, message: Message) -> None:
         transport: asyncio.Transport = cycle.transport
         try:
             sent = await _send_range(transport, cycle.flow, file, offset, count)
-        except OSError:  # the client went away: end quietly, as uvicorn does
+        except OSError as e:
+            # The client went away: end quietly, as uvicorn does. Anything else
+            # (a disk error) is logged; either way the client sees a short body.
+            if not isinstance(e, ConnectionError) and e.errno not in _CLIENT_GONE:
+                log.error("GET %s failed after its headers: %s", cycle.scope["path"], e)
             cycle.disconnected = True
             transport.close()
             return
         cycle.expected_content_length -= sent
         if sent < count:
-            log.error("file ended %d bytes before the promised Content-Length", count - sent)
+            log.error(
+                "GET %s: the file ended %d bytes before its Content-Length",
+                cycle.scope["path"],
+                count - sent,
+            )
             cycle.disconnected = True
             transport.close()
             return

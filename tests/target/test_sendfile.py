@@ -10,6 +10,7 @@ mid-body, and the process itself (``SLUICE_SENDFILE``).
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import logging
 import os
@@ -185,6 +186,46 @@ def test_client_gone_mid_body(zc_target: RunningTarget, caplog: pytest.LogCaptur
     assert zc_target.client.get("/v1/objects/b/big").content == BIG
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
+
+
+# Faults a test cannot cause for real: a file system that refuses sendfile,
+# a disk that fails mid-object. os.sendfile is replaced for those two.
+
+
+def test_file_system_without_sendfile_is_copied(
+    zc_target: RunningTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: object) -> int:
+        raise OSError(errno.EINVAL, "Invalid argument")
+
+    monkeypatch.setattr(os, "sendfile", refuse)
+    before = _metric(zc_target.client, "sluice_sendfile_bytes_total")
+    assert zc_target.client.get("/v1/objects/b/big").content == BIG
+    r = zc_target.client.get("/v1/objects/b/big", headers={"Range": "bytes=5-"})
+    assert r.status_code == 206 and r.content == BIG[5:]
+    assert _metric(zc_target.client, "sluice_sendfile_bytes_total") == before
+
+
+def test_disk_error_mid_body_is_a_short_answer_and_logged(
+    zc_target: RunningTarget, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = os.sendfile
+
+    def fail_after_first(out_fd: int, in_fd: int, offset: int, count: int) -> int:
+        if offset:
+            raise OSError(errno.EIO, "Input/output error")
+        return real(out_fd, in_fd, offset, min(count, 1 << 16))
+
+    monkeypatch.setattr(os, "sendfile", fail_after_first)
+    with pytest.raises(httpx.RemoteProtocolError):  # never a complete-looking body
+        zc_target.client.get("/v1/objects/b/big")
+    monkeypatch.undo()
+    assert zc_target.client.get("/v1/objects/b/big").content == BIG
+    assert any(
+        "/v1/objects/b/big failed after its headers" in r.getMessage()
+        and "Input/output" in r.getMessage()
+        for r in caplog.records
+    )
 
 
 def test_shutdown_finishes_the_answer_in_flight(tmp_path: Path, loop_name: str) -> None:
