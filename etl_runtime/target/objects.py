@@ -27,7 +27,7 @@ from etl_runtime.target.ranges import byte_range, preconditions
 from etl_runtime.target.store import READ_CHUNK, ObjectInfo
 from etl_runtime.zerocopy import FileRangeResponse, offers_zerocopy
 
-INLINE_GET_MAX = 1 << 20  # read small objects in one go, stream bigger ones
+INLINE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
 
 
 def _object_headers(info: ObjectInfo) -> dict[str, str]:
