@@ -41,7 +41,10 @@ by ``os.sendfile``.
 
 ``SLUICE_SENDFILE=0`` turns the extension off (uvicorn's own protocol, the
 app reads and copies as before), e.g. to compare (``bench/sendfile.py``). It
-is off as well without ``httptools`` (uvicorn then speaks h11) and on TLS.
+is off as well without ``httptools`` (uvicorn then speaks h11), on TLS, and
+with a uvicorn whose protocol has no ``_start_asgi_task`` (written against
+0.54, whose request-response cycle it drives: ``response_started``,
+``expected_content_length``, ``flow``, ``send``).
 """
 
 from __future__ import annotations
@@ -357,6 +360,8 @@ try:
 except ImportError:  # no httptools: uvicorn speaks h11, without the extension
     ZeroCopyHttpToolsProtocol = None
 else:
+    if not hasattr(HttpToolsProtocol, "_start_asgi_task"):  # an older uvicorn: copy
+        log.warning("this uvicorn has no HttpToolsProtocol._start_asgi_task: GETs are copied")
 
     class _ZeroCopyHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol, answering ``http.response.zerocopysend`` too."""
@@ -365,4 +370,6 @@ else:
             # Every request starts here, pipelined ones included.
             super()._start_asgi_task(cycle, cast(Any, _with_zerocopy(app, cycle)))
 
-    ZeroCopyHttpToolsProtocol = _ZeroCopyHttpToolsProtocol
+    ZeroCopyHttpToolsProtocol = (
+        _ZeroCopyHttpToolsProtocol if hasattr(HttpToolsProtocol, "_start_asgi_task") else None
+    )
