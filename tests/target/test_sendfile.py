@@ -1,10 +1,14 @@
 """Plain GETs sent zero-copy (``etl_runtime.zerocopy``), on asyncio and on uvloop.
 
-A real target under uvicorn with the zero-copy protocol, as ``run_server``
-starts it, each test once per loop: whole objects and ranges byte-exact,
-``sluice_sendfile_bytes_total`` showing the bytes really went by sendfile,
-pipelined keep-alive requests answered in order, a client that hangs up
-mid-body, and the process itself (``SLUICE_SENDFILE``).
+The shared target fixture serves with the zero-copy protocol, as
+``run_server`` does, each test once per loop: whole objects and ranges
+byte-exact, ``sluice_sendfile_bytes_total`` showing the bytes really went by
+sendfile, pipelined keep-alive requests (with 304, 404, 412 and If-Range
+answers between them) in order, a client that hangs up mid-body, a graceful
+shutdown mid-body, bytes still queued in the transport sent first, a file
+system that refuses sendfile and a disk error mid-body (``os.sendfile``
+replaced: faults a test cannot cause), and the target process itself and
+``SLUICE_SENDFILE``.
 """
 
 from __future__ import annotations
