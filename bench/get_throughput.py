@@ -17,7 +17,11 @@ bottleneck (its CPU per object is printed as ``client``). ``--direct`` adds a
 row per size that skips gateway and target: hpush with ``etl_fqn`` straight to
 a transformer, the most a "307 to the transformer" answer path could gain.
 Targets pass ``etl_fqn`` as under ``sluice up`` (``SLUICE_ETL_FQN=always``);
-``--no-fqn`` sends the object bytes instead.
+``--no-fqn`` sends the object bytes instead. ``--redirect-bytes`` sets the
+targets' ``SLUICE_ETL_REDIRECT_BYTES``: objects at least that big are answered
+by a 307 from the target to its transformer, which serves the client itself
+(``0``: every object; ``off``: the target relays every answer; default: the
+target's own threshold, 256 KiB).
 
 Gateway and targets share a cluster map (``DIR/cluster.json``) as under
 ``sluice up``, so placement, ownership checks and the map's per-request reads
@@ -70,6 +74,8 @@ def local_cluster(workdir: Path, args: argparse.Namespace) -> Iterator[tuple[str
     os.environ["BENCH_CLUSTER_KEY"] = key  # for --direct requests
     base_env = {"SLUICE_CLUSTER_KEY": key, "PYTHONUNBUFFERED": "1"}
     target_env = {**base_env, "SLUICE_ETL_FQN": "never" if args.no_fqn else "always"}
+    if args.redirect_bytes is not None:
+        target_env["SLUICE_ETL_REDIRECT_BYTES"] = args.redirect_bytes
     with contextlib.ExitStack() as stack:
         transformers: dict[str, str] = {}
         for tid in ("t0", "t1"):
@@ -248,7 +254,8 @@ def run(
         f"{args.client_procs} client processes, {args.seconds:.0f}s per row, {args.rounds} "
         f"round(s) alternating plain/etl; transformers: {args.transformer_servers} server(s), "
         f"{args.transformer_workers} worker(s){', inline' if args.inline else ''}; "
-        f"etl_fqn {'off' if args.no_fqn else 'on'}"
+        f"etl_fqn {'off' if args.no_fqn else 'on'}; redirect bytes "
+        f"{args.redirect_bytes or 'default (256 KiB)'}"
     )
     print(
         f"{'size':>6} {'mode':>9} {'objects/s':>10} {'MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
@@ -314,6 +321,12 @@ def main() -> None:
     p.add_argument("--inline", action="store_true", help="transformers run the code inline")
     p.add_argument("--no-fqn", action="store_true", help="targets send object bytes, not etl_fqn")
     p.add_argument("--direct", action="store_true", help="also hpush etl_fqn to transformers")
+    p.add_argument(
+        "--redirect-bytes",
+        default=None,
+        help="targets' SLUICE_ETL_REDIRECT_BYTES (0: 307 every ETL GET to the transformer, "
+        "off: relay all)",
+    )
     p.add_argument(
         "--rounds", type=int, default=1, help="plain/etl pairs per size (the median ratio is shown)"
     )
