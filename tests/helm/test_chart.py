@@ -52,6 +52,7 @@ COMBOS: dict[str, dict[str, Any]] = {
         "gateway.service.type": "NodePort",
         "gateway.service.nodePort": 30080,
         "operator.peering.enabled": True,
+        "etl.shareTargetData": False,
     },
     "registry-digest-resources": {
         "images.registry": "registry.example.com/ml",
@@ -61,6 +62,7 @@ COMBOS: dict[str, dict[str, Any]] = {
         "transformer.resources.limits": {"cpu": "4", "memory": "8Gi"},
         "transformer.imagePullPolicy": "Always",
         "transformer.imagePullSecrets": ["regcred", "gpu-registry"],
+        "etl.redirectBytes": 4194304,
         "gateway.affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
