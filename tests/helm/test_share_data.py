@@ -42,8 +42,23 @@ def test_default_targets_send_paths_and_the_operator_shares_their_data():
     m = render()
     env = target_env(m)
     assert env["SLUICE_ETL_FQN"]["value"] == "always"
-    assert "SLUICE_ETL_REDIRECT_BYTES" not in env  # the target's built-in threshold
+    # the NetworkPolicy keeps clients away from transformers: targets relay every answer
+    assert env["SLUICE_ETL_REDIRECT_BYTES"]["value"] == "off"
     assert operator_config(m).share_target_data is True
+
+
+def test_redirects_follow_the_network_policy():
+    m = render({"networkPolicy.enabled": False})
+    assert "SLUICE_ETL_REDIRECT_BYTES" not in target_env(m)  # the target's built-in threshold
+    clients = [{"namespaceSelector": {"matchLabels": {"team": "ml"}}}]
+    m = render({"networkPolicy.transformerClients": clients, "etl.redirectBytes": 65536})
+    assert target_env(m)["SLUICE_ETL_REDIRECT_BYTES"]["value"] == "65536"
+    (policy,) = m.of_kind("NetworkPolicy")
+    assert {"from": clients, "ports": [{"port": 8000, "protocol": "TCP"}]} in policy["spec"][
+        "ingress"
+    ]
+    proc = helm("template", "x", str(CHART), *set_args({"etl.redirectBytes": 65536}), check=False)
+    assert proc.returncode != 0 and "networkPolicy.transformerClients" in proc.stderr
 
 
 def test_sharing_off_targets_send_bytes_and_the_operator_mounts_nothing():
@@ -54,7 +69,7 @@ def test_sharing_off_targets_send_bytes_and_the_operator_mounts_nothing():
 
 @pytest.mark.parametrize(("value", "env"), [(1048576, "1048576"), ("off", "off"), ("0", "0")])
 def test_redirect_bytes_reaches_the_targets(value, env):
-    m = render({"etl.redirectBytes": value})
+    m = render({"etl.redirectBytes": value, "networkPolicy.enabled": False})
     assert target_env(m)["SLUICE_ETL_REDIRECT_BYTES"]["value"] == env
     # Only targets answer ETL GETs.
     for comp in ("gateway", "operator"):
