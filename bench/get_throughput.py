@@ -222,7 +222,12 @@ async def prepare(gateway: str, args: argparse.Namespace) -> dict[str, list[str]
 
 
 def sizes(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
-    return {"16KiB": (16 << 10, args.small), "1MiB": (1 << 20, args.large)}
+    """{label: (object size, count)}: ``--small`` objects below 1 MiB, ``--large`` from it."""
+    out = {}
+    for size in (int(x) for x in args.sizes.split(",")):
+        label = f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
+        out[label] = (size, args.small if size < 1 << 20 else args.large)
+    return out
 
 
 def direct_requests(
@@ -314,8 +319,11 @@ def main() -> None:
     p.add_argument("--client-procs", type=int, default=4, help="load generator processes")
     p.add_argument("--seconds", type=float, default=5.0, help="measuring time per row")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each row")
-    p.add_argument("--small", type=int, default=500, help="number of 16 KiB objects")
-    p.add_argument("--large", type=int, default=50, help="number of 1 MiB objects")
+    p.add_argument("--small", type=int, default=500, help="objects of each size under 1 MiB")
+    p.add_argument("--large", type=int, default=50, help="objects of each size from 1 MiB")
+    p.add_argument(
+        "--sizes", default="16384,1048576", help="object sizes in bytes, comma-separated"
+    )
     p.add_argument("--transformer-workers", type=int, default=1, help="workers per transformer")
     p.add_argument("--transformer-servers", type=int, default=1, help="server processes each")
     p.add_argument("--inline", action="store_true", help="transformers run the code inline")
