@@ -20,8 +20,8 @@ Targets pass ``etl_fqn`` as under ``sluice up`` (``SLUICE_ETL_FQN=always``);
 ``--no-fqn`` sends the object bytes instead. ``--redirect-bytes`` sets the
 targets' ``SLUICE_ETL_REDIRECT_BYTES``: objects at least that big are answered
 by a 307 from the target to its transformer, which serves the client itself
-(``0``: every object; ``off``: the target relays every answer; default: the
-target's own threshold, 256 KiB).
+(``0``, the targets' default: every object; ``off``: the target relays every
+answer).
 
 Gateway and targets share a cluster map (``DIR/cluster.json``) as under
 ``sluice up``, so placement, ownership checks and the map's per-request reads
@@ -260,7 +260,7 @@ def run(
         f"round(s) alternating plain/etl; transformers: {args.transformer_servers} server(s), "
         f"{args.transformer_workers} worker(s){', inline' if args.inline else ''}; "
         f"etl_fqn {'off' if args.no_fqn else 'on'}; redirect bytes "
-        f"{args.redirect_bytes or 'default (256 KiB)'}"
+        f"{args.redirect_bytes or 'default (0)'}"
     )
     print(
         f"{'size':>6} {'mode':>9} {'objects/s':>10} {'MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} "

@@ -11,11 +11,13 @@ its status and JSON body; a break *after* streaming began is re-raised inside
 the response generator, which makes uvicorn drop the connection without the
 final chunk, so the client sees an incomplete response.
 
-Objects of at least ``SLUICE_ETL_REDIRECT_BYTES`` (default 256 KiB) whose
-file the transformer reads itself (``etl_fqn``) are not relayed at all: a
-client's GET is answered with a 307 to the transformer, signed for that one
-object, and the transformer answers the client (``webserver/direct.py``;
-why and the measurements: docs/architecture.md, "Transformer data path").
+When the transformer reads the object's file itself (``etl_fqn``), the answer
+is not relayed at all: the client's GET is answered with a 307 to the
+transformer, signed for that one object, and the transformer answers the
+client (``webserver/direct.py``; why and the measurements:
+docs/architecture.md, "Transformer data path"). ``SLUICE_ETL_REDIRECT_BYTES=N``
+keeps objects under N bytes on the relay, ``off`` relays every answer (for
+clients that cannot reach transformers).
 
 The PUT goes through ``duplex.DuplexClient``, which reads the answer while it
 still sends the object: a WebDataset transformer streams its output while it
@@ -62,7 +64,7 @@ ERROR_BODY_MAX = 64 << 10
 LAST_ERRORS = 20
 FQN_ENV = "SLUICE_ETL_FQN"
 REDIRECT_ENV = "SLUICE_ETL_REDIRECT_BYTES"
-REDIRECT_BYTES = 256 << 10
+REDIRECT_BYTES = 0  # on 16 cores the 307 won at 16 KiB too (docs/benchmarks.md)
 STAT_FIELDS = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out")
 
 

@@ -14,9 +14,11 @@ bytes cross one socket, as for a plain GET.
 
 Everything else is the hpush path with ``etl_fqn``: the same modes (inline,
 worker processes, WebDataset), the same errors (JSON before the first byte,
-an aborted connection after it), the same counters. A query parameter other
-than the four the target writes is refused with 400 naming it: it would be
-silently dropped otherwise, and a client may have meant it for the ETL.
+an aborted connection after it), the same counters; an error body is shaped
+as a target's (``bucket`` and ``object`` apart), so SDKs cannot tell who
+answered. A query parameter other than the four the target writes is refused
+with 400 naming it: it would be silently dropped otherwise, and a client may
+have meant it for the ETL.
 """
 
 from __future__ import annotations
@@ -24,10 +26,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import JSONResponse, Response
 
 from etl_runtime import auth
-from etl_runtime.webserver.errors import BadRequest, NotReady, Unauthorized
+from etl_runtime.webserver.errors import BadRequest, NotReady, TransformerError, Unauthorized
 from etl_runtime.webserver.fqn import confine
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
@@ -71,6 +73,17 @@ async def direct_answer(
 ) -> Response:
     """Transform the file a target pointed us at and answer the client."""
     obj = f"{bucket}/{object}"
+    try:
+        return await _answer(transformer, request, obj, roots)
+    except TransformerError as e:
+        body = e.body(transformer.name, obj)
+        body.update(bucket=bucket, object=object)  # as the target would have answered it
+        return JSONResponse(body, status_code=e.status)
+
+
+async def _answer(
+    transformer: Transformer, request: Request, obj: str, roots: tuple[str, ...]
+) -> Response:
     fqn, args = check_signature(transformer, obj, request)
     if not transformer.ready:
         name = transformer.name

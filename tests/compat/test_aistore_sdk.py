@@ -71,7 +71,7 @@ def test_sdk_calls_the_seeds_use(cluster: str, tmp_path: Path) -> None:
     obj = bck.object("img/003.txt")
     assert obj.get_reader().read_all() == b"object 3"
     assert obj.get_reader(etl=ETLConfig("upcase")).read_all() == b"OBJECT 3"
-    # over 256 KiB the answer comes from the transformer (a 307 from the target): followed too
+    # the answer comes from the transformer (a 307 from the target): followed too
     big = bck.object("big.txt")
     big.get_writer().put_content(b"abc" * 200_000)
     assert big.get_reader(etl=ETLConfig("upcase")).read_all() == b"ABC" * 200_000
