@@ -17,7 +17,11 @@ bottleneck (its CPU per object is printed as ``client``). ``--direct`` adds a
 row per size that skips gateway and target: hpush with ``etl_fqn`` straight to
 a transformer, the most a "307 to the transformer" answer path could gain.
 Targets pass ``etl_fqn`` as under ``sluice up`` (``SLUICE_ETL_FQN=always``);
-``--no-fqn`` sends the object bytes instead.
+``--no-fqn`` sends the object bytes instead. ``--redirect-bytes`` sets the
+targets' ``SLUICE_ETL_REDIRECT_BYTES``: objects at least that big are answered
+by a 307 from the target to its transformer, which serves the client itself
+(``0``, the targets' default: every object; ``off``: the target relays every
+answer).
 
 Gateway and targets share a cluster map (``DIR/cluster.json``) as under
 ``sluice up``, so placement, ownership checks and the map's per-request reads
@@ -70,6 +74,8 @@ def local_cluster(workdir: Path, args: argparse.Namespace) -> Iterator[tuple[str
     os.environ["BENCH_CLUSTER_KEY"] = key  # for --direct requests
     base_env = {"SLUICE_CLUSTER_KEY": key, "PYTHONUNBUFFERED": "1"}
     target_env = {**base_env, "SLUICE_ETL_FQN": "never" if args.no_fqn else "always"}
+    if args.redirect_bytes is not None:
+        target_env["SLUICE_ETL_REDIRECT_BYTES"] = args.redirect_bytes
     with contextlib.ExitStack() as stack:
         transformers: dict[str, str] = {}
         for tid in ("t0", "t1"):
@@ -216,7 +222,12 @@ async def prepare(gateway: str, args: argparse.Namespace) -> dict[str, list[str]
 
 
 def sizes(args: argparse.Namespace) -> dict[str, tuple[int, int]]:
-    return {"16KiB": (16 << 10, args.small), "1MiB": (1 << 20, args.large)}
+    """{label: (object size, count)}: ``--small`` objects below 1 MiB, ``--large`` from it."""
+    out = {}
+    for size in (int(x) for x in args.sizes.split(",")):
+        label = f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
+        out[label] = (size, args.small if size < 1 << 20 else args.large)
+    return out
 
 
 def direct_requests(
@@ -248,7 +259,8 @@ def run(
         f"{args.client_procs} client processes, {args.seconds:.0f}s per row, {args.rounds} "
         f"round(s) alternating plain/etl; transformers: {args.transformer_servers} server(s), "
         f"{args.transformer_workers} worker(s){', inline' if args.inline else ''}; "
-        f"etl_fqn {'off' if args.no_fqn else 'on'}"
+        f"etl_fqn {'off' if args.no_fqn else 'on'}; redirect bytes "
+        f"{args.redirect_bytes or 'default (0)'}"
     )
     print(
         f"{'size':>6} {'mode':>9} {'objects/s':>10} {'MB/s':>9} {'p50 ms':>7} {'p99 ms':>7} "
@@ -307,13 +319,22 @@ def main() -> None:
     p.add_argument("--client-procs", type=int, default=4, help="load generator processes")
     p.add_argument("--seconds", type=float, default=5.0, help="measuring time per row")
     p.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds before each row")
-    p.add_argument("--small", type=int, default=500, help="number of 16 KiB objects")
-    p.add_argument("--large", type=int, default=50, help="number of 1 MiB objects")
+    p.add_argument("--small", type=int, default=500, help="objects of each size under 1 MiB")
+    p.add_argument("--large", type=int, default=50, help="objects of each size from 1 MiB")
+    p.add_argument(
+        "--sizes", default="16384,1048576", help="object sizes in bytes, comma-separated"
+    )
     p.add_argument("--transformer-workers", type=int, default=1, help="workers per transformer")
     p.add_argument("--transformer-servers", type=int, default=1, help="server processes each")
     p.add_argument("--inline", action="store_true", help="transformers run the code inline")
     p.add_argument("--no-fqn", action="store_true", help="targets send object bytes, not etl_fqn")
     p.add_argument("--direct", action="store_true", help="also hpush etl_fqn to transformers")
+    p.add_argument(
+        "--redirect-bytes",
+        default=None,
+        help="targets' SLUICE_ETL_REDIRECT_BYTES (0: 307 every ETL GET to the transformer, "
+        "off: relay all)",
+    )
     p.add_argument(
         "--rounds", type=int, default=1, help="plain/etl pairs per size (the median ratio is shown)"
     )

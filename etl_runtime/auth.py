@@ -12,7 +12,10 @@
       rebalance, get-from-neighbor) on their internal routes;
     - ``sign_redirect`` / ``verify_redirect``: the gateway signs the 307 it
       hands an authenticated client, because HTTP clients drop the
-      ``Authorization`` header when a redirect changes host or port.
+      ``Authorization`` header when a redirect changes host or port;
+    - ``sign_direct`` / ``verify_direct``: a target that answers an ETL GET with
+      a 307 to its transformer signs the object, file and arguments with the
+      ETL's transformer token, so the transformer serves exactly that call.
 """
 
 from __future__ import annotations
@@ -81,3 +84,28 @@ def verify_redirect(
     if not (exp and sig and exp.isdigit()) or int(exp) < time.time():
         return False
     return hmac.compare_digest(_mac(cluster_key, f"{method}:{path}:{exp}"), sig)
+
+
+def _direct_message(obj: str, fqn: str, args: str | None, exp: str) -> str:
+    # args None and "" differ: the user function is called with or without them.
+    return f"direct:{obj}:{fqn}:{'-' if args is None else '+' + args}:{exp}"
+
+
+def sign_direct(
+    transformer_token: str, obj: str, fqn: str, args: str | None, now: float | None = None
+) -> dict[str, str]:
+    """Query parameters that let a transformer answer ``GET /<obj>?etl_fqn=<fqn>`` itself."""
+    exp = str(int((now or time.time()) + REDIRECT_TTL_SECONDS))
+    return {
+        "sluice_exp": exp,
+        "sluice_sig": _mac(transformer_token, _direct_message(obj, fqn, args, exp)),
+    }
+
+
+def verify_direct(
+    transformer_token: str, obj: str, fqn: str, args: str | None, exp: str | None, sig: str | None
+) -> bool:
+    if not (exp and sig and exp.isdigit()) or int(exp) < time.time():
+        return False
+    expected = _mac(transformer_token, _direct_message(obj, fqn, args, exp))
+    return hmac.compare_digest(expected, sig)

@@ -89,9 +89,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
     from etl_runtime.clustermap import open_cluster_map
+    from etl_runtime.target.etl_forward import redirect_bytes_from_env
 
     try:
         cmap = open_cluster_map(args.cluster_map)
+        redirect_bytes_from_env()  # checked here: a bad value is a clear exit, not a traceback
     except ValueError as e:
         raise SystemExit(f"sluice-target: {e}") from None
     app = create_target_app(

@@ -11,6 +11,14 @@ its status and JSON body; a break *after* streaming began is re-raised inside
 the response generator, which makes uvicorn drop the connection without the
 final chunk, so the client sees an incomplete response.
 
+When the transformer reads the object's file itself (``etl_fqn``), the answer
+is not relayed at all: the client's GET is answered with a 307 to the
+transformer, signed for that one object, and the transformer answers the
+client (``webserver/direct.py``; why and the measurements:
+docs/architecture.md, "Transformer data path"). ``SLUICE_ETL_REDIRECT_BYTES=N``
+keeps objects under N bytes on the relay, ``off`` relays every answer (for
+clients that cannot reach transformers).
+
 The PUT goes through ``duplex.DuplexClient``, which reads the answer while it
 still sends the object: a WebDataset transformer streams its output while it
 reads the shard and stops reading when the output is not consumed, so a client
@@ -31,7 +39,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import anyio.to_thread
 import httpx
@@ -55,6 +63,8 @@ INLINE_BODY_MAX = 4 << 20  # smaller objects go to the transformer in one piece
 ERROR_BODY_MAX = 64 << 10
 LAST_ERRORS = 20
 FQN_ENV = "SLUICE_ETL_FQN"
+REDIRECT_ENV = "SLUICE_ETL_REDIRECT_BYTES"
+REDIRECT_BYTES = 0  # on 16 cores the 307 won at 16 KiB too (docs/benchmarks.md)
 STAT_FIELDS = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out")
 
 
@@ -70,6 +80,19 @@ async def _file_chunks(f: IO[bytes]) -> AsyncIterator[bytes]:
         f.close()
 
 
+def redirect_bytes_from_env(value: str | None = None) -> int | None:
+    """``$SLUICE_ETL_REDIRECT_BYTES``: the smallest object answered by a 307 to the
+    transformer; ``off`` (or ``never``) relays every answer. ``ValueError`` if bad."""
+    raw = (os.environ.get(REDIRECT_ENV, "") if value is None else value).strip().lower()
+    if not raw:
+        return REDIRECT_BYTES
+    if raw in ("off", "never"):
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"{REDIRECT_ENV}={raw!r}: give a number of bytes, or 'off'")
+    return int(raw)
+
+
 class EtlForwarder:
     def __init__(
         self,
@@ -78,19 +101,26 @@ class EtlForwarder:
         store: ObjectStore,
         cluster_key: str | None,
         fqn_always: bool | None = None,
+        redirect_bytes: int | None | str = "env",
     ) -> None:
         """``fqn_always``: send every ETL ``etl_fqn`` (its transformers can read this
         target's data dir), not only ETLs of ``argType: fqn``; default
-        ``$SLUICE_ETL_FQN == "always"`` (``sluice up`` sets it)."""
+        ``$SLUICE_ETL_FQN == "always"`` (``sluice up`` sets it).
+        ``redirect_bytes``: see ``redirect_bytes_from_env`` (None: always relay)."""
         if fqn_always is None:
             fqn_always = os.environ.get(FQN_ENV, "").strip().lower() == "always"
         self.fqn_always = fqn_always
+        if redirect_bytes == "env":
+            redirect_bytes = redirect_bytes_from_env()
+        assert redirect_bytes is None or isinstance(redirect_bytes, int)
+        self.redirect_bytes: int | None = redirect_bytes
         self.target_id = target_id
         self.registry = registry
         self.store = store
         self.cluster_key = cluster_key or ""
         self._http: httpx.AsyncClient | None = None
         self._duplex: DuplexClient | None = None
+        self.redirects = 0  # ETL GETs answered by a 307 to the transformer
         self._failures: dict[str, int] = collections.Counter()
         self._last_errors: dict[str, collections.deque[dict[str, Any]]] = {}
 
@@ -210,9 +240,11 @@ class EtlForwarder:
         etl_name: str,
         etl_args: str | None,
         source: AsyncIterator[bytes] | None = None,
+        client: bool = False,
     ) -> Response:
         """``source``: the object's bytes as they arrive (a remote bucket's cold object)
-        instead of the stored file; not for ``fqn`` ETLs."""
+        instead of the stored file; not for ``fqn`` ETLs. ``client``: the caller is an
+        HTTP client that follows redirects (a GET), so a big object may get the 307."""
         # Refuse unknown/stopped/not-ready ETLs before touching the disk.
         record = self.record(etl_name)
         tf = self.transformer(record)
@@ -225,7 +257,11 @@ class EtlForwarder:
             f, inline = None, None
         else:
             # One thread hop opens the object and, when small, reads it too.
-            f, _info, inline = await anyio.to_thread.run_sync(self._open, bucket, name, fqn)
+            f, info, inline = await anyio.to_thread.run_sync(self._open, bucket, name, fqn)
+            if client and fqn and self.redirect_bytes is not None:
+                if info.size >= self.redirect_bytes:
+                    f.close()
+                    return self._redirect(record, tf, bucket, name, f.name, etl_args)
         try:
             params: dict[str, str] = {}
             if etl_args is not None:
@@ -272,6 +308,30 @@ class EtlForwarder:
             self._relay(response, etl_name, obj),
             media_type=media_type,
             headers={"X-Sluice-Etl": etl_name},
+        )
+
+    def _redirect(
+        self,
+        record: EtlRecord,
+        tf: TransformerStatus,
+        bucket: str,
+        name: str,
+        path: str,
+        etl_args: str | None,
+    ) -> Response:
+        """307 to ``GET {transformer}/B/O?etl_fqn=...``, signed for this object only."""
+        assert tf.endpoint is not None
+        fqn = str(Path(path).resolve())
+        token = auth.transformer_token(self.cluster_key, record.name, record.uid)
+        query = {"etl_fqn": fqn}
+        if etl_args is not None:
+            query["etl_args"] = etl_args
+        query.update(auth.sign_direct(token, f"{bucket}/{name}", fqn, etl_args))
+        url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
+        self.redirects += 1
+        return Response(
+            status_code=307,
+            headers={"Location": f"{url}?{urlencode(query)}", "X-Sluice-Etl": record.name},
         )
 
     async def _transformer_error(

@@ -163,7 +163,7 @@ def object_router(target: Target) -> APIRouter:
             chain = parse_chain(etl_name, etl_pipeline)
             return await pipeline_response(target.forwarder, bucket, name, chain, etl_args)
         if etl_name:
-            return await target.forwarder.transform(bucket, name, etl_name, etl_args)
+            return await target.forwarder.transform(bucket, name, etl_name, etl_args, client=True)
         f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)
         try:
             headers = _object_headers(info)

@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from etl_runtime.auth import bearer_ok
 from etl_runtime.metrics import EtlStatsCollector, install_metrics
 from etl_runtime.spec import EtlSpec
+from etl_runtime.webserver.direct import direct_answer
 from etl_runtime.webserver.errors import NotReady, TransformerError, Unauthorized
 from etl_runtime.webserver.fqn import confine, data_roots
 from etl_runtime.webserver.objects import transform_object
@@ -143,5 +144,10 @@ def create_app(
         if spec.mode == "wds":
             return await transform_shard(transformer, request, obj, args, fqn)
         return await transform_object(transformer.pool, transformer.stats, request, obj, args, fqn)
+
+    @app.get("/{bucket}/{object:path}")
+    async def direct(request: Request, bucket: str, object: str) -> Response:
+        """A client sent here by its target's 307 (see ``direct``); signed, not bearer."""
+        return await direct_answer(transformer, request, bucket, object, roots)
 
     return app

@@ -53,6 +53,9 @@ class OperatorConfig:
     resources: dict[str, Any] | None = None
     pull_policy: str = "IfNotPresent"
     pull_secrets: tuple[str, ...] = ()
+    # Mount each target's data volumes read-only into its transformers for every
+    # ETL (the chart's etl.shareTargetData; its targets then send etl_fqn).
+    share_target_data: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> OperatorConfig:
@@ -65,6 +68,9 @@ class OperatorConfig:
             resources=parse_resources(env.get("SLUICE_TRANSFORMER_RESOURCES") or ""),
             pull_policy=parse_pull_policy(env.get("SLUICE_TRANSFORMER_PULL_POLICY") or ""),
             pull_secrets=parse_names(env.get("SLUICE_TRANSFORMER_PULL_SECRETS") or ""),
+            share_target_data=parse_bool(
+                "SLUICE_SHARE_TARGET_DATA", env.get("SLUICE_SHARE_TARGET_DATA") or "", True
+            ),
         )
 
 
@@ -95,6 +101,18 @@ def parse_pull_policy(text: str) -> str:
             f"got {text!r}"
         )
     return policy
+
+
+def parse_bool(name: str, text: str, default: bool) -> bool:
+    """A boolean setting: true/false (also 1/0, yes/no, on/off); empty = ``default``."""
+    value = text.strip().lower()
+    if not value:
+        return default
+    if value in ("true", "1", "yes", "on"):
+        return True
+    if value in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"{name} must be true or false, got {text!r}")
 
 
 def parse_names(text: str) -> tuple[str, ...]:
@@ -249,14 +267,17 @@ class Controller:
                 continue  # already going (e.g. replaced above): not a transformer any more
             observed.append(observe(pod, spec.init_timeout_seconds, now))
 
-        want_hash = spec.content_hash()
+        share = self.config.share_target_data
+        want_hash = manifests.pod_hash(spec, share)
         previous = etl.get("status") or {}
         key = (namespace, name)
         changed = previous.get("specHash") not in (None, "", want_hash)
         if changed or any(t.spec_hash != want_hash for t in observed):
             self._rollouts[key] = want_hash  # a spec change is rolling out
         failures = events.failed(observed, want_hash, previous)
-        todo = hold_for_rollout(plan(spec, targets, observed), observed, targets, want_hash)
+        todo = hold_for_rollout(
+            plan(spec, targets, observed, want_hash), observed, targets, want_hash
+        )
         # Deletes first: a transformer recreated after a transient failure
         # reuses its name, so that pod goes at once (no grace period: it has
         # exited, or hung past initSeconds) and its replacement, which carries
@@ -291,9 +312,21 @@ class Controller:
                 restarts=restarts_for(target.id, todo.delete, want_hash),
                 last_failure=getattr(replaced(target.id, todo.delete, want_hash), "message", None),
                 target_pod=target_pods.get(target.id),
+                share_target_data=share,
             )
             for target in todo.create
         ]
+        if manifests.shares_data(spec, share):
+            for pod in new_pods:
+                if not manifests.data_roots(pod):
+                    log.warning(
+                        "ETL %s/%s: target %s has no persistentVolumeClaim or hostPath data "
+                        "volume to share; its transformer %s refuses etl_fqn paths",
+                        namespace,
+                        name,
+                        pod["metadata"]["annotations"][manifests.TARGET_LABEL],
+                        pod["metadata"]["name"],
+                    )
         made = list(self._pool.map(self.kube.create_pod, new_pods))
         created = sum(made)
         if new_pods:
@@ -310,7 +343,7 @@ class Controller:
             for target, pod in zip(todo.create, new_pods, strict=True)
         ]
 
-        summary = summarize(spec, targets, after)
+        summary = summarize(spec, targets, after, want_hash)
         rolling_out = any(t.spec_hash != want_hash for t in after)
         status = etl_status(
             summary,

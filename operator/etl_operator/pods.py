@@ -124,12 +124,38 @@ def secret_token(secret: dict[str, Any]) -> str | None:
     return base64.b64decode(raw).decode() if raw else None
 
 
+def shares_data(spec: EtlSpec, share_target_data: bool) -> bool:
+    """Whether the transformer of ``spec`` mounts its target's data volumes.
+
+    Always for ``argType: fqn`` (the target passes file paths); for every
+    ETL when the operator shares target data (``SLUICE_SHARE_TARGET_DATA``,
+    the chart's ``etl.shareTargetData``): the targets then send ``etl_fqn``
+    for every ETL and no object bytes travel to the transformer.
+    """
+    return spec.arg_type == "fqn" or share_target_data
+
+
+def pod_hash(spec: EtlSpec, share_target_data: bool) -> str:
+    """The hash a current transformer pod of ``spec`` carries (name and annotation).
+
+    ``spec.content_hash()``, with the data mounts folded in when they are
+    there only because the operator shares target data: turning sharing on
+    or off then rolls the transformers like a spec change, so no transformer
+    without the mount is left beside a target that sends it paths.
+    """
+    base = spec.content_hash()
+    if spec.arg_type == "fqn" or not share_target_data:
+        return base
+    return hashlib.sha256(f"{base}+target-data".encode()).hexdigest()[:16]
+
+
 def data_mounts(target_pod: dict[str, Any] | None) -> tuple[list[dict], list[dict]]:
     """Volumes and read-only mounts that let a transformer read its target's files.
 
-    For ``argType: fqn`` the target passes a file path instead of the bytes,
-    so the transformer mounts the target's persistent volumes (PVC or
-    hostPath; both pods share a node) read-only at the same paths.
+    When the target passes a file path (``etl_fqn``) instead of the bytes,
+    the transformer mounts the target's persistent volumes (PVC or hostPath;
+    both pods share a node, which ReadWriteOnce allows) read-only at the
+    same paths, so the path the target sends is valid in the transformer.
     """
     if not target_pod:
         return [], []
@@ -153,6 +179,15 @@ def data_mounts(target_pod: dict[str, Any] | None) -> tuple[list[dict], list[dic
     return volumes, mounts
 
 
+def data_roots(pod: dict[str, Any]) -> str:
+    """The transformer pod's ``SLUICE_DATA_ROOTS`` ("" when none or unset)."""
+    for container in pod["spec"]["containers"][:1]:
+        for e in container.get("env") or ():
+            if e["name"] == "SLUICE_DATA_ROOTS":
+                return str(e.get("value") or "")
+    return ""
+
+
 def _readonly(volume: dict[str, Any]) -> dict[str, Any]:
     out = dict(volume)
     if "persistentVolumeClaim" in out:
@@ -173,6 +208,7 @@ def transformer_pod(
     pull_policy: str = "IfNotPresent",
     pull_secrets: Sequence[str] = (),
     last_failure: str | None = None,
+    share_target_data: bool = False,
 ) -> dict[str, Any]:
     """The transformer pod for ``ref`` beside ``target``, pinned to the target's node.
 
@@ -184,8 +220,11 @@ def transformer_pod(
     transformer, so a config error (exit 2) stays visible as phase Error
     instead of crash-looping, and ``restarts`` (carried in an annotation)
     counts transient failures up to ``reconcile.MAX_RESTARTS``.
+
+    ``share_target_data``: mount ``target_pod``'s data volumes read-only for
+    every ETL, not only ``argType: fqn`` (see ``shares_data``).
     """
-    spec_hash = spec.content_hash()
+    spec_hash = pod_hash(spec, share_target_data)
     env: list[dict[str, Any]] = [
         _field_env("POD_IP", "status.podIP"),
         _field_env("POD_NAME", "metadata.name"),
@@ -218,7 +257,7 @@ def transformer_pod(
         {"name": "deps", "mountPath": DEPS_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
-    if spec.arg_type == "fqn":
+    if shares_data(spec, share_target_data):
         extra_volumes, extra_mounts = data_mounts(target_pod)
         volumes += extra_volumes
         mounts += extra_mounts

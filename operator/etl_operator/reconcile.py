@@ -72,8 +72,16 @@ def gave_up(t: ObservedTransformer) -> bool:
     return is_config_error(t) or (t.terminated and t.restarts >= MAX_RESTARTS)
 
 
-def plan(spec: EtlSpec, targets: list[TargetInfo], existing: list[ObservedTransformer]) -> Plan:
+def plan(
+    spec: EtlSpec,
+    targets: list[TargetInfo],
+    existing: list[ObservedTransformer],
+    want_hash: str | None = None,
+) -> Plan:
     """What to change so there is exactly one current transformer per live target.
+
+    ``want_hash``: the hash a current transformer carries (default
+    ``spec.content_hash()``; the operator folds in how it builds pods).
 
     * stopped ETL: delete everything;
     * a transformer for a target that is gone, moved node, has an old spec
@@ -88,7 +96,7 @@ def plan(spec: EtlSpec, targets: list[TargetInfo], existing: list[ObservedTransf
     if spec.stopped:
         out.delete = list(existing)
         return out
-    want_hash = spec.content_hash()
+    want_hash = want_hash or spec.content_hash()
     by_id = {t.id: t for t in targets}
     kept: dict[str, ObservedTransformer] = {}
     for t in sorted(existing, key=lambda t: (not t.ready, t.name)):
@@ -117,13 +125,16 @@ class Summary:
 
 
 def summarize(
-    spec: EtlSpec, targets: list[TargetInfo], existing: list[ObservedTransformer]
+    spec: EtlSpec,
+    targets: list[TargetInfo],
+    existing: list[ObservedTransformer],
+    want_hash: str | None = None,
 ) -> Summary:
     """Phase of the ETL from what exists now (call after applying a plan)."""
     total = len(targets)
     if spec.stopped:
         return Summary("Stopped", 0, total, "stopped by user")
-    want_hash = spec.content_hash()
+    want_hash = want_hash or spec.content_hash()
     current = [t for t in existing if t.spec_hash == want_hash]
     ready = len({t.target for t in current if t.ready})
     failures = [t for t in current if is_config_error(t) or t.restarts >= MAX_RESTARTS]

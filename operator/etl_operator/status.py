@@ -60,7 +60,7 @@ def observe(
         if late is not None and late <= init_timeout:
             late = None
     if late is not None:
-        kubelet = _pod_message(status, container, None)
+        kubelet = _pod_message(status, container, None) or _not_created(pod, container)
         why = f": {kubelet}" if kubelet else ""
         return ObservedTransformer(
             name=meta["name"],
@@ -86,6 +86,30 @@ def observe(
         restarts=restarts,
         message=_pod_message(status, container, terminated if done else None)
         or gave_up_message(annotations),
+    )
+
+
+def _not_created(pod: dict[str, Any], container: dict[str, Any]) -> str | None:
+    """Why a pod past initSeconds may have no running container: its volumes.
+
+    A volume that does not mount (the target's data claim shared read-only,
+    say, on a ReadWriteOncePod claim) shows only as the pod's FailedMount
+    events while the container stays ``ContainerCreating``: name the suspects.
+    """
+    state = container.get("state") or {}
+    if state.get("running") or state.get("terminated"):
+        return None
+    volumes = [
+        v["persistentVolumeClaim"]["claimName"]
+        for v in (pod.get("spec") or {}).get("volumes") or ()
+        if "persistentVolumeClaim" in v
+    ]
+    if not volumes:
+        return None
+    return (
+        f"container not created: claim {', '.join(volumes)} may not mount here "
+        "(see the pod's FailedMount events; etl.shareTargetData=false in the chart, "
+        "SLUICE_SHARE_TARGET_DATA=false for the operator, turns the data mount off)"
     )
 
 

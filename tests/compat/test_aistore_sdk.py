@@ -71,6 +71,10 @@ def test_sdk_calls_the_seeds_use(cluster: str, tmp_path: Path) -> None:
     obj = bck.object("img/003.txt")
     assert obj.get_reader().read_all() == b"object 3"
     assert obj.get_reader(etl=ETLConfig("upcase")).read_all() == b"OBJECT 3"
+    # the answer comes from the transformer (a 307 from the target): followed too
+    big = bck.object("big.txt")
+    big.get_writer().put_content(b"abc" * 200_000)
+    assert big.get_reader(etl=ETLConfig("upcase")).read_all() == b"ABC" * 200_000
     assert obj.props.size == len(b"object 3")
     assert bck.object("other/file.bin").get_reader().read_all() == b"from a file"
     names = [b.name for b in ais.cluster().list_buckets()]

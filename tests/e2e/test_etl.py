@@ -66,6 +66,28 @@ def test_object_etl_with_a_closure_and_args(client: Client, texts) -> None:
     assert stats.get("objects", 0) >= 4
 
 
+def test_big_objects_come_straight_from_the_transformer(client: Client, texts) -> None:
+    """``sluice up``'s transformers read the targets' files, so a target's 307 sends the
+    client on to its transformer: two hops from the gateway, and every client follows them."""
+    big = bytes(range(256)) * 4096  # 1 MiB
+    obj = texts.object("big.bin")
+    obj.put_content(big)
+    details = client.etl("e2e-rev").init_code(transform=lambda data: data[::-1])
+    expected = big[::-1]
+    assert obj.get_bytes(etl_name="e2e-rev") == expected
+    with obj.open(etl_name="e2e-rev") as reader:
+        assert reader.read() == expected
+    url = obj.url(etl_name="e2e-rev")
+    r = requests.get(url, timeout=60)
+    assert r.content == expected and [h.status_code for h in r.history] == [307, 307]
+    endpoints = {t["endpoint"].rstrip("/") for t in details.transformers}
+    assert any(r.url.startswith(f"{e}/") for e in endpoints)  # the answer came from a transformer
+    curl = subprocess.run(["curl", "-sfL", url], capture_output=True, check=True, timeout=60)
+    assert curl.stdout == expected
+    small = requests.get(texts.object("a.txt").url(etl_name="e2e-rev"), timeout=60)
+    assert small.content == b"txt.a olleh" and len(small.history) == 2
+
+
 def test_stop_start_delete(client: Client, texts) -> None:
     etl = client.etl("e2e-life")
     etl.init_code(transform=lambda data: data[::-1])

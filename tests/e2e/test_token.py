@@ -55,6 +55,8 @@ def test_with_token_everything_works_including_streamed_files(secure: str, tmp_p
         c.etl("tok-upper").init_code(transform=lambda d: d.upper())
         bucket.object("t.txt").put_content(b"abc")
         assert bucket.object("t.txt").get_bytes(etl_name="tok-upper") == b"ABC"
+        # a big one is answered by the transformer itself (signed 307 from the target)
+        assert bucket.object("files/f5.bin").get_bytes(etl_name="tok-upper") == path.read_bytes()
         c.etl("tok-upper").delete()
         bucket.object("files/f0.bin").delete()
         assert not bucket.object("files/f0.bin").exists()

@@ -52,6 +52,7 @@ COMBOS: dict[str, dict[str, Any]] = {
         "gateway.service.type": "NodePort",
         "gateway.service.nodePort": 30080,
         "operator.peering.enabled": True,
+        "etl.shareTargetData": False,
     },
     "registry-digest-resources": {
         "images.registry": "registry.example.com/ml",
@@ -61,6 +62,8 @@ COMBOS: dict[str, dict[str, Any]] = {
         "transformer.resources.limits": {"cpu": "4", "memory": "8Gi"},
         "transformer.imagePullPolicy": "Always",
         "transformer.imagePullSecrets": ["regcred", "gpu-registry"],
+        "etl.redirectBytes": 4194304,
+        "networkPolicy.transformerClients": [{"podSelector": {"matchLabels": {"ml": "trainer"}}}],
         "gateway.affinity": {
             "nodeAffinity": {
                 "requiredDuringSchedulingIgnoredDuringExecution": {
@@ -384,7 +387,10 @@ def test_network_policy_admits_only_target_pods_to_transformers(
         "matchExpressions": [{"key": "sluice.dev/etl", "operator": "Exists"}]
     }
     assert np["spec"]["policyTypes"] == ["Ingress"]
-    (rule,) = np["spec"]["ingress"]
+    rule, *others = np["spec"]["ingress"]
+    # only the peers listed for redirected clients (networkPolicy.transformerClients) join them
+    clients = values.get("networkPolicy.transformerClients")
+    assert others == ([{"from": clients, "ports": rule["ports"]}] if clients else [])
     (peer,) = rule["from"]
     assert set(peer) == {"podSelector"}  # same namespace, no ipBlock, no namespaceSelector
     selector = peer["podSelector"]["matchLabels"]

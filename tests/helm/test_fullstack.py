@@ -215,6 +215,7 @@ def test_helm_install_runs_a_wds_etl_end_to_end_and_uninstall_keeps_only_pvcs(
             assert len(transformers) == TARGETS
             for pod in transformers:
                 assert pod.spec.node_name in targets.values()
+            assert_transformers_read_target_files(rel, transformers)
 
             urls = bucket.object_urls(f"shard-{{000..{SHARDS - 1:03d}}}.tar", etl_name="shrink")
             samples = list(wds.WebDataset(urls, shardshuffle=False).decode("pil"))
@@ -255,6 +256,24 @@ def test_helm_install_runs_a_wds_etl_end_to_end_and_uninstall_keeps_only_pvcs(
     ]
     for c in claims:
         control_plane.core.delete_namespaced_persistent_volume_claim(c.metadata.name, ns)
+
+
+def assert_transformers_read_target_files(rel: Release, transformers: list[client.V1Pod]) -> None:
+    """etl.shareTargetData (default): each transformer mounts the claim of the target it
+    serves, read-only at the target's /data, and the targets send paths, not bytes.
+    The wds GETs that follow then work only if the path is valid in the transformer."""
+    for target in rel.pods("sluice.dev/role=target"):
+        env = {e.name: e.value for e in target.spec.containers[0].env}
+        assert env.get("SLUICE_ETL_FQN") == "always", env
+    for pod in transformers:
+        target = pod.metadata.annotations["sluice.dev/target"]
+        (vol,) = [v for v in pod.spec.volumes if v.persistent_volume_claim]
+        assert vol.persistent_volume_claim.claim_name == f"data-{target}"
+        assert vol.persistent_volume_claim.read_only is True
+        c = pod.spec.containers[0]
+        (mount,) = [m for m in c.volume_mounts if m.name == vol.name]
+        assert (mount.mount_path, mount.read_only) == ("/data", True)
+        assert {e.name: e.value for e in c.env}["SLUICE_DATA_ROOTS"] == "/data"
 
 
 def _gateway_with_targets(rel: Release) -> str | None:

@@ -1,0 +1,100 @@
+"""The direct answer: ``GET /<bucket>/<object>?etl_fqn=...`` served to the client itself.
+
+A target relaying a transformer's answer handles every byte twice (receive,
+send) on its event loop; for a 1 MiB identity ETL that relay cost the target
+2.8–3.2 ms of CPU per object against 1.5 ms for a plain GET, more than the
+transformer's own work (docs/benchmarks.md). So for an object at least
+``SLUICE_ETL_REDIRECT_BYTES`` big whose file the transformer can read, the
+target answers the client's ETL GET with a 307 to this route, signed with the
+ETL's transformer token over the object, the file and the arguments
+(``auth.sign_direct``; valid for ``auth.REDIRECT_TTL_SECONDS``). The client
+follows it like the gateway's 307 (SDK, ``curl -L``, ``requests``, the
+``aistore`` SDK), and the transformer reads the file and answers it: the
+bytes cross one socket, as for a plain GET.
+
+Everything else is the hpush path with ``etl_fqn``: the same modes (inline,
+worker processes, WebDataset), the same errors (JSON before the first byte,
+an aborted connection after it), the same counters; an error body is shaped
+as a target's (``bucket`` and ``object`` apart), so SDKs cannot tell who
+answered. A query parameter other than the four the target writes is refused
+with 400 naming it: it would be silently dropped otherwise, and a client may
+have meant it for the ETL.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from etl_runtime import auth
+from etl_runtime.webserver.errors import BadRequest, NotReady, TransformerError, Unauthorized
+from etl_runtime.webserver.fqn import confine
+from etl_runtime.webserver.objects import transform_object
+from etl_runtime.webserver.shards import transform_shard
+
+if TYPE_CHECKING:
+    from etl_runtime.webserver.transformer import Transformer
+
+PARAMS = frozenset({"etl_fqn", "etl_args", "sluice_exp", "sluice_sig"})
+
+
+def check_signature(transformer: Transformer, obj: str, request: Request) -> tuple[str, str | None]:
+    """``(etl_fqn, etl_args)`` of a direct GET the target signed; else a 400 or 401."""
+    q = request.query_params
+    unknown = sorted(set(q.keys()) - PARAMS)
+    if unknown:
+        raise BadRequest(
+            f"unknown query parameter(s) {', '.join(unknown)} on a direct ETL GET of {obj!r} "
+            f"(allowed: {', '.join(sorted(PARAMS))}); GET the object through the gateway "
+            "with ?etl_name= instead"
+        )
+    fqn = q.get("etl_fqn")
+    if not fqn:
+        raise BadRequest(
+            f"a GET of {obj!r} on a transformer needs etl_fqn; GET the object through "
+            "the gateway with ?etl_name= instead"
+        )
+    args = q.get("etl_args")
+    token = transformer.token
+    if token is not None and not auth.verify_direct(
+        token, obj, fqn, args, q.get("sluice_exp"), q.get("sluice_sig")
+    ):
+        raise Unauthorized(
+            f"this direct ETL GET of {obj!r} is not signed by a target, or its signature "
+            "expired; GET the object through the gateway with ?etl_name= again"
+        )
+    return fqn, args
+
+
+async def direct_answer(
+    transformer: Transformer, request: Request, bucket: str, object: str, roots: tuple[str, ...]
+) -> Response:
+    """Transform the file a target pointed us at and answer the client."""
+    obj = f"{bucket}/{object}"
+    try:
+        return await _answer(transformer, request, obj, roots)
+    except TransformerError as e:
+        body = e.body(transformer.name, obj)
+        body.update(bucket=bucket, object=object)  # as the target would have answered it
+        return JSONResponse(body, status_code=e.status)
+
+
+async def _answer(
+    transformer: Transformer, request: Request, obj: str, roots: tuple[str, ...]
+) -> Response:
+    fqn, args = check_signature(transformer, obj, request)
+    if not transformer.ready:
+        name = transformer.name
+        raise NotReady(transformer.fatal or f"ETL {name!r} is still starting; retry shortly")
+    fqn = confine(fqn, roots)
+    stats = transformer.stats
+    if transformer.inline is not None:
+        response = await transformer.inline.transform(stats, request, obj, args, fqn)
+    elif transformer.spec.mode == "wds":
+        response = await transform_shard(transformer, request, obj, args, fqn)
+    else:
+        response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
+    response.headers["X-Sluice-Etl"] = transformer.name
+    return response
