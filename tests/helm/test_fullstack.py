@@ -387,6 +387,13 @@ def test_two_operator_replicas_are_active_standby_and_fail_over(
         priorities = {pod: info["priority"] for pod, info in peers().items()}
         assert len(set(priorities.values())) == len(priorities), priorities
         active = max(priorities, key=lambda pod: priorities[pod])
+        # A transformer per target: wait for every target first (on a busy machine
+        # one may still be Pending when the ETL reports Running for the others).
+        wait_for(
+            "every target ready",
+            lambda: len(rel.ready_ips("sluice.dev/role=target")) == TARGETS,
+            timeout=180,
+        )
 
         apply_etl("upper", "data.upper()")
         wait_for("the ETL to run", lambda: phase("upper") == "Running", timeout=90)
