@@ -39,7 +39,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from etl_runtime.spec import EtlSpec
@@ -108,13 +108,21 @@ class InlineRunner:
 
     # -- in the pool's threads --------------------------------------------------
 
-    def _call(self, data: bytes | None, fqn: str | None, args: str | None) -> tuple[Any, int]:
-        """The result (bytes-like, or an iterator of chunks) and the size of the file read."""
+    def _call(
+        self, parts: list[bytes] | None, fqn: str | None, args: str | None
+    ) -> tuple[Any, int]:
+        """The result (bytes-like, or an iterator of chunks) and the size of the file read.
+
+        ``parts``: the request body as received; joined here, not on the loop
+        (``bytes.join`` of 1 MiB or more drops the GIL for its copy)."""
         size = 0
         if fqn is not None:
             data = calls.read_fqn(fqn)
             size = len(data)
-        assert self.fn is not None and data is not None
+        else:
+            assert parts is not None
+            data = parts[0] if len(parts) == 1 else b"".join(parts)
+        assert self.fn is not None
         result = calls.result_of(calls.call(self.fn, self.with_args, data, args))
         return (result if isinstance(result, calls.Chunk) else iter(result)), size
 
@@ -147,11 +155,11 @@ class InlineRunner:
     ) -> Response:
         started = time.perf_counter()
         try:
-            data = None
+            parts = None
             if fqn is None:
-                data = await request.body()
-                stats.bytes_in += len(data)
-            result, read = await self._in_pool(self._call, data, fqn, args)
+                parts = await _body_parts(request)
+                stats.bytes_in += sum(map(len, parts))
+            result, read = await self._in_pool(self._call, parts, fqn, args)
             stats.bytes_in += read
             first = None
             if isinstance(result, Iterator):
@@ -187,6 +195,20 @@ class InlineRunner:
             raise
         finally:
             stats.transform_seconds += time.perf_counter() - started
+
+
+async def _body_parts(request: Request) -> list[bytes]:
+    """The request body as the pieces it arrived in (``Request.body()`` without its join)."""
+    parts: list[bytes] = []
+    while True:
+        message = await request.receive()
+        if message["type"] != "http.request":  # http.disconnect
+            raise ClientDisconnect()
+        body = message.get("body", b"")
+        if body:
+            parts.append(body)
+        if not message.get("more_body", False):
+            return parts or [b""]
 
 
 def _serve_calls(work: queue.SimpleQueue[Any]) -> None:
