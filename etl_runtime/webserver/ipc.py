@@ -44,7 +44,7 @@ LENGTH = struct.Struct("!Q")  # SIZE payload
 MAX_CHUNK = 1 << 20
 # A payload up to this size is joined with its neighbouring frames into one
 # write (a copy is cheaper than a syscall); a larger one is written as it is.
-SMALL = 64 << 10
+SMALL = 16 << 10
 
 Payload = bytes | bytearray | memoryview
 
