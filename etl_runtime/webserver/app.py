@@ -23,6 +23,7 @@ from etl_runtime.metrics import EtlStatsCollector, install_metrics
 from etl_runtime.spec import EtlSpec
 from etl_runtime.webserver.direct import direct_answer
 from etl_runtime.webserver.errors import NotReady, TransformerError, Unauthorized
+from etl_runtime.webserver.fastpath import FastPathApp
 from etl_runtime.webserver.fqn import confine, data_roots
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
@@ -88,7 +89,8 @@ def create_app(
             for logger in LOGGERS:
                 logging.getLogger(logger).removeHandler(transformer.logs)
 
-    app = FastAPI(title=f"sluice transformer {name}", lifespan=lifespan)
+    # FastPathApp: the per-object routes skip FastAPI's routing (see fastpath).
+    app = FastPathApp(title=f"sluice transformer {name}", lifespan=lifespan)
     app.state.transformer = transformer
     install_metrics(app, "transformer", EtlStatsCollector(name, _Totals(transformer.stats)))
 
@@ -129,7 +131,6 @@ def create_app(
     async def logs(tail: int = 200) -> PlainTextResponse:
         return PlainTextResponse(transformer.logs.tail(tail))
 
-    @app.put("/{bucket}/{object:path}")
     async def hpush(request: Request, bucket: str, object: str) -> Response:
         await authorized(request)  # called, not a dependency: less work per object
         if not transformer.ready:
@@ -145,9 +146,10 @@ def create_app(
             return await transform_shard(transformer, request, obj, args, fqn)
         return await transform_object(transformer.pool, transformer.stats, request, obj, args, fqn)
 
-    @app.get("/{bucket}/{object:path}")
     async def direct(request: Request, bucket: str, object: str) -> Response:
         """A client sent here by its target's 307 (see ``direct``); signed, not bearer."""
         return await direct_answer(transformer, request, bucket, object, roots)
 
+    app.add_fast_route("PUT", hpush)
+    app.add_fast_route("GET", direct)
     return app

@@ -42,6 +42,11 @@ LENGTH = struct.Struct("!Q")  # SIZE payload
 # Results are cut into frames of at most this size, so neither side ever
 # buffers a whole large object just to move it across the socket.
 MAX_CHUNK = 1 << 20
+# A payload up to this size is joined with its neighbouring frames into one
+# write (a copy is cheaper than a syscall); a larger one is written as it is.
+SMALL = 16 << 10
+
+Payload = bytes | bytearray | memoryview
 
 
 class FrameSocket:
@@ -52,11 +57,25 @@ class FrameSocket:
         self._rfile = sock.makefile("rb", buffering=1 << 16)
         self._send_lock = threading.Lock()
 
-    def send(self, kind: int, payload: bytes | bytearray | memoryview = b"") -> None:
-        with self._send_lock:
-            self.sock.sendall(HEADER.pack(kind, len(payload)))
+    def send(self, kind: int, payload: Payload = b"") -> None:
+        self.send_frames((kind, payload))
+
+    def send_frames(self, *frames: tuple[int, Payload]) -> None:
+        """Send ``frames`` with one ``sendmsg`` (headers and payloads gathered, no copy)."""
+        parts: list[Payload] = []
+        for kind, payload in frames:
+            parts.append(HEADER.pack(kind, len(payload)))
             if payload:
-                self.sock.sendall(payload)
+                parts.append(payload)
+        with self._send_lock:
+            sent = self.sock.sendmsg(parts)
+            for part in parts:  # what a signal or a timeout cut short, if anything
+                view = memoryview(part).cast("B")
+                if sent >= len(view):
+                    sent -= len(view)
+                    continue
+                self.sock.sendall(view[sent:])
+                sent = 0
 
     def recv(self) -> tuple[int, bytes]:
         """Next frame; ``EOFError`` when the server closed its end."""
@@ -79,11 +98,22 @@ async def read_frame(
     return kind, payload
 
 
-def write_frame(
-    writer: asyncio.StreamWriter, kind: int, payload: bytes | bytearray | memoryview = b""
-) -> None:
-    writer.write(HEADER.pack(kind, len(payload)))
-    if payload:
-        # memoryview: the part the socket does not take at once is buffered
-        # with one copy (the transport would slice a bytes payload first).
+def write_frames(writer: asyncio.StreamWriter, *frames: tuple[int, Payload]) -> None:
+    """Write ``frames`` in as few writes (syscalls) as the payloads allow.
+
+    Small payloads are joined with the headers around them into one write; a
+    large one is written on its own as a memoryview: the part the socket does
+    not take at once is buffered with one copy (the transport would slice a
+    bytes payload first)."""
+    parts: list[Payload] = []
+    for kind, payload in frames:
+        parts.append(HEADER.pack(kind, len(payload)))
+        if len(payload) <= SMALL:
+            if payload:
+                parts.append(payload)
+            continue
+        writer.write(b"".join(parts))
+        parts = []
         writer.write(memoryview(payload))
+    if parts:
+        writer.write(b"".join(parts))

@@ -9,6 +9,12 @@ the final chunk) so a client can never take a truncated result for a whole one.
 When the function returned bytes (not an iterable) the worker announces the
 length first (``SIZE``) and the answer carries ``Content-Length`` instead of
 chunked encoding; a break then still shows as a body shorter than announced.
+A bytes result that fits one frame arrives whole, with its ``END``: it is
+answered from memory like any small response, without a stream to pump.
+
+Frames are batched both ways (``ipc.write_frames``, ``FrameSocket.send_frames``):
+a small object goes to its worker in one write, and its result comes back in
+one send, instead of a syscall per frame header and payload.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ import pickle
 import time
 from collections.abc import AsyncIterator
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 from etl_runtime.webserver import ipc
@@ -50,6 +56,15 @@ async def transform_object(
         if kind == ipc.SIZE:  # a bytes result: its length is known up front
             length = ipc.LENGTH.unpack(first)[0]
             kind, first = await task.next_frame()
+            if kind == ipc.CHUNK and len(first) == length:
+                # The whole result, and its END came in the same send: one
+                # answer from memory, no stream to pump.
+                await task.next_frame()
+                task.release()
+                stats.objects += 1
+                stats.bytes_out += length
+                stats.transform_seconds += time.perf_counter() - started
+                return Response(memoryview(first), media_type=MEDIA_TYPE)
     except TransformerError as e:
         task.release()
         stats.error(obj, None, e.message)
@@ -67,25 +82,41 @@ async def transform_object(
 
 
 async def _send_input(task: Task, stats: Stats, request: Request, fqn: str | None) -> None:
+    """OBJECT, then the body as it arrives: each piece of it as a DATA frame, the
+    last with DATA_END, sent together with the frames before it (one write for
+    a small object)."""
+    head = (ipc.OBJECT, pickle.dumps((request.query_params.get("etl_args"), fqn)))
     try:
-        await task.send(ipc.OBJECT, pickle.dumps((request.query_params.get("etl_args"), fqn)))
         if fqn is not None:
+            await task.send(head)
             try:
                 stats.bytes_in += os.path.getsize(fqn)
             except OSError:
                 pass  # the worker reports the missing file
             return
+        frames = [head]
         try:
-            async for chunk in request.stream():
+            while True:
+                message = await request.receive()
+                if message["type"] != "http.request":  # http.disconnect
+                    raise ClientDisconnect()
+                chunk = message.get("body", b"")
                 if chunk:
                     stats.bytes_in += len(chunk)
-                    await task.send(ipc.DATA, chunk)
+                    frames.append((ipc.DATA, chunk))
+                more = message.get("more_body", False)
+                if not more:
+                    frames.append((ipc.DATA_END, b""))
+                if frames:
+                    await task.send(*frames)
+                    frames = []
+                if not more:
+                    return
         except BaseException:
             # The worker holds half an object and waits for the rest: it cannot
             # be reused, so it is replaced.
             task.worker.kill()
             raise
-        await task.send(ipc.DATA_END)
     except ConnectionError as e:
         raise WorkerDied(f"worker process {task.worker.pid} went away: {e}") from e
 

@@ -75,8 +75,13 @@ class Channel:
         while not self.items:
             self._data.clear()
             await self._data.wait()
+        return self.get_nowait()
+
+    def get_nowait(self) -> tuple[int, Any]:
+        """The next item; ``IndexError`` when there is none."""
+        item = self.items.popleft()
         self._space.set()
-        return self.items.popleft()
+        return item
 
     def abandon(self) -> None:
         self.abandoned = True
@@ -94,8 +99,9 @@ class Task:
         self.channel = Channel()
         self.finished = False
 
-    async def send(self, kind: int, payload: bytes | bytearray | memoryview = b"") -> None:
-        ipc.write_frame(self.worker.writer, kind, payload)
+    async def send(self, *frames: tuple[int, ipc.Payload]) -> None:
+        """Send ``(kind, payload)`` frames to the worker (see ``ipc.write_frames``)."""
+        ipc.write_frames(self.worker.writer, *frames)
         await self.worker.writer.drain()
 
     async def next_frame(self) -> tuple[int, bytes]:
@@ -103,10 +109,13 @@ class Task:
         # ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for``
         # returns the frame and swallows a cancellation that arrives as the frame
         # does (a response whose client left would go on pulling frames); it also
-        # costs a task per frame.
+        # costs a task per frame. A frame already there needs no wait, nor a timer.
         try:
-            async with asyncio.timeout(self.pool.request_timeout):
-                kind, payload = await self.channel.get()
+            if self.channel.items:
+                kind, payload = self.channel.get_nowait()
+            else:
+                async with asyncio.timeout(self.pool.request_timeout):
+                    kind, payload = await self.channel.get()
         except TimeoutError:
             self.worker.kill()
             raise TransformTimeout(

@@ -259,7 +259,7 @@ async def _dispatch(
             return
         task: Task = await pool.acquire(SAMPLE_TASK)
         try:
-            await task.send(ipc.SAMPLE, pickle.dumps((sample, args), protocol=5))
+            await task.send((ipc.SAMPLE, pickle.dumps((sample, args), protocol=5)))
         except ConnectionError:
             pass  # the worker died: the task fails with WorkerDied when read
         in_flight.put_nowait((sample["__key__"], task))

@@ -136,11 +136,11 @@ def _object_task(
         if isinstance(result, calls.Chunk):
             view = memoryview(result).cast("B")
             # The length is known: the server can answer with Content-Length.
-            frames.send(ipc.SIZE, ipc.LENGTH.pack(len(view)))
-            _send_chunked(frames, view)
-        else:
-            for item in result:
-                _send_chunked(frames, calls.chunk_of(item))
+            # SIZE, the chunks and END go out in as few sends as there are chunks.
+            _send_chunked(frames, view, (ipc.SIZE, ipc.LENGTH.pack(len(view))), end=True)
+            return
+        for item in result:
+            _send_chunked(frames, calls.chunk_of(item))
     except TransformerError as e:
         return _send_error(frames, e)
     except Exception as e:  # raised while iterating the result
@@ -148,10 +148,23 @@ def _object_task(
     frames.send(ipc.END)
 
 
-def _send_chunked(frames: ipc.FrameSocket, data: bytes | bytearray | memoryview) -> None:
+def _send_chunked(
+    frames: ipc.FrameSocket,
+    data: ipc.Payload,
+    before: tuple[int, ipc.Payload] | None = None,
+    end: bool = False,
+) -> None:
+    """``data`` as CHUNK frames; ``before`` goes with the first send, END with the last."""
     view = memoryview(data).cast("B")
+    batch = [before] if before else []
     for start in range(0, len(view), ipc.MAX_CHUNK):
-        frames.send(ipc.CHUNK, view[start : start + ipc.MAX_CHUNK])
+        batch.append((ipc.CHUNK, view[start : start + ipc.MAX_CHUNK]))
+        if start + ipc.MAX_CHUNK >= len(view) and end:
+            batch.append((ipc.END, b""))
+        frames.send_frames(*batch)
+        batch = []
+    if batch or (end and not view):
+        frames.send_frames(*batch, *([(ipc.END, b"")] if end else []))
 
 
 def _sample_task(frames: ipc.FrameSocket, transform: Any, payload: bytes) -> None:

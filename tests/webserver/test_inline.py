@@ -1,0 +1,80 @@
+"""``--inline`` on one server process, on each event loop: what a user of the
+hpush route sees when the code runs in the server's threads (answers, JSON
+errors before the first byte, the 504 of a call past its deadline, the
+bearer token) and that ``/stats`` and ``/metrics`` count every request."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.prom import scrape
+from tests.webserver.conftest import AUTH, TOKEN, source_code, transformer
+
+CODE = """
+import time
+
+def transform(data, args):
+    if args == "sleep":
+        time.sleep(3)
+    if args == "raise":
+        raise ValueError("no thanks")
+    if args == "pieces":
+        return (data[i : i + 3] for i in range(0, len(data), 3))
+    return data.upper()
+"""
+HPUSH = {"role": "transformer", "route": "/{bucket}/{object:path}", "op": "put"}
+
+
+@pytest.fixture(scope="module")
+def url(loop_name: str) -> Iterator[str]:
+    spec = {"mode": "object", "code": source_code(CODE), "timeouts": {"requestSeconds": 1}}
+    env = {"SLUICE_ETL_TOKEN": TOKEN, "SLUICE_INLINE": "1", "SLUICE_LOOP": loop_name}
+    with transformer(f"inline-{loop_name}", spec, workers=2, **env) as base:
+        yield base
+
+
+def put(url: str, path: str, body: bytes, **params: str) -> httpx.Response:
+    return httpx.put(f"{url}/{path}", content=body, params=params, headers=AUTH, timeout=30)
+
+
+def test_answers_errors_deadline_and_counts(url: str) -> None:
+    before_stats = httpx.get(f"{url}/stats", headers=AUTH).json()
+    before = scrape(url)
+
+    r = put(url, "b/dir/o1", b"hello")
+    assert r.status_code == 200 and r.content == b"HELLO"
+    assert r.headers["content-length"] == "5"
+    r = put(url, "b/o2", b"abcdefgh", etl_args="pieces")  # an iterable: chunked
+    assert r.status_code == 200 and r.content == b"abcdefgh"
+    assert "content-length" not in r.headers
+
+    r = put(url, "b/bad", b"x", etl_args="raise")
+    assert r.status_code == 422, r.text
+    assert r.json()["kind"] == "TransformError" and r.json()["object"] == "b/bad"
+    assert "no thanks" in r.json()["error"]
+
+    r = put(url, "b/slow", b"x", etl_args="sleep")
+    assert r.status_code == 504, r.text
+    assert r.json()["kind"] == "TransformTimeout" and r.json()["object"] == "b/slow"
+    # The other thread still answers while the slow call runs on.
+    assert put(url, "b/o3", b"after").content == b"AFTER"
+
+    r = httpx.put(f"{url}/b/o4", content=b"x", timeout=30)  # no token
+    assert r.status_code == 401 and "bearer token" in r.json()["error"]
+
+    stats = httpx.get(f"{url}/stats", headers=AUTH).json()
+    assert stats["objects"] - before_stats["objects"] == 3
+    assert stats["errors"] - before_stats["errors"] == 2
+    # The bodies of all five calls were received, also of those that failed.
+    assert stats["bytes_in"] - before_stats["bytes_in"] == len(
+        b"hello" + b"abcdefgh" + b"x" * 2 + b"after"
+    )
+    after = scrape(url)
+    for status, count in (("200", 3), ("422", 1), ("504", 1), ("401", 1)):
+        rose = after.value("sluice_http_requests_total", status=status, **HPUSH)
+        assert rose - before.value("sluice_http_requests_total", status=status, **HPUSH) == count
+    sent = after.value("sluice_http_sent_bytes_total", **HPUSH)
+    assert sent - before.value("sluice_http_sent_bytes_total", **HPUSH) >= len(b"HELLOabcdefgh")
