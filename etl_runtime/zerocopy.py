@@ -146,22 +146,30 @@ class FileRangeResponse(Response):
 
 
 class SendfileCollector:
-    """``sluice_sendfile_{bytes,responses}_total``: what this process sent by ``os.sendfile``."""
+    """``sluice_sendfile_{bytes,responses}_total{target}``: what this process sent by
+    ``os.sendfile``, labelled like the target's other figures."""
+
+    def __init__(self, target_id: str) -> None:
+        self.target_id = target_id
 
     def describe(self) -> Iterable[Metric]:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        yield CounterMetricFamily(
+        sent = CounterMetricFamily(
             "sluice_sendfile_bytes",
             "Response bytes sent zero-copy with os.sendfile (plain GETs).",
-            value=COUNTERS.bytes,
+            labels=["target"],
         )
-        yield CounterMetricFamily(
+        sent.add_metric([self.target_id], COUNTERS.bytes)
+        yield sent
+        answers = CounterMetricFamily(
             "sluice_sendfile_responses",
             "Responses whose body was sent with os.sendfile.",
-            value=COUNTERS.responses,
+            labels=["target"],
         )
+        answers.add_metric([self.target_id], COUNTERS.responses)
+        yield answers
 
 
 async def _send_file(cycle: Any, message: Message) -> None:

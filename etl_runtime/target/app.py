@@ -91,7 +91,7 @@ def create_target_app(
     collectors: list[Collector] = [StorageCollector(target_id, data_dir)]
     if target.remote is not None:
         collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
-    collectors.append(SendfileCollector())
+    collectors.append(SendfileCollector(target_id))
     install_metrics(app, "target", *collectors)
     app.include_router(object_router(target))
     app.include_router(internal_router(store, cluster_key or None, rebalancer))

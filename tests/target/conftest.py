@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -21,6 +22,7 @@ class RunningTarget:
     data_dir: Path
     registry: DictRegistry
     client: httpx.Client
+    app: Any = None  # the target's FastAPI app (``app.state.target``)
 
 
 def _run(tmp_path: Path, token: str | None, loop: str = "auto") -> Iterator[RunningTarget]:
@@ -30,7 +32,7 @@ def _run(tmp_path: Path, token: str | None, loop: str = "auto") -> Iterator[Runn
         serve_in_thread(app, loop=loop, http=zerocopy.http_protocol({})) as url,  # as run_server
         httpx.Client(base_url=url, timeout=30) as client,
     ):
-        yield RunningTarget(url, tmp_path / "data", registry, client)
+        yield RunningTarget(url, tmp_path / "data", registry, client, app)
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from urllib.parse import quote
 
 import httpx
 import pytest
@@ -73,11 +74,17 @@ def test_fqn_mode_sends_path_and_empty_body(
     loaded: RunningTarget, transformers: dict[str, tuple[str, FastAPI]]
 ) -> None:
     loaded.client.put("/v1/objects/b/f/x.txt", content=b"abc")
+    path = str((loaded.data_dir / "buckets" / "b" / "f" / "x.txt").resolve())
+    # by default the client is sent on to the transformer (tests/target/test_direct.py)
+    r = loaded.client.get("/v1/objects/b/f/x.txt", params={"etl_name": "rev-fqn"})
+    assert r.status_code == 307 and f"etl_fqn={quote(path, safe='')}" in r.headers["location"]
+    # relayed (SLUICE_ETL_REDIRECT_BYTES=off): the target sends the path and an empty body
+    loaded.app.state.target.forwarder.redirect_bytes = None
     r = loaded.client.get("/v1/objects/b/f/x.txt", params={"etl_name": "rev-fqn"})
     assert r.content == b"cba"
     call = transformers["rev-fqn"][1].state.calls[-1]
     assert call["body_len"] == 0
-    assert call["fqn"] == str((loaded.data_dir / "buckets" / "b" / "f" / "x.txt").resolve())
+    assert call["fqn"] == path
 
 
 def test_unknown_etl_is_404(loaded: RunningTarget) -> None:

@@ -54,8 +54,10 @@ def zc_target(target_on_loop: RunningTarget) -> RunningTarget:
 
 
 def _metric(client: httpx.Client, name: str, labels: str = "") -> float:
+    """``name`` with exactly ``labels``; without them, whatever labels it has (one series)."""
     text = client.get("/metrics").text
-    m = re.search(rf"^{re.escape(name + labels)} (\S+)$", text, re.M)
+    pattern = re.escape(name + labels) if labels else re.escape(name) + r"(?:\{[^}]*\})?"
+    m = re.search(rf"^{pattern} (\S+)$", text, re.M)
     assert m, f"{name}{labels} not in /metrics"
     return float(m.group(1))
 
