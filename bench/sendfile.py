@@ -97,7 +97,7 @@ def upload(url: str, sizes: list[int], count: int) -> dict[int, list[str]]:
 
 def sendfile_bytes(url: str) -> float:
     text = httpx.get(f"{url}/metrics").text
-    m = re.search(r"^sluice_sendfile_bytes_total (\S+)$", text, re.M)
+    m = re.search(r"^sluice_sendfile_bytes_total(?:\{[^}]*\})? (\S+)$", text, re.M)
     return float(m.group(1)) if m else float("nan")
 
 
