@@ -253,6 +253,11 @@ class EtlForwarder:
         # is still arriving (``source``): its file is not complete yet.
         fqn = record.spec.arg_type == "fqn" or (self.fqn_always and source is None)
         obj = f"{bucket}/{name}"
+        if client and fqn and source is None and self.redirect_bytes == 0:
+            # Every size goes to the transformer: only the path is needed, no thread
+            # hop to open the file (a stat and a realpath on the loop, as for a 404).
+            path = str(self.store.object_file(bucket, name))  # ObjectNotFound: 404
+            return self._redirect(record, tf, bucket, name, path, etl_args)
         if source is not None and not fqn:
             f, inline = None, None
         else:
@@ -261,7 +266,8 @@ class EtlForwarder:
             if client and fqn and self.redirect_bytes is not None:
                 if info.size >= self.redirect_bytes:
                     f.close()
-                    return self._redirect(record, tf, bucket, name, f.name, etl_args)
+                    path = str(Path(f.name).resolve())
+                    return self._redirect(record, tf, bucket, name, path, etl_args)
         try:
             params: dict[str, str] = {}
             if etl_args is not None:
@@ -316,12 +322,11 @@ class EtlForwarder:
         tf: TransformerStatus,
         bucket: str,
         name: str,
-        path: str,
+        fqn: str,
         etl_args: str | None,
     ) -> Response:
-        """307 to ``GET {transformer}/B/O?etl_fqn=...``, signed for this object only."""
+        """307 to ``GET {transformer}/B/O?etl_fqn=<fqn>``, signed for this object only."""
         assert tf.endpoint is not None
-        fqn = str(Path(path).resolve())
         token = auth.transformer_token(self.cluster_key, record.name, record.uid)
         query = {"etl_fqn": fqn}
         if etl_args is not None:
