@@ -156,20 +156,13 @@ class SendfileCollector:
         return []
 
     def collect(self) -> Iterator[Metric]:
-        sent = CounterMetricFamily(
-            "sluice_sendfile_bytes",
-            "Response bytes sent zero-copy with os.sendfile (plain GETs).",
-            labels=["target"],
-        )
-        sent.add_metric([self.target_id], COUNTERS.bytes)
-        yield sent
-        answers = CounterMetricFamily(
-            "sluice_sendfile_responses",
-            "Responses whose body was sent with os.sendfile.",
-            labels=["target"],
-        )
-        answers.add_metric([self.target_id], COUNTERS.responses)
-        yield answers
+        for name, text, value in (
+            ("bytes", "Response bytes sent zero-copy by os.sendfile (plain GETs).", COUNTERS.bytes),
+            ("responses", "Responses whose body was sent with os.sendfile.", COUNTERS.responses),
+        ):
+            family = CounterMetricFamily(f"sluice_sendfile_{name}", text, labels=["target"])
+            family.add_metric([self.target_id], value)
+            yield family
 
 
 async def _send_file(cycle: Any, message: Message) -> None:
