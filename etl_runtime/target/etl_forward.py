@@ -101,26 +101,21 @@ class EtlForwarder:
         store: ObjectStore,
         cluster_key: str | None,
         fqn_always: bool | None = None,
-        redirect_bytes: int | None | str = "env",
     ) -> None:
         """``fqn_always``: send every ETL ``etl_fqn`` (its transformers can read this
         target's data dir), not only ETLs of ``argType: fqn``; default
-        ``$SLUICE_ETL_FQN == "always"`` (``sluice up`` sets it).
-        ``redirect_bytes``: see ``redirect_bytes_from_env`` (None: always relay)."""
+        ``$SLUICE_ETL_FQN == "always"`` (``sluice up`` sets it). ``redirect_bytes``:
+        ``$SLUICE_ETL_REDIRECT_BYTES`` (``redirect_bytes_from_env``; None: always relay)."""
         if fqn_always is None:
             fqn_always = os.environ.get(FQN_ENV, "").strip().lower() == "always"
         self.fqn_always = fqn_always
-        if redirect_bytes == "env":
-            redirect_bytes = redirect_bytes_from_env()
-        assert redirect_bytes is None or isinstance(redirect_bytes, int)
-        self.redirect_bytes: int | None = redirect_bytes
+        self.redirect_bytes = redirect_bytes_from_env()
         self.target_id = target_id
         self.registry = registry
         self.store = store
         self.cluster_key = cluster_key or ""
         self._http: httpx.AsyncClient | None = None
         self._duplex: DuplexClient | None = None
-        self.redirects = 0  # ETL GETs answered by a 307 to the transformer
         self._failures: dict[str, int] = collections.Counter()
         self._last_errors: dict[str, collections.deque[dict[str, Any]]] = {}
 
@@ -333,7 +328,6 @@ class EtlForwarder:
             query["etl_args"] = etl_args
         query.update(auth.sign_direct(token, f"{bucket}/{name}", fqn, etl_args))
         url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
-        self.redirects += 1
         return Response(
             status_code=307,
             headers={"Location": f"{url}?{urlencode(query)}", "X-Sluice-Etl": record.name},
