@@ -39,7 +39,7 @@ def read_fqn(fqn: str) -> bytes:
         raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from None
 
 
-def raised(e: Exception) -> TransformError:
+def raised(e: BaseException) -> TransformError:
     return TransformError(f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e))
 
 

@@ -49,9 +49,7 @@ from etl_runtime.webserver.errors import (
     CodeLoadError,
     StartupError,
     TransformerError,
-    TransformError,
     TransformTimeout,
-    traceback_tail,
 )
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import LogBuffer, Stats
@@ -220,15 +218,11 @@ def _serve_calls(work: queue.SimpleQueue[Any]) -> None:
         except Exception as e:
             result, error = None, e
         except BaseException as e:  # SystemExit, KeyboardInterrupt: not the server's
-            result, error = None, _raised(e)
+            result, error = None, calls.raised(e)
         try:
             future.get_loop().call_soon_threadsafe(_settle, future, result, error)
         except RuntimeError:  # the loop is closed: the server is stopping
             return
-
-
-def _raised(e: BaseException) -> TransformerError:
-    return TransformError(f"transform raised {type(e).__name__}: {e}", detail=traceback_tail(e))
 
 
 def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
