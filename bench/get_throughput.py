@@ -53,9 +53,9 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from etl_runtime import auth  # noqa: E402
-from etl_runtime.cluster import EtlRecord, TransformerStatus  # noqa: E402
-from etl_runtime.spec import EtlSpec  # noqa: E402
+from etl_runtime.cluster.records import EtlRecord, TransformerStatus  # noqa: E402
+from etl_runtime.core import auth  # noqa: E402
+from etl_runtime.core.spec import EtlSpec  # noqa: E402
 from tests.servers import free_port, serve_process  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -120,7 +120,7 @@ def local_cluster(workdir: Path, args: argparse.Namespace) -> Iterator[tuple[str
             url = f"http://127.0.0.1:{port}"
             argv = [
                 "-m",
-                "etl_runtime.target",
+                "etl_runtime.storage_target",
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -183,7 +183,7 @@ def cpu_by_role() -> dict[str, float]:
             role = "worker"
         elif "etl_runtime.webserver" in cmd:
             role = "transformer"
-        elif "etl_runtime.target" in cmd:
+        elif "etl_runtime.storage_target" in cmd:
             role = "target"
         elif "etl_runtime.gateway" in cmd:
             role = "gateway"
@@ -234,7 +234,7 @@ def direct_requests(
     workdir: Path, transformers: dict[str, str], names: list[str], size: int
 ) -> list[Req]:
     """hpush with etl_fqn straight to the transformer beside the target holding each object."""
-    from etl_runtime.target.store import ObjectStore
+    from etl_runtime.storage.store import ObjectStore
 
     key = os.environ["BENCH_CLUSTER_KEY"]
     auth_header = (("Authorization", f"Bearer {auth.transformer_token(key, ETL, UID)}"),)

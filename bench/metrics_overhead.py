@@ -1,7 +1,7 @@
 """Cost of the ``/metrics`` middleware on a target's plain GET of 16 KiB objects.
 
 Starts two identical targets as child processes (``run_server``, as
-``python -m etl_runtime.target`` does) over their own data dirs: one as
+``python -m etl_runtime.storage_target`` does) over their own data dirs: one as
 ``create_target_app`` builds it, one with ``MetricsMiddleware`` taken out of
 its middleware list before it serves. Uploads the same objects to both, then
 has ``--clients`` concurrent readers (httpx) GET them from one target, then the
@@ -42,10 +42,10 @@ OBJECTS = 64
 
 def serve(port: int, data_dir: str, metrics: bool) -> None:
     """The child: one target, with or without the metrics middleware."""
-    from etl_runtime.metrics import MetricsMiddleware
-    from etl_runtime.target import create_target_app
-    from etl_runtime.target.serving import run_server
-    from tests.target.fakes import DictRegistry
+    from etl_runtime.core.metrics import MetricsMiddleware
+    from etl_runtime.storage_target import create_target_app
+    from etl_runtime.wire.serving import run_server
+    from tests.storage_target.fakes import DictRegistry
 
     app = create_target_app("t0", data_dir, DictRegistry())
     if not metrics:
@@ -153,7 +153,7 @@ async def middleware_cost() -> tuple[float, float]:
     from prometheus_client import CollectorRegistry
     from starlette.routing import Route
 
-    from etl_runtime.metrics import HttpMetrics, MetricsMiddleware
+    from etl_runtime.core.metrics import HttpMetrics, MetricsMiddleware
 
     route = Route("/v1/objects/{bucket}/{name:path}", lambda request: None)
     body = bytes(SIZE)

@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from etl_runtime import Client  # noqa: E402
-from etl_runtime.local.cluster import LocalCluster  # noqa: E402
+from etl_runtime.local.up import LocalCluster  # noqa: E402
 from etl_runtime.pytorch import DynamicBatchSampler, ObjectDataset, ShardReader  # noqa: E402
 
 

@@ -7,7 +7,7 @@ then measures, in one run:
 1. **Library** — direct GETs of 64 MiB objects from MinIO with obstore
    (async stream) and with boto3 (``get_object().Body`` read in 1 MiB
    chunks): MiB/s and client CPU ms per MiB (median over rounds). The
-   winner is what ``etl_runtime.remote.backend`` uses.
+   winner is what ``etl_runtime.providers.aws`` uses.
 2. **Cold ÷ direct** — GETs of objects no target has cached yet, through
    Sluice, ÷ direct GETs of the same objects from MinIO, both with obstore
    (``HTTPStore`` on the gateway follows its 307 like any client; ``S3Store``
@@ -45,8 +45,8 @@ from obstore.store import HTTPStore, S3Store
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from etl_runtime.local.cluster_api import LocalCluster  # noqa: E402
-from tests.remote.minio import ACCESS_KEY, REGION, SECRET_KEY, MinioServer  # noqa: E402
+from etl_runtime.local.api import LocalCluster  # noqa: E402
+from tests.providers.minio import ACCESS_KEY, REGION, SECRET_KEY, MinioServer  # noqa: E402
 
 MiB = 1 << 20
 

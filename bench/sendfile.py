@@ -1,6 +1,6 @@
 """Plain GET from one target, sent by ``os.sendfile`` or read and copied, side by side.
 
-Starts one target process (``python -m etl_runtime.target``) per event loop
+Starts one target process (``python -m etl_runtime.storage_target``) per event loop
 and per ``SLUICE_SENDFILE`` (``1``: zero-copy, the default; ``0``: the
 objects are read into Python and written, as before), uploads the same
 objects to each, then reads them with ``--clients`` concurrent GETs straight
@@ -68,7 +68,12 @@ def targets(workdir: Path, loops: list[str]) -> Iterator[dict[tuple[str, str], t
                 url = f"http://127.0.0.1:{port}"
                 proc = stack.enter_context(
                     serve_process(
-                        ["-m", "etl_runtime.target", "--data-dir", str(workdir / f"{loop}-{mode}")],
+                        [
+                            "-m",
+                            "etl_runtime.storage_target",
+                            "--data-dir",
+                            str(workdir / f"{loop}-{mode}"),
+                        ],
                         f"{url}/v1/health",
                         env={
                             "SLUICE_HOST": "127.0.0.1",

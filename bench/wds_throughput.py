@@ -30,7 +30,7 @@ import PIL.Image
 import webdataset as wds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from etl_runtime.spec import runtime_python_version  # noqa: E402
+from etl_runtime.core.spec import runtime_python_version  # noqa: E402
 from tests.servers import free_port, wait_http  # noqa: E402
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from PIL import Image
 
 from etl_runtime import Client
-from etl_runtime.local.cluster import LocalCluster
+from etl_runtime.local.up import LocalCluster
 
 TEXTS = {
     "notes/hello.txt": b"hello from sluice: transforms run next to the data",

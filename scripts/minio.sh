@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build the real MinIO server used by the remote-bucket tests (tests/remote/)
+# Build the real MinIO server used by the remote-bucket tests (tests/providers/)
 # and bench/remote.py, from source via the Go module proxy, into
 # ~/.cache/sluice/bin/minio.
 #

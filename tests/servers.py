@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import httpx
 import uvicorn
 
-from etl_runtime.eventloop import loop_factory
+from etl_runtime.core.eventloop import loop_factory
 
 EVENT_LOOPS = ("asyncio", "uvloop")  # the ``loop_name`` fixture runs a test on each
 T = TypeVar("T")

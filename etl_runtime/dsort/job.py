@@ -37,14 +37,13 @@ from typing import IO, Any
 
 import anyio.to_thread
 
-from etl_runtime.clustermap import BucketProps, hrw_order
-from etl_runtime.dsort.errors import DsortFailed
+from etl_runtime.cluster.clustermap import BucketProps, hrw_order
+from etl_runtime.core.durable import fsync_dir, write_atomic
+from etl_runtime.core.errors import DsortFailed, NotFound, bucket_not_found
 from etl_runtime.dsort.plan import OutputShard, make_plan
 from etl_runtime.dsort.records import Record, copy_range, index_shard
 from etl_runtime.dsort.spec import DsortSpec
-from etl_runtime.durable import fsync_dir, write_atomic
 from etl_runtime.jobs import JobContext, JobFailed, register_kind
-from etl_runtime.target.errors import NotFound, bucket_not_found
 
 KIND = "dsort"
 INDEX_WORKERS = 2

@@ -24,7 +24,7 @@ import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from etl_runtime.dsort.errors import DsortFailed
+from etl_runtime.core.errors import DsortFailed
 from etl_runtime.dsort.records import END_OF_ARCHIVE, Record
 from etl_runtime.dsort.spec import DsortSpec
 

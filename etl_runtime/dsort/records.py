@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from etl_runtime.dsort.errors import DsortFailed
+from etl_runtime.core.errors import DsortFailed
 
 END_OF_ARCHIVE = tarfile.NUL * (2 * tarfile.BLOCKSIZE)
 

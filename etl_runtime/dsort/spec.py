@@ -36,9 +36,8 @@ from typing import Any
 from braceexpand import braceexpand
 from pydantic import ByteSize, TypeAdapter, ValidationError
 
-from etl_runtime.dsort.errors import InvalidDsortSpec
-from etl_runtime.target.errors import InvalidName
-from etl_runtime.target.names import validate_bucket, validate_object
+from etl_runtime.core.errors import InvalidDsortSpec, InvalidName
+from etl_runtime.core.names import validate_bucket, validate_object
 
 KINDS = ("shuffle", "alphanumeric", "none")
 MISSING_SHARDS = ("abort", "warn", "ignore")

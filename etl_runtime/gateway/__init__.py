@@ -6,7 +6,7 @@ with ``create_gateway_app``.
 
 from __future__ import annotations
 
+from etl_runtime.cluster.hrw import hrw_owner, hrw_score
 from etl_runtime.gateway.app import create_gateway_app
-from etl_runtime.gateway.hrw import hrw_owner, hrw_score
 
 __all__ = ["create_gateway_app", "hrw_owner", "hrw_score"]

@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from etl_runtime import auth
+from etl_runtime.core import auth
 from etl_runtime.gateway.app import create_gateway_app
-from etl_runtime.target.serving import Hook, noop, run_server
+from etl_runtime.wire.serving import Hook, noop, run_server
 
 TARGET_SELECTOR = "sluice.dev/role=target"
 
@@ -69,9 +69,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def local_parts(args: argparse.Namespace, key: str) -> tuple[Any, Any, list[Hook], list[Hook]]:
-    from etl_runtime.cluster import TargetInfo
+    from etl_runtime.cluster.local.discovery import StaticTargets
+    from etl_runtime.cluster.records import TargetInfo
     from etl_runtime.local.controller import LocalEtlBackend
-    from etl_runtime.local.discovery import StaticTargets
 
     targets = []
     for item in args.targets.split(","):
@@ -85,8 +85,8 @@ def local_parts(args: argparse.Namespace, key: str) -> tuple[Any, Any, list[Hook
 
 
 def kube_parts() -> tuple[Any, Any, list[Hook], list[Hook]]:
-    from etl_runtime.kube.backend import KubeEtlBackend
-    from etl_runtime.kube.discovery import KubeTargetDiscovery
+    from etl_runtime.cluster.kube.backend import KubeEtlBackend
+    from etl_runtime.cluster.kube.discovery import KubeTargetDiscovery
 
     namespace = os.environ.get("SLUICE_NAMESPACE") or os.environ.get("POD_NAMESPACE") or None
     discovery = KubeTargetDiscovery(namespace, TARGET_SELECTOR)  # its watch starts here
@@ -95,7 +95,7 @@ def kube_parts() -> tuple[Any, Any, list[Hook], list[Hook]]:
 
 
 def kube_membership(discovery: Any, statefulset: str) -> Any:
-    from etl_runtime.kube.membership import StatefulSetMembership
+    from etl_runtime.cluster.kube.membership import StatefulSetMembership
 
     membership = StatefulSetMembership(statefulset, discovery)  # its watch starts here
     discovery.wait_synced(10)
@@ -117,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         discovery, backend, on_start, on_stop = kube_parts()
     else:
         discovery, backend, on_start, on_stop = local_parts(args, key)
-    from etl_runtime.clustermap import open_cluster_map
+    from etl_runtime.cluster.clustermap import open_cluster_map
 
     try:
         cmap = open_cluster_map(args.cluster_map)

@@ -26,9 +26,9 @@ import msgspec
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from etl_runtime.cluster import EtlRecord
-from etl_runtime.gateway.errors import InvalidRequest
-from etl_runtime.target.jsonbody import read_json
+from etl_runtime.cluster.records import EtlRecord
+from etl_runtime.core.errors import InvalidRequest
+from etl_runtime.core.jsonbody import read_json
 
 MSGPACK = "application/msgpack"
 AIS_USER_AGENT = "ais/python"

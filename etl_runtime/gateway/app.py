@@ -12,13 +12,14 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from etl_runtime.cluster import EtlBackend, TargetDiscovery
-from etl_runtime.clustermap import ClusterMapStore
-from etl_runtime.dsort.gateway_api import dsort_router
+from etl_runtime.cluster.clustermap import ClusterMapStore
+from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
+from etl_runtime.core.metrics import install_metrics
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.errors import install_error_handlers
+from etl_runtime.gateway.dsort import dsort_router
 from etl_runtime.gateway.etl_api import etl_router
+from etl_runtime.gateway.jobs import jobs_router
 from etl_runtime.gateway.membership import (
     MembershipSource,
     RebalanceMonitor,
@@ -27,8 +28,7 @@ from etl_runtime.gateway.membership import (
 )
 from etl_runtime.gateway.redirect import redirect_router
 from etl_runtime.gateway.ui import ui_router
-from etl_runtime.jobs.gateway_api import jobs_router
-from etl_runtime.metrics import install_metrics
+from etl_runtime.wire.http_errors import install_error_handlers
 
 
 def create_gateway_app(

@@ -24,17 +24,23 @@ import httpx
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from etl_runtime.clustermap import BACKEND_KEYS, MAX_COPIES, BucketProps
+from etl_runtime.cluster.clustermap import BACKEND_KEYS, MAX_COPIES, BucketProps
+from etl_runtime.core.errors import (
+    BucketExists,
+    BucketNotFound,
+    InvalidRequest,
+    NoTargets,
+    SluiceError,
+    bucket_not_found,
+)
+from etl_runtime.core.names import read_bucket_action, validate_bucket
+from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway import aiscompat
+from etl_runtime.gateway import remote as remote_gateway
+from etl_runtime.gateway.bucket_action import is_job_action as bucket_action_is_job
+from etl_runtime.gateway.bucket_action import start_transform
 from etl_runtime.gateway.context import Gateway, unreachable
-from etl_runtime.gateway.errors import BucketNotFound, InvalidRequest, NoTargets, SluiceError
 from etl_runtime.gateway.placement import RETRY_AFTER_SECONDS
-from etl_runtime.jobs.bucket_action import is_job_action as bucket_action_is_job
-from etl_runtime.jobs.bucket_action import start_transform
-from etl_runtime.remote import gateway as remote_gateway
-from etl_runtime.target.errors import BucketExists, bucket_not_found
-from etl_runtime.target.names import read_bucket_action, validate_bucket
-from etl_runtime.target.params import refuse_unknown
 
 
 def _not_found(bucket: str) -> BucketNotFound:
@@ -57,7 +63,7 @@ def bucket_props(
     bucket: str, body: dict[str, Any], old: BucketProps | None, request: Request | None = None
 ) -> BucketProps:
     """``props`` of a create-bck / set-bprops body (``{"copies": 1..3}``; for a
-    ``provider=aws`` bucket also the backend props of ``etl_runtime.remote.props``)."""
+    ``provider=aws`` bucket also the backend props of ``etl_runtime.providers.props``)."""
     props = body.get("props") or {}
     if not isinstance(props, dict):
         raise InvalidRequest(f"'props' of bucket {bucket!r} must be an object", bucket=bucket)
@@ -116,7 +122,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any] | Response:
         validate_bucket(bucket)
         gw.require_write(request)
-        if await bucket_action_is_job(request):  # etl-bck: etl_runtime.jobs.bucket_action
+        if await bucket_action_is_job(request):  # etl-bck: etl_runtime.gateway.bucket_action
             return await start_transform(gw, bucket, request)
         if gw.cmap is not None:
             return await _map_bucket_action(bucket, request)

@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Any
 import httpx
 from fastapi import Request
 
-from etl_runtime import auth
-from etl_runtime.cluster import EtlBackend, TargetDiscovery, TargetInfo
-from etl_runtime.clustermap import ClusterMap, ClusterMapStore
-from etl_runtime.gateway.errors import NoTargets, Unauthorized
+from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
+from etl_runtime.cluster.records import EtlBackend, TargetDiscovery, TargetInfo
+from etl_runtime.core import auth
+from etl_runtime.core.errors import NoTargets, Unauthorized
 
 if TYPE_CHECKING:
     from etl_runtime.gateway.membership import MembershipSource

@@ -15,15 +15,15 @@ from typing import Any
 import httpx
 from fastapi import APIRouter, Depends, Query, Request
 
-from etl_runtime import auth
-from etl_runtime import spec as etl_spec
-from etl_runtime.cluster import EtlRecord
+from etl_runtime.cluster.records import EtlRecord
+from etl_runtime.core import auth
+from etl_runtime.core import spec as etl_spec
+from etl_runtime.core.errors import EtlNotFound, InvalidRequest, InvalidSpec, Unauthorized
+from etl_runtime.core.jsonbody import read_json
+from etl_runtime.core.params import refuse_unknown
+from etl_runtime.etl.forward import STAT_FIELDS
 from etl_runtime.gateway import aiscompat
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.errors import EtlNotFound, InvalidRequest, InvalidSpec, Unauthorized
-from etl_runtime.target.etl_forward import STAT_FIELDS
-from etl_runtime.target.jsonbody import read_json
-from etl_runtime.target.params import refuse_unknown
 
 LAST_ERRORS = 20
 

@@ -25,8 +25,8 @@ from typing import Any, Protocol
 
 import httpx
 
-from etl_runtime.clustermap import BucketProps, ClusterMap, ClusterMapStore
-from etl_runtime.eventloop import cancel_and_wait
+from etl_runtime.cluster.clustermap import BucketProps, ClusterMap, ClusterMapStore
+from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.gateway.context import Gateway
 
 log = logging.getLogger(__name__)

@@ -19,11 +19,11 @@ among the live targets, as before.
 
 from __future__ import annotations
 
-from etl_runtime.cluster import TargetInfo
+from etl_runtime.cluster.hrw import hrw_owner, object_key
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core import errors as target_errors
+from etl_runtime.core.errors import BucketNotFound, NoTargets
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.errors import BucketNotFound, NoTargets
-from etl_runtime.gateway.hrw import hrw_owner, object_key
-from etl_runtime.target import errors as target_errors
 
 RETRY_AFTER_SECONDS = 2
 READS = frozenset({"GET", "HEAD"})

@@ -29,15 +29,15 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
-from etl_runtime import auth
+from etl_runtime.core import auth
+from etl_runtime.core.access import SIGNATURE_PARAMS, object_path, object_url
+from etl_runtime.core.errors import InvalidName, InvalidRequest, NoTargets
+from etl_runtime.core.names import validate_names
+from etl_runtime.core.params import refuse_unknown_object_params
+from etl_runtime.etl.pipeline import check_chain_async, parse_chain
+from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.errors import InvalidName, InvalidRequest, NoTargets
 from etl_runtime.gateway.placement import route
-from etl_runtime.remote import gateway as remote_gateway
-from etl_runtime.target.access import SIGNATURE_PARAMS, object_path, object_url
-from etl_runtime.target.names import validate_names
-from etl_runtime.target.params import refuse_unknown_object_params
-from etl_runtime.target.pipeline import check_chain_async, parse_chain
 
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH"]

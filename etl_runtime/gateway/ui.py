@@ -40,10 +40,10 @@ from fastapi.responses import HTMLResponse
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
+from etl_runtime.core.params import refuse_unknown
+from etl_runtime.etl.forward import STAT_FIELDS
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.etl_api import combine_stats, stats_by_target, summary
-from etl_runtime.target.etl_forward import STAT_FIELDS
-from etl_runtime.target.params import refuse_unknown
 
 SCRAPE_TIMEOUT = 1.5  # a paused target must not hold the page up for long
 STATS_TIMEOUT = 3.0

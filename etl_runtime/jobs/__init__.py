@@ -5,7 +5,7 @@ data between targets when it must, and reports progress. Its state lives on
 the targets (``DATA/.jobs/<id>.json``, one part per target), so any gateway
 answers for it and a restarted target resumes its part.
 
-The public API (gateway, ``etl_runtime.jobs.gateway_api``)::
+The public API (gateway, ``etl_runtime.gateway.jobs``)::
 
     POST /v1/jobs               {"kind": "...", "spec": {...}} -> {"id": "..."}
     GET  /v1/jobs[?kind=&state=]
@@ -49,7 +49,8 @@ Register it at import time and add the module to ``kinds.KIND_MODULES``::
 
 * ``id``, ``kind``, ``spec``, ``target_id``, ``members`` (sorted target ids),
   ``store``, ``placement``, ``forwarder`` (the target's ``EtlForwarder``),
-  ``target`` (``target.context.Target``), ``workdir`` (a scratch directory,
+  ``target`` (``jobs.context.Target``: what a job may use of its target),
+  ``workdir`` (a scratch directory,
   removed when the job ends), ``resumed`` (True after a target restart);
 * ``progress.add(objects=, bytes=, records=, skipped=)``;
   ``error(obj, message)`` counts and lists a per-object failure (the runner

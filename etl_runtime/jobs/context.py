@@ -8,26 +8,45 @@ import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from urllib.parse import quote
 
 import anyio
 import anyio.to_thread
 import httpx
 
-from etl_runtime.clustermap import hrw_order
+from etl_runtime.cluster.clustermap import hrw_order
+from etl_runtime.core.access import object_url
+from etl_runtime.core.errors import Unavailable
 from etl_runtime.jobs.state import ABORTED, FAILED, MAX_ERRORS, TERMINAL, JobPart
-from etl_runtime.target.access import object_url
-from etl_runtime.target.errors import Unavailable
 
 if TYPE_CHECKING:
+    from etl_runtime.etl.forward import EtlForwarder
     from etl_runtime.jobs.manager import JobManager
-    from etl_runtime.target.context import Target
+    from etl_runtime.providers.cache import RemoteCache
+    from etl_runtime.storage.copies import Placement
+    from etl_runtime.storage.store import ObjectStore
 
 T = TypeVar("T")
 Body = bytes | AsyncIterable[bytes] | Callable[[], AsyncIterable[bytes]]
 META_HEADER = "X-Sluice-Job-Meta"
 FROM_HEADER = "X-Sluice-Job-From"
+
+
+class Target(Protocol):
+    """What a job needs of the target it runs on (``storage_target.context.Target`` is one).
+
+    Jobs see this much and no more of the service that mounts them.
+    """
+
+    id: str
+    store: ObjectStore
+    forwarder: EtlForwarder
+    token: str | None
+    cluster_key: str | None
+    placement: Placement | None
+    read_token: str | None
+    remote: RemoteCache | None
 
 
 class JobAborted(Exception):

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from etl_runtime.target.errors import InvalidRequest
+from etl_runtime.core.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from etl_runtime.jobs.context import JobContext
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 KIND_MODULES: list[str] = [
     "etl_runtime.jobs.transform",
     "etl_runtime.dsort.job",
-    "etl_runtime.remote.jobs",  # prefetch, evict (remote buckets)
+    "etl_runtime.jobs.prefetch",  # prefetch, evict (remote buckets)
 ]
 
 Run = Callable[["JobContext"], Awaitable[None]]

@@ -14,23 +14,18 @@ from typing import Any
 import anyio.to_thread
 import httpx
 
-from etl_runtime import auth
-from etl_runtime.clustermap import ClusterMapStore
-from etl_runtime.eventloop import cancel_and_wait
-from etl_runtime.jobs.context import JobAborted, JobContext, JobFailed
+from etl_runtime.cluster.clustermap import ClusterMapStore
+from etl_runtime.core import auth
+from etl_runtime.core.errors import Conflict, JobNotFound, SluiceError, Unavailable
+from etl_runtime.core.eventloop import cancel_and_wait
+from etl_runtime.jobs.context import JobAborted, JobContext, JobFailed, Target
 from etl_runtime.jobs.kinds import get_kind
 from etl_runtime.jobs.state import ABORTED, FAILED, FINISHED, RUNNING, TERMINAL, JobFiles, JobPart
-from etl_runtime.target.context import Target
-from etl_runtime.target.errors import Conflict, NotFound, SluiceError, Unavailable
-from etl_runtime.target.peers import INTERNAL_HEADER
+from etl_runtime.storage.peers import INTERNAL_HEADER
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 0.5
 KEEP_ENDED = 1000  # ended jobs kept per target (listed by GET /v1/jobs)
-
-
-class JobNotFound(NotFound):
-    pass
 
 
 def target_timeout_from_env() -> float:

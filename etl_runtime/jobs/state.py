@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etl_runtime.durable import write_atomic
+from etl_runtime.core.durable import write_atomic
 
 RUNNING, FINISHED, ABORTED, FAILED = "Running", "Finished", "Aborted", "Failed"
 STATES = (RUNNING, FINISHED, ABORTED, FAILED)

@@ -33,19 +33,19 @@ import anyio.to_thread
 import httpx
 from braceexpand import braceexpand
 
-from etl_runtime.clustermap import BucketProps
-from etl_runtime.jobs.context import JobAborted, JobContext, JobFailed
-from etl_runtime.jobs.kinds import register_kind
-from etl_runtime.target.access import object_url
-from etl_runtime.target.errors import (
+from etl_runtime.cluster.clustermap import BucketProps
+from etl_runtime.core.access import object_url
+from etl_runtime.core.errors import (
     EtlStopped,
     InvalidRequest,
     ObjectNotFound,
     Unavailable,
     bucket_not_found,
 )
-from etl_runtime.target.names import validate_bucket
-from etl_runtime.target.pipeline import MAX_STEPS, check_chain_async, transform_chain
+from etl_runtime.core.names import validate_bucket
+from etl_runtime.etl.pipeline import MAX_STEPS, check_chain_async, transform_chain
+from etl_runtime.jobs.context import JobAborted, JobContext, JobFailed
+from etl_runtime.jobs.kinds import register_kind
 
 KIND = "etl-bck"
 DEFAULT_WORKERS = 4

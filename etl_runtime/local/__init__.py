@@ -9,6 +9,6 @@
 
 from __future__ import annotations
 
-from etl_runtime.local.cluster_api import LocalCluster
+from etl_runtime.local.api import LocalCluster
 
 __all__ = ["LocalCluster"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from etl_runtime.local.cluster import main
+from etl_runtime.local.up import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -9,7 +9,7 @@ endpoint and readiness) back into the record.
 Each reconcile pass, run on every change and about once a second:
 
 1. observe: poll every transformer process for exit and probe ``GET /health``;
-2. decide: ``etl_operator.reconcile.plan()`` -- the very function the operator
+2. decide: ``etl_runtime.cluster.reconcile.plan()`` -- the very function the operator
    uses for pods -- says which transformers to create and which to delete;
 3. act: spawn processes (asyncio subprocesses: never blocking the loop) and stop
    others in the background, with two local refinements a kubelet/Deployment
@@ -43,14 +43,14 @@ from pathlib import Path
 
 import httpx
 
-from etl_operator import reconcile
-from etl_runtime import auth
-from etl_runtime.cluster import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
-from etl_runtime.eventloop import cancel_and_wait
+from etl_runtime.cluster import reconcile
+from etl_runtime.cluster.local.registry import FileRegistry
+from etl_runtime.cluster.records import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
+from etl_runtime.core import auth
+from etl_runtime.core.eventloop import cancel_and_wait
+from etl_runtime.core.spec import EtlSpec, validate_name
 from etl_runtime.local import processes
 from etl_runtime.local.processes import TransformerProcess
-from etl_runtime.local.registry import FileRegistry
-from etl_runtime.spec import EtlSpec, validate_name
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """Transformer processes: the local cluster's equivalent of transformer pods.
 
-The local ETL controller decides *what* should run (``etl_operator.reconcile``);
+The local ETL controller decides *what* should run (``etl_runtime.cluster.reconcile``);
 this module is the actuator underneath it. A ``TransformerProcess`` is one
 ``python -m etl_runtime.webserver`` child on ``127.0.0.1:<free port>``:
 
@@ -33,8 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etl_operator.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
-from etl_runtime.local import launch
+from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
+from etl_runtime.core import procs as launch
 
 LOG_TAIL_BYTES = 16 * 1024
 LOG_ROTATE_BYTES = 10 * 1024 * 1024

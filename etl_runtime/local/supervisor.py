@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etl_runtime.local import launch
+from etl_runtime.core import procs as launch
 from etl_runtime.local.processes import last_line, pid_alive, process_start_time
 
 PR_SET_CHILD_SUBREAPER = 36

@@ -26,9 +26,9 @@ from typing import TYPE_CHECKING, Any
 
 import cloudpickle
 
+from etl_runtime.core.spec import CodeSpec, EtlSpec, runtime_python_version
 from etl_runtime.sdk.client import quote_path
 from etl_runtime.sdk.errors import EtlError
-from etl_runtime.spec import CodeSpec, EtlSpec, runtime_python_version
 
 if TYPE_CHECKING:
     from etl_runtime.sdk.client import Client

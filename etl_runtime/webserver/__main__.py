@@ -16,11 +16,11 @@ import sys
 
 import uvicorn
 
-from etl_runtime.eventloop import loop_from_env
-from etl_runtime.spec import EtlSpec, InvalidSpec
+from etl_runtime.core.errors import EXIT_CONFIG_ERROR, StartupError
+from etl_runtime.core.eventloop import loop_from_env
+from etl_runtime.core.spec import EtlSpec, InvalidSpec
 from etl_runtime.webserver.app import create_app
 from etl_runtime.webserver.code import check_code
-from etl_runtime.webserver.errors import EXIT_CONFIG_ERROR, StartupError
 from etl_runtime.webserver.pool import WorkerPool
 from etl_runtime.webserver.servers import serve_many, workers_per_server
 from etl_runtime.webserver.stats import Board

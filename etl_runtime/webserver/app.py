@@ -3,7 +3,7 @@
 ``create_app(name, spec, workers, token)`` builds it; the app's lifespan starts
 the ``Transformer`` in the background and stops its workers on shutdown. Routes
 stay thin: object mode lives in ``objects``, WebDataset mode in ``shards``, and
-every ``TransformerError`` becomes its JSON body and status in one handler.
+every ``SluiceError`` becomes its JSON body and status in one handler.
 """
 
 from __future__ import annotations
@@ -18,11 +18,11 @@ from typing import Any
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
-from etl_runtime.auth import bearer_ok
-from etl_runtime.metrics import EtlStatsCollector, install_metrics
-from etl_runtime.spec import EtlSpec
+from etl_runtime.core.auth import bearer_ok
+from etl_runtime.core.errors import NotReady, SluiceError, Unauthorized
+from etl_runtime.core.metrics import EtlStatsCollector, install_metrics
+from etl_runtime.core.spec import EtlSpec
 from etl_runtime.webserver.direct import direct_answer
-from etl_runtime.webserver.errors import NotReady, TransformerError, Unauthorized
 from etl_runtime.webserver.fastpath import FastPathApp
 from etl_runtime.webserver.fqn import confine, data_roots
 from etl_runtime.webserver.objects import transform_object
@@ -100,11 +100,11 @@ def create_app(
                 "missing or wrong bearer token: send 'Authorization: Bearer <ETL token>'"
             )
 
-    @app.exception_handler(TransformerError)
+    @app.exception_handler(SluiceError)
     async def transformer_error(request: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, TransformerError)
+        assert isinstance(exc, SluiceError)
         obj = request.path_params.get("bucket"), request.path_params.get("object")
-        body = exc.body(name, "/".join(obj) if all(obj) else None)  # type: ignore[arg-type]
+        body = exc.hpush_body(name, "/".join(obj) if all(obj) else None)  # type: ignore[arg-type]
         return JSONResponse(body, status_code=exc.status)
 
     @app.get("/health")

@@ -17,11 +17,11 @@ import io
 from collections.abc import Callable
 from typing import Any
 
-from etl_runtime.webserver.errors import (
+from etl_runtime.core.errors import (
     BadRequest,
     BadResult,
     ObjectNotFound,
-    TransformerError,
+    SluiceError,
     TransformError,
     traceback_tail,
 )
@@ -46,7 +46,7 @@ def raised(e: BaseException) -> TransformError:
 def call(fn: Callable[..., Any], with_args: bool, data: bytes, args: str | None) -> Any:
     try:
         return fn(data, args) if with_args else fn(data)
-    except TransformerError:
+    except SluiceError:
         raise
     except Exception as e:
         raise raised(e) from e

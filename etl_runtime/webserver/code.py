@@ -19,8 +19,8 @@ from typing import Any
 
 import cloudpickle
 
-from etl_runtime.spec import EtlSpec, runtime_python_version
-from etl_runtime.webserver.errors import CodeLoadError, DependencyError, PythonVersionMismatch
+from etl_runtime.core.errors import CodeLoadError, DependencyError, PythonVersionMismatch
+from etl_runtime.core.spec import EtlSpec, runtime_python_version
 
 USER_MODULE = "sluice_user_code"
 

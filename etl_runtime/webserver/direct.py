@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from etl_runtime import auth
-from etl_runtime.webserver.errors import BadRequest, NotReady, TransformerError, Unauthorized
+from etl_runtime.core import auth
+from etl_runtime.core.errors import BadRequest, NotReady, SluiceError, Unauthorized
 from etl_runtime.webserver.fqn import confine
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
@@ -75,8 +75,8 @@ async def direct_answer(
     obj = f"{bucket}/{object}"
     try:
         return await _answer(transformer, request, obj, roots)
-    except TransformerError as e:
-        body = e.body(transformer.name, obj)
+    except SluiceError as e:
+        body = e.hpush_body(transformer.name, obj)
         body.update(bucket=bucket, object=object)  # as the target would have answered it
         return JSONResponse(body, status_code=e.status)
 

@@ -17,7 +17,7 @@ What a user sees does not change:
 * the app's own middleware (``add_middleware``: the request metrics) wraps
   the shortcut as it wraps FastAPI's routes;
 * an exception raised before the answer starts goes to the app's exception
-  handlers (``TransformerError`` -> its JSON body and status), looked up by
+  handlers (``SluiceError`` -> its JSON body and status), looked up by
   the exception's class like Starlette does; one without a handler
   propagates, and uvicorn answers 500; an exception once the answer started
   propagates too, so uvicorn aborts the connection.

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-from etl_runtime.webserver.errors import BadRequest
+from etl_runtime.core.errors import BadRequest
 
 DATA_ROOTS_ENV = "SLUICE_DATA_ROOTS"
 

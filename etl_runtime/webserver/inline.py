@@ -42,15 +42,15 @@ from typing import Any
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from etl_runtime.spec import EtlSpec
-from etl_runtime.webserver import calls
-from etl_runtime.webserver.code import load_transform, takes_args
-from etl_runtime.webserver.errors import (
+from etl_runtime.core.errors import (
     CodeLoadError,
+    SluiceError,
     StartupError,
-    TransformerError,
     TransformTimeout,
 )
+from etl_runtime.core.spec import EtlSpec
+from etl_runtime.webserver import calls
+from etl_runtime.webserver.code import load_transform, takes_args
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import LogBuffer, Stats
 
@@ -122,7 +122,7 @@ class InlineRunner:
             item = next(chunks)
         except StopIteration:
             return _DONE
-        except TransformerError:
+        except SluiceError:
             raise
         except Exception as e:
             raise calls.raised(e) from e
@@ -154,7 +154,7 @@ class InlineRunner:
             first = None
             if isinstance(result, Iterator):
                 first = await self._in_pool(self._next, result)
-        except TransformerError as e:
+        except SluiceError as e:
             stats.error(obj, None, e.message)
             stats.transform_seconds += time.perf_counter() - started
             raise
@@ -179,7 +179,7 @@ class InlineRunner:
                 yield item
                 item = await self._in_pool(self._next, chunks)
             stats.objects += 1
-        except TransformerError as e:
+        except SluiceError as e:
             stats.error(obj, None, e.message)
             log.error("ETL failed on %s after streaming began (connection aborted): %s", obj, e)
             raise

@@ -31,7 +31,7 @@ import socket
 import struct
 import threading
 
-from etl_runtime.streambuf import ReceiveStream
+from etl_runtime.wire.streambuf import ReceiveStream
 
 HEADER = struct.Struct("!BQ")
 

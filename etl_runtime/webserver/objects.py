@@ -28,8 +28,8 @@ from collections.abc import AsyncIterator
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
+from etl_runtime.core.errors import SluiceError, WorkerDied
 from etl_runtime.webserver import ipc
-from etl_runtime.webserver.errors import TransformerError, WorkerDied
 from etl_runtime.webserver.pool import OBJECT_TASK, Task, WorkerPool
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import Stats
@@ -65,7 +65,7 @@ async def transform_object(
                 stats.bytes_out += length
                 stats.transform_seconds += time.perf_counter() - started
                 return Response(memoryview(first), media_type=MEDIA_TYPE)
-    except TransformerError as e:
+    except SluiceError as e:
         task.release()
         stats.error(obj, None, e.message)
         stats.transform_seconds += time.perf_counter() - started
@@ -135,7 +135,7 @@ async def _result_stream(
             if chunk:
                 stats.bytes_out += len(chunk)
                 yield chunk
-    except TransformerError as e:
+    except SluiceError as e:
         stats.error(obj, None, e.message)
         log.error("ETL failed on %s after streaming began (connection aborted): %s", obj, e)
         raise

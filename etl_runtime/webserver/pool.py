@@ -27,18 +27,18 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from etl_runtime import streambuf
-from etl_runtime.spec import EtlSpec
-from etl_runtime.streambuf import ReceiveStream
-from etl_runtime.webserver import ipc
-from etl_runtime.webserver.errors import (
+from etl_runtime.core.errors import (
     CodeLoadError,
-    TransformerError,
+    SluiceError,
     TransformTimeout,
     WorkerDied,
     from_wire,
 )
+from etl_runtime.core.spec import EtlSpec
+from etl_runtime.webserver import ipc
 from etl_runtime.webserver.worker import worker_main
+from etl_runtime.wire import streambuf
+from etl_runtime.wire.streambuf import ReceiveStream
 
 log = logging.getLogger("sluice.transformer")
 
@@ -125,7 +125,7 @@ class Task:
         if kind in (ipc.END, ipc.RESULT, ipc.ERROR):
             self.finished = True
         if kind == ipc.ERROR:
-            raise payload if isinstance(payload, TransformerError) else from_wire(payload)
+            raise payload if isinstance(payload, SluiceError) else from_wire(payload)
         return kind, payload
 
     def release(self) -> None:

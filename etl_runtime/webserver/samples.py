@@ -22,7 +22,7 @@ from typing import Any
 
 from webdataset import autodecode, writer
 
-from etl_runtime.webserver.errors import (
+from etl_runtime.core.errors import (
     BadResult,
     CodeLoadError,
     DecodeError,

@@ -36,8 +36,8 @@ from typing import Any
 
 import uvicorn
 
-from etl_runtime.local.launch import die_with_parent
-from etl_runtime.webserver.errors import EXIT_CONFIG_ERROR
+from etl_runtime.core.errors import EXIT_CONFIG_ERROR
+from etl_runtime.core.procs import die_with_parent
 from etl_runtime.webserver.stats import Board
 
 BACKLOG = 2048

@@ -35,14 +35,14 @@ from typing import IO, TYPE_CHECKING, Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from etl_runtime.webserver import ipc
-from etl_runtime.webserver.bodyfile import BodyClosed, RequestBodyFile
-from etl_runtime.webserver.errors import (
+from etl_runtime.core.errors import (
     BadRequest,
     NotATar,
     ObjectNotFound,
-    TransformerError,
+    SluiceError,
 )
+from etl_runtime.webserver import ipc
+from etl_runtime.webserver.bodyfile import BodyClosed, RequestBodyFile
 from etl_runtime.webserver.pool import SAMPLE_TASK, Task
 from etl_runtime.webserver.responses import TransformedStream
 
@@ -126,7 +126,7 @@ class ShardParser:
         if not self.stopped:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
-    def _error(self, e: Exception, last_key: str | None) -> TransformerError:
+    def _error(self, e: Exception, last_key: str | None) -> SluiceError:
         reason = f"{type(e).__name__}: {e.args[0] if e.args else e}"
         if isinstance(e, tarfile.TarError) and last_key is None:
             return NotATar(
@@ -173,7 +173,7 @@ async def transform_shard(
     stream = _shard_stream(transformer, parser, obj, args)
     try:
         first = await anext(stream)
-    except TransformerError as e:
+    except SluiceError as e:
         stats.error(obj, e.sample, e.message)
         raise
     return TransformedStream(_continue(first, stream, transformer, obj), MEDIA_TYPE, body_done)
@@ -189,7 +189,7 @@ async def _continue(
         async for chunk in rest:
             stats.bytes_out += len(chunk)
             yield chunk
-    except TransformerError as e:
+    except SluiceError as e:
         stats.error(obj, e.sample, e.message)
         log.error("ETL failed on %s after streaming began (connection aborted): %s", obj, e)
         raise
@@ -213,12 +213,12 @@ async def _shard_stream(
             item = await in_flight.get()
             if item is _END:
                 break
-            if isinstance(item, TransformerError):
+            if isinstance(item, SluiceError):
                 raise item
             key, task = item
             try:
                 _, data = await task.next_frame()
-            except TransformerError as e:
+            except SluiceError as e:
                 if not skip:
                     raise
                 stats.skipped += 1
@@ -254,7 +254,7 @@ async def _dispatch(
         sample = await parser.queue.get()
         if sample is _END and isinstance(parser.fileobj, RequestBodyFile):
             await parser.fileobj.drain()
-        if sample is _END or isinstance(sample, TransformerError):
+        if sample is _END or isinstance(sample, SluiceError):
             in_flight.put_nowait(sample)
             return
         task: Task = await pool.acquire(SAMPLE_TASK)

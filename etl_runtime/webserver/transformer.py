@@ -14,9 +14,9 @@ import logging
 import tempfile
 from collections.abc import Callable
 
-from etl_runtime.spec import EtlSpec
+from etl_runtime.core.errors import StartupError
+from etl_runtime.core.spec import EtlSpec
 from etl_runtime.webserver.code import check_code, install_dependencies
-from etl_runtime.webserver.errors import StartupError
 from etl_runtime.webserver.inline import InlineRunner
 from etl_runtime.webserver.pool import WorkerPool
 from etl_runtime.webserver.shards import load_tariterators

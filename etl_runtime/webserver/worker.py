@@ -21,15 +21,15 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from etl_runtime.spec import EtlSpec
-from etl_runtime.webserver import calls, ipc
-from etl_runtime.webserver.code import load_transform, takes_args
-from etl_runtime.webserver.errors import (
+from etl_runtime.core.errors import (
+    SluiceError,
     StartupError,
-    TransformerError,
     TransformError,
     traceback_tail,
 )
+from etl_runtime.core.spec import EtlSpec
+from etl_runtime.webserver import calls, ipc
+from etl_runtime.webserver.code import load_transform, takes_args
 
 
 def _log_sender(frames: ipc.FrameSocket) -> Callable[[str], None]:
@@ -108,7 +108,7 @@ def worker_main(sock: socket.socket, spec_json: str, deps_dir: str | None) -> No
         return
 
 
-def _send_error(frames: ipc.FrameSocket, err: TransformerError) -> None:
+def _send_error(frames: ipc.FrameSocket, err: SluiceError) -> None:
     frames.send(ipc.ERROR, pickle.dumps(err.to_wire()))
 
 
@@ -128,7 +128,7 @@ def _object_task(
     else:
         try:
             data = calls.read_fqn(fqn)
-        except TransformerError as e:
+        except SluiceError as e:
             return _send_error(frames, e)
     try:
         result = calls.result_of(calls.call(fn, with_args, data, args))
@@ -141,7 +141,7 @@ def _object_task(
             return
         for item in result:
             _send_chunked(frames, calls.chunk_of(item))
-    except TransformerError as e:
+    except SluiceError as e:
         return _send_error(frames, e)
     except Exception as e:  # raised while iterating the result
         return _send_error(frames, calls.raised(e))
@@ -171,7 +171,7 @@ def _sample_task(frames: ipc.FrameSocket, transform: Any, payload: bytes) -> Non
     sample, args = pickle.loads(payload)
     try:
         out = transform(sample, args)
-    except TransformerError as e:
+    except SluiceError as e:
         return _send_error(frames, e)
     except Exception as e:  # a bug outside the user's function; still name the sample
         key = str(sample.get("__key__"))

@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from etl_operator.pods import ETL_LABEL, label_value, secret_name
-from etl_runtime.kube.records import ETL_GROUP, ETL_PLURAL, ETL_VERSION, label_selector
+from etl_runtime.cluster.kube.records import ETL_GROUP, ETL_PLURAL, ETL_VERSION, label_selector
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from typing import Any
 from etl_operator import events
 from etl_operator import pods as manifests
 from etl_operator.actuator import FINALIZER, KubeActuator
-from etl_operator.reconcile import ObservedTransformer, Plan, plan, summarize
 from etl_operator.status import (
     error_status,
     etl_status,
@@ -34,10 +33,11 @@ from etl_operator.status import (
     status_changed,
     transformer_statuses,
 )
-from etl_runtime.auth import transformer_token
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.kube.records import DEFAULT_TARGET_LABELS
-from etl_runtime.spec import EtlSpec, InvalidSpec
+from etl_runtime.cluster.kube.records import DEFAULT_TARGET_LABELS
+from etl_runtime.cluster.reconcile import ObservedTransformer, Plan, plan, summarize
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.auth import transformer_token
+from etl_runtime.core.spec import EtlSpec, InvalidSpec
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from etl_operator.reconcile import EXIT_CONFIG_ERROR, MAX_RESTARTS, ObservedTransformer
+from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR, MAX_RESTARTS, ObservedTransformer
 
 NORMAL, WARNING = "Normal", "Warning"
 _MAX_NAMES = 5

@@ -30,8 +30,8 @@ from etl_operator.controller import Controller, OperatorConfig
 from etl_operator.peering import active_namespaces
 from etl_operator.pods import ETL_LABEL
 from etl_operator.queue import ReconcileQueue
-from etl_runtime.kube.config import api_client
-from etl_runtime.kube.records import (
+from etl_runtime.cluster.kube.config import api_client
+from etl_runtime.cluster.kube.records import (
     DEFAULT_TARGET_LABELS,
     ETL_GROUP,
     ETL_PLURAL,

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from etl_operator.reconcile import transformer_name
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.kube.records import ETL_API_VERSION, ETL_KIND
-from etl_runtime.spec import EtlSpec
+from etl_runtime.cluster.kube.records import ETL_API_VERSION, ETL_KIND
+from etl_runtime.cluster.reconcile import transformer_name
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.spec import EtlSpec
 
 ETL_LABEL = "sluice.dev/etl"
 TARGET_LABEL = "sluice.dev/target"

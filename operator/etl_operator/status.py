@@ -17,9 +17,9 @@ from etl_operator.pods import (
     SPEC_HASH_ANNOTATION,
     TARGET_LABEL,
 )
-from etl_operator.reconcile import MAX_RESTARTS, ObservedTransformer, Summary
-from etl_runtime.cluster import TargetInfo, TransformerStatus
-from etl_runtime.kube.records import pod_is_ready
+from etl_runtime.cluster.kube.records import pod_is_ready
+from etl_runtime.cluster.reconcile import MAX_RESTARTS, ObservedTransformer, Summary
+from etl_runtime.cluster.records import TargetInfo, TransformerStatus
 
 _MAX_MESSAGE = 400
 

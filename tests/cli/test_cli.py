@@ -17,7 +17,7 @@ from tests.servers import free_port
 
 
 def sluice(endpoint: str, *args: str, input: bytes | None = None, env: dict | None = None):
-    cmd = [sys.executable, "-m", "etl_runtime.cli", "--endpoint", endpoint, *args]
+    cmd = [sys.executable, "-m", "etl_runtime.cli.main", "--endpoint", endpoint, *args]
     full_env = {**os.environ, "SLUICE_TOKEN": "", **(env or {})}
     return subprocess.run(cmd, input=input, capture_output=True, timeout=180, env=full_env)
 
@@ -126,13 +126,13 @@ def test_token_from_flag_and_env(tmp_path: Path) -> None:
 
 
 def test_sluice_up_runs_a_cluster_until_interrupted(tmp_path: Path) -> None:
-    pytest.importorskip("etl_runtime.local.cluster", reason="local cluster not built yet")
+    pytest.importorskip("etl_runtime.local.up", reason="local cluster not built yet")
     port = free_port()
     proc = subprocess.Popen(
         [
             sys.executable,
             "-m",
-            "etl_runtime.cli",
+            "etl_runtime.cli.main",
             "up",
             "--targets",
             "2",

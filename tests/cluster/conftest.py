@@ -16,13 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.clustermap import MemoryClusterMap
+from etl_runtime.cluster.clustermap import MemoryClusterMap
+from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.gateway import create_gateway_app
-from etl_runtime.target import create_target_app
+from etl_runtime.storage_target import create_target_app
 from tests.gateway.conftest import DictBackend
 from tests.servers import serve_in_thread
-from tests.target.fakes import CLUSTER_KEY, DictRegistry
+from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 
 
 class Liveness:

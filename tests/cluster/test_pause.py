@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from etl_runtime.clustermap import FileClusterMap
+from etl_runtime.cluster.clustermap import FileClusterMap
 from etl_runtime.local import LocalCluster
 from tests.cluster.conftest import wait_for
 

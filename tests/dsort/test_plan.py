@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import webdataset as wds
 
-from etl_runtime.dsort.errors import DsortFailed, InvalidDsortSpec
+from etl_runtime.core.errors import DsortFailed, InvalidDsortSpec
 from etl_runtime.dsort.plan import make_plan
 from etl_runtime.dsort.records import END_OF_ARCHIVE, Record, index_shard
 from etl_runtime.dsort.spec import DsortSpec

@@ -36,7 +36,7 @@ def test_targets_and_gateways_start_without_importing_torch() -> None:
     webdataset there (it imports torch) cost each process ~500 MB of RSS."""
     code = (
         "import sys\n"
-        "import etl_runtime.target.app, etl_runtime.gateway.app\n"
+        "import etl_runtime.storage_target.app, etl_runtime.gateway.app\n"
         "from etl_runtime.jobs import kinds\n"
         "kinds.load_kinds()\n"
         "print(sorted(m for m in ('torch', 'webdataset') if m in sys.modules))\n"

@@ -52,7 +52,7 @@ def steps(workflow: ModuleType) -> dict[str, ModuleType]:
 @pytest.fixture(scope="package")
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Client]:
     """A client on a fresh local cluster; two targets keep the 2-core CI box responsive."""
-    from etl_runtime.local.cluster import LocalCluster  # imported late: a server-side module
+    from etl_runtime.local.up import LocalCluster  # imported late: a server-side module
 
     data_dir = tmp_path_factory.mktemp("pets-cluster")
     with LocalCluster(data_dir, targets=2, port=free_port()) as cluster:

@@ -15,12 +15,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from etl_runtime.cluster import EtlRecord, TargetInfo, TransformerStatus
+from etl_runtime.cluster.records import EtlRecord, TargetInfo, TransformerStatus
+from etl_runtime.core.spec import EtlSpec
 from etl_runtime.gateway import create_gateway_app
-from etl_runtime.spec import EtlSpec
-from etl_runtime.target import create_target_app
+from etl_runtime.storage_target import create_target_app
 from tests.servers import serve_in_thread
-from tests.target.fakes import CLUSTER_KEY, DictRegistry
+from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 
 TOKEN = "s3cret"
 

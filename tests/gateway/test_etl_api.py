@@ -9,7 +9,7 @@ import pytest
 
 from tests.gateway.conftest import TOKEN, Cluster
 from tests.servers import serve_in_thread
-from tests.target.fakes import SOURCE, transformer_app
+from tests.storage_target.fakes import SOURCE, transformer_app
 
 SPEC = {"mode": "object", "code": {"source": SOURCE}}
 

@@ -6,8 +6,8 @@ import collections
 
 import pytest
 
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.gateway.hrw import hrw_owner
+from etl_runtime.cluster.hrw import hrw_owner
+from etl_runtime.cluster.records import TargetInfo
 
 TARGETS = [TargetInfo(id=f"t{i}", url=f"http://t{i}") for i in range(5)]
 KEYS = [f"bucket/shard-{i:06d}.tar" for i in range(20_000)]

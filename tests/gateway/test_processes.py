@@ -1,4 +1,4 @@
-"""The real entry points: ``python -m etl_runtime.target`` / ``.gateway`` as processes.
+"""The real entry points: ``python -m etl_runtime.storage_target`` / ``.gateway`` as processes.
 
 Flags and environment per docs/architecture.md, a token and a cluster key,
 objects written and read through the gateway, a transformed read through an
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import httpx
 
-from etl_runtime.cluster import EtlRecord, TransformerStatus
-from etl_runtime.spec import EtlSpec
+from etl_runtime.cluster.records import EtlRecord, TransformerStatus
+from etl_runtime.core.spec import EtlSpec
 from tests.servers import free_port, serve_in_thread, serve_process
-from tests.target.fakes import SOURCE, transformer_app
+from tests.storage_target.fakes import SOURCE, transformer_app
 
 
 def test_gateway_and_targets_as_processes(tmp_path: Path) -> None:
@@ -34,7 +34,7 @@ def test_gateway_and_targets_as_processes(tmp_path: Path) -> None:
                 serve_process(
                     [
                         "-m",
-                        "etl_runtime.target",
+                        "etl_runtime.storage_target",
                         "--id",
                         tid,
                         "--data-dir",

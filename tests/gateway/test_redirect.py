@@ -12,7 +12,7 @@ import httpx
 import pytest
 import requests
 
-from etl_runtime.gateway.hrw import hrw_owner
+from etl_runtime.cluster.hrw import hrw_owner
 from tests.gateway.conftest import TOKEN, Cluster
 
 

@@ -7,8 +7,8 @@ import re
 from typing import Any
 
 from etl_operator import pods
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.spec import EtlSpec
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.spec import EtlSpec
 from tests.helm.chart import REPO, Manifest, container, render
 
 SCRAPE = ("prometheus.io/scrape", "prometheus.io/port", "prometheus.io/path")

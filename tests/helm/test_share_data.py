@@ -15,8 +15,8 @@ import pytest
 
 from etl_operator import pods
 from etl_operator.controller import OperatorConfig
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.spec import EtlSpec
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.spec import EtlSpec
 from tests.helm.chart import (
     CHART,
     Manifest,

@@ -74,7 +74,7 @@ def _inside_opaque(lines: list[str], entry: str) -> bool:
 
 def test_deploy_guide_etl_example_is_a_valid_etl() -> None:
     """The ETL manifest users copy from docs/deploy.md parses and its code loads."""
-    from etl_runtime.spec import EtlSpec
+    from etl_runtime.core.spec import EtlSpec
 
     guide = (REPO / "docs" / "deploy.md").read_text()
     blocks = re.findall(r"```yaml\n(.*?)```", guide, flags=re.S)

@@ -48,8 +48,8 @@ def test_default_transformer_image_runs_the_transformer() -> None:
 def test_operator_transformer_pods_fit_the_runtime_image() -> None:
     """The operator's transformer pod runs a script the runtime image has, as its UID."""
     from etl_operator.pods import EtlRef, transformer_pod
-    from etl_runtime.cluster import TargetInfo
-    from etl_runtime.spec import EtlSpec
+    from etl_runtime.cluster.records import TargetInfo
+    from etl_runtime.core.spec import EtlSpec
 
     runtime = all_images()["runtime"]
     spec = EtlSpec.from_dict({"mode": "wds", "code": {"source": "def transform(s):\n  return s\n"}})

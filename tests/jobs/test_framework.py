@@ -18,14 +18,14 @@ from typing import Any
 import httpx
 import pytest
 
-from etl_runtime.cluster import TargetInfo
+from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.gateway import create_gateway_app
 from etl_runtime.jobs import JobContext, JobFailed, register_kind
-from etl_runtime.target import create_target_app
+from etl_runtime.storage_target import create_target_app
 from tests.cluster.conftest import Liveness, MapCluster
 from tests.gateway.conftest import DictBackend
 from tests.servers import serve_in_thread
-from tests.target.fakes import CLUSTER_KEY, DictRegistry
+from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 
 pytestmark = pytest.mark.timeout(120)
 

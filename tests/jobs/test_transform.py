@@ -211,7 +211,7 @@ def test_job_survives_a_target_kill(cluster: LocalCluster, client: Client) -> No
     wait_for(
         lambda: job.status()["targets"]["t1"]["progress"]["objects"] >= 5, 60, "progress", cluster
     )
-    t1 = server(cluster, "etl_runtime.target", "t1")
+    t1 = server(cluster, "etl_runtime.storage_target", "t1")
     t1_url = next(t["url"] for t in client.cluster()["targets"] if t["id"] == "t1")
     t1.kill()  # SIGKILL: no chance to save anything more
     psutil.wait_procs([t1], timeout=10)
@@ -230,7 +230,7 @@ def test_job_survives_a_target_kill(cluster: LocalCluster, client: Client) -> No
 def test_cli_transform_and_job_commands(
     cluster: LocalCluster, client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from etl_runtime import cli
+    from etl_runtime.cli import main as cli
 
     _fill(client, "clisrc", {"a.txt": b"abc", "b.txt": b"xyz"})
     ep = ["--endpoint", cluster.endpoint]

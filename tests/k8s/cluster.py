@@ -120,7 +120,7 @@ def deploy_sluice(plane: ControlPlane, api: Api, log: Path) -> subprocess.Popen[
                 [*DIE_WITH_PARENT, sys.executable, "-m", "etl_operator"],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-    if (ROOT / "etl_runtime/target/__main__.py").exists():
+    if (ROOT / "etl_runtime/storage_target/__main__.py").exists():
         ensure(api, f"{ns}/serviceaccounts", {"metadata": {"name": "sluice-target"}})
         rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}"
         ensure(api, f"{rbac}/roles", TARGET_ROLE)

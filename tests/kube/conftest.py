@@ -1,4 +1,4 @@
-"""``etl_runtime.kube`` against the project's real control plane (tests/k8s)."""
+"""``etl_runtime.cluster.kube`` against the project's real control plane (tests/k8s)."""
 
 from __future__ import annotations
 

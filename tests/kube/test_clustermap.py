@@ -12,9 +12,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from etl_runtime.clustermap import BucketProps, ClusterMap
-from etl_runtime.kube.clustermap import DATA_KEY, KubeClusterMap
-from etl_runtime.kube.config import api_client
+from etl_runtime.cluster.clustermap import BucketProps, ClusterMap
+from etl_runtime.cluster.kube.clustermap import DATA_KEY, KubeClusterMap
+from etl_runtime.cluster.kube.config import api_client
 from tests.k8s.fixtures import Cluster
 from tests.k8s.waiting import wait_for
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from etl_runtime.cluster import TargetInfo
+from etl_runtime.cluster.records import TargetInfo
 
 STANDIN = (sys.executable, str(Path(__file__).with_name("standin_transformer.py")))
 REAL = (sys.executable, "-m", "etl_runtime.webserver")
@@ -28,7 +28,7 @@ def have_module(name: str) -> bool:
 
 HAVE_WEBSERVER = have_module("etl_runtime.webserver.__main__")
 HAVE_CLUSTER = HAVE_WEBSERVER and all(
-    have_module(m) for m in ("etl_runtime.target.__main__", "etl_runtime.gateway.__main__")
+    have_module(m) for m in ("etl_runtime.storage_target.__main__", "etl_runtime.gateway.__main__")
 )
 
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from etl_runtime import auth
-from etl_runtime.cluster import EtlRecord
+from etl_runtime.cluster.local.registry import FileRegistry
+from etl_runtime.cluster.records import EtlRecord
+from etl_runtime.core import auth
+from etl_runtime.core.spec import CodeSpec, EtlSpec
 from etl_runtime.local.controller import LocalEtlBackend
-from etl_runtime.local.registry import FileRegistry
-from etl_runtime.spec import CodeSpec, EtlSpec
 from tests.local.conftest import STANDIN, FakeTargets, pid_gone, transformer_pids, wait_until
 
 KEY = "k" * 64

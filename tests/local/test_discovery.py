@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from fastapi import FastAPI, Response
 
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.local.discovery import StaticTargets, parse_targets
+from etl_runtime.cluster.local.discovery import StaticTargets, parse_targets
+from etl_runtime.cluster.records import TargetInfo
 from tests.servers import free_port, serve_in_thread
 
 

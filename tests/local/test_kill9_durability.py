@@ -37,7 +37,7 @@ from etl_runtime.sdk.errors import NotFound, SluiceError
 from tests.local.conftest import HAVE_CLUSTER, pid_gone
 
 pytestmark = pytest.mark.skipif(
-    not HAVE_CLUSTER, reason="needs etl_runtime.target, .gateway and .webserver"
+    not HAVE_CLUSTER, reason="needs etl_runtime.storage_target, .gateway and .webserver"
 )
 
 SEED = 8
@@ -137,7 +137,7 @@ def target_process(cluster: LocalCluster, target_id: str) -> psutil.Process | No
     for p in psutil.Process(cluster.pid).children(recursive=True):
         try:
             cmd = p.cmdline()
-            if "etl_runtime.target" in cmd and cmd[cmd.index("--id") + 1] == target_id:
+            if "etl_runtime.storage_target" in cmd and cmd[cmd.index("--id") + 1] == target_id:
                 return p
         except (psutil.NoSuchProcess, ValueError, IndexError):
             pass

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from etl_runtime.cluster import EtlRecord, TransformerStatus
-from etl_runtime.local import registry as registry_mod
-from etl_runtime.local.registry import FileRegistry
-from etl_runtime.spec import CodeSpec, EtlSpec
+from etl_runtime.cluster.local import registry as registry_mod
+from etl_runtime.cluster.local.registry import FileRegistry
+from etl_runtime.cluster.records import EtlRecord, TransformerStatus
+from etl_runtime.core.spec import CodeSpec, EtlSpec
 
 
 def record(name: str = "upper", phase: str = "Running", port: int = 9000) -> EtlRecord:

@@ -24,7 +24,7 @@ from etl_runtime.local import LocalCluster
 from tests.local.conftest import HAVE_CLUSTER
 
 pytestmark = pytest.mark.skipif(
-    not HAVE_CLUSTER, reason="needs etl_runtime.target, .gateway and .webserver"
+    not HAVE_CLUSTER, reason="needs etl_runtime.storage_target, .gateway and .webserver"
 )
 
 TOKEN = "s3cret"

@@ -25,7 +25,7 @@ from tests.local.conftest import HAVE_CLUSTER
 from tests.local.test_up import UPPER, descendants, survivors, transformer_leaders, wait_running
 
 needs_cluster = pytest.mark.skipif(
-    not HAVE_CLUSTER, reason="needs etl_runtime.target, .gateway and .webserver"
+    not HAVE_CLUSTER, reason="needs etl_runtime.storage_target, .gateway and .webserver"
 )
 
 
@@ -87,7 +87,7 @@ def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) ->
         on_t1 = [o["name"] for o in httpx.get(f"{t1_url}/v1/buckets/b").json()["objects"]]
         assert on_t1, "HRW put none of 12 objects on t1"
 
-        old = server(cluster, "etl_runtime.target", "t1")
+        old = server(cluster, "etl_runtime.storage_target", "t1")
         old.kill()
         line = wait_for(
             lambda: next((ln for ln in cluster.output.splitlines() if "restarting" in ln), None),
@@ -99,7 +99,7 @@ def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) ->
         assert line.endswith("restarting in 0.5s (crash 1 of 5)")
 
         wait_for(lambda: healthy(t1_url), 60, "t1 back on its URL", cluster)
-        new = server(cluster, "etl_runtime.target", "t1")
+        new = server(cluster, "etl_runtime.storage_target", "t1")
         assert new.pid != old.pid
         assert up_json_pids(data)["target t1"] == new.pid
         for name in on_t1:  # straight from t1, and through the gateway
@@ -168,7 +168,7 @@ def test_a_target_that_cannot_start_takes_the_cluster_down_after_5_crashes(
         os.rename(tdir, tmp_path / "t0-moved")
         tdir.write_text("not a directory")  # every restart fails to open its data dir
         tree = descendants(cluster.pid)
-        os.kill(server(cluster, "etl_runtime.target", "t0").pid, signal.SIGKILL)
+        os.kill(server(cluster, "etl_runtime.storage_target", "t0").pid, signal.SIGKILL)
         assert cluster.wait(90) == 1
         out = cluster.output
         for n in range(1, 5):

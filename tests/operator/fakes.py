@@ -11,7 +11,7 @@ from typing import Any
 
 from etl_operator.actuator import FINALIZER
 from etl_operator.pods import ETL_LABEL, label_value, secret_name
-from etl_runtime.kube.records import labels_match
+from etl_runtime.cluster.kube.records import labels_match
 
 
 class FakeKube:

@@ -9,10 +9,10 @@ import pytest
 from etl_operator.actuator import FINALIZER
 from etl_operator.controller import Controller, OperatorConfig, hold_for_rollout
 from etl_operator.queue import ReconcileQueue
-from etl_operator.reconcile import MAX_RESTARTS, ObservedTransformer, Plan, plan
-from etl_runtime.auth import transformer_token
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.spec import EtlSpec
+from etl_runtime.cluster.reconcile import MAX_RESTARTS, ObservedTransformer, Plan, plan
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.auth import transformer_token
+from etl_runtime.core.spec import EtlSpec
 
 from .fakes import FakeKube
 

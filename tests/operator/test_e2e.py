@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from etl_operator.reconcile import MAX_RESTARTS
+from etl_runtime.cluster.reconcile import MAX_RESTARTS
 from tests.operator.harness import (
     CRD,
     GROUP,

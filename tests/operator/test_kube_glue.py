@@ -1,4 +1,4 @@
-"""``etl_runtime.kube`` against the real apiserver: what the gateway and targets rely on.
+"""``etl_runtime.cluster.kube`` against the real apiserver: what the gateway and targets rely on.
 
 No operator runs here: the backend writes CRs, the registry and discovery
 watch them (and target pods), exactly as the gateway and targets do.
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from etl_runtime.kube import KubeEtlBackend, KubeEtlRegistry, KubeTargetDiscovery
-from etl_runtime.spec import EtlSpec, InvalidSpec
+from etl_runtime.cluster.kube import KubeEtlBackend, KubeEtlRegistry, KubeTargetDiscovery
+from etl_runtime.core.spec import EtlSpec, InvalidSpec
 from tests.operator.harness import CRD, SluiceNamespace, wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.timeout(300)]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from etl_runtime.cluster import TargetInfo, TransformerStatus
-from etl_runtime.kube.records import (
+from etl_runtime.cluster.kube.records import (
     parse_selector,
     pod_http_port,
     record_from_cr,
     target_from_pod,
 )
-from etl_runtime.spec import InvalidSpec
+from etl_runtime.cluster.records import TargetInfo, TransformerStatus
+from etl_runtime.core.spec import InvalidSpec
 
 CR = {
     "metadata": {"name": "reverse", "uid": "abc-123", "generation": 2},

@@ -6,9 +6,9 @@ import base64
 from typing import Any
 
 from etl_operator import pods
-from etl_operator.reconcile import transformer_name
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.spec import EtlSpec
+from etl_runtime.cluster.reconcile import transformer_name
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.spec import EtlSpec
 
 REF = pods.EtlRef(name="reverse", namespace="ns1", uid="uid-1")
 SPEC = EtlSpec.from_dict(

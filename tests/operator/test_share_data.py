@@ -16,8 +16,8 @@ import pytest
 from etl_operator import pods
 from etl_operator.controller import Controller, OperatorConfig
 from etl_operator.status import observe
-from etl_runtime.cluster import TargetInfo
-from etl_runtime.spec import EtlSpec
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.spec import EtlSpec
 
 from .fakes import FakeKube
 

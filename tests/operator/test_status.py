@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from etl_operator.reconcile import ObservedTransformer, Summary
 from etl_operator.status import etl_status, last_line, observe, serving, transformer_statuses
-from etl_runtime.cluster import TargetInfo
+from etl_runtime.cluster.reconcile import ObservedTransformer, Summary
+from etl_runtime.cluster.records import TargetInfo
 
 
 def pod(name="etl-r-t0-abc", phase="Running", ready=False, **status) -> dict:

@@ -11,8 +11,8 @@ import cloudpickle
 import pytest
 
 from etl_runtime import BadRequest, Client, EtlError, NotFound
+from etl_runtime.core.spec import EtlSpec
 from etl_runtime.sdk.etl import pickle_transform
-from etl_runtime.spec import EtlSpec
 from tests.sdk import transforms_helper
 from tests.sdk.fake_cluster import State, fake_cluster
 

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import pytest
 
 from etl_runtime import BadRequest, Client, NotFound, Unauthorized
-from etl_runtime.cluster import EtlRecord
-from etl_runtime.target.app import create_target_app
+from etl_runtime.cluster.records import EtlRecord
+from etl_runtime.storage_target.app import create_target_app
 from tests.servers import serve_in_thread
 
 TOKEN = "tok-123"

@@ -24,7 +24,7 @@ from etl_runtime.local import LocalCluster
 from tests.gateway.conftest import DictBackend
 from tests.local.conftest import FakeTargets
 from tests.servers import serve_in_thread
-from tests.target.fakes import DictRegistry
+from tests.storage_target.fakes import DictRegistry
 from tests.ui.conftest import WAIT_MS
 
 # The failing sample's key: if the page inserted it as HTML, the image's onerror would run.

@@ -16,7 +16,7 @@ from typing import Any
 import cloudpickle
 import httpx
 
-from etl_runtime.spec import runtime_python_version
+from etl_runtime.core.spec import runtime_python_version
 from tests.servers import SessionServers, free_port, loop_of, serve_process
 
 TOKEN = "test-etl-token"

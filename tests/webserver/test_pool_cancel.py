@@ -41,7 +41,7 @@ def test_cancel_as_frame_arrives_is_not_swallowed() -> None:
 
 
 def test_timeout_still_reported() -> None:
-    from etl_runtime.webserver.errors import TransformTimeout
+    from etl_runtime.core.errors import TransformTimeout
 
     async def main() -> None:
         killed: list[bool] = []

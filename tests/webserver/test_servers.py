@@ -124,7 +124,7 @@ def test_connections_on_the_shared_port_send_small_answers_at_once(loop: str) ->
     import asyncio
     import socket
 
-    from etl_runtime.eventloop import loop_factory
+    from etl_runtime.core.eventloop import loop_factory
     from etl_runtime.webserver.servers import reuseport_socket
 
     async def main() -> int:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from etl_runtime.spec import runtime_python_version
+from etl_runtime.core.spec import runtime_python_version
 from tests.webserver.conftest import last_line, pickled_code, run_to_exit, source_code, transformer
 
 

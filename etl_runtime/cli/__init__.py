@@ -1,0 +1,12 @@
+"""The ``sluice`` command: ``main`` parses and dispatches; one module per command group.
+
+``main`` (objects, buckets, ETLs, ``sluice up``), ``remote`` (remote buckets,
+prefetch), ``jobs`` (``sluice job ...``), ``dsort``. It talks to a cluster only
+through the SDK, and starts a local cluster through ``etl_runtime.local``.
+"""
+
+from __future__ import annotations
+
+from etl_runtime.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,120 @@
+"""A fixed list of local targets, with liveness from their health endpoint.
+
+The gateway of the local cluster is started with ``--targets t0=URL,...``.
+``StaticTargets`` probes ``{url}/v1/health`` of each about once a second, so a
+target that dies drops out of HRW placement (and gets no transformers) and
+comes back when it answers again. Until the first probe round every target
+counts as alive, so a gateway started together with its targets does not
+begin with an empty cluster.
+
+A refused connection marks a target dead at once (nothing listens there); a
+timeout or an error status only after ``failures_to_drop`` probes in a row, so
+one slow answer on a busy laptop does not reshuffle object placement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable
+
+import httpx
+
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.eventloop import cancel_and_wait
+
+log = logging.getLogger(__name__)
+
+
+def parse_targets(text: str) -> list[TargetInfo]:
+    """Parse ``t0=http://127.0.0.1:9001,t1=...`` (the gateway's ``--targets``)."""
+    out: list[TargetInfo] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        tid, sep, url = item.partition("=")
+        if not sep or not tid.strip() or not url.strip():
+            raise ValueError(f"bad target {item!r}: expected ID=URL, e.g. t0=http://127.0.0.1:9001")
+        out.append(TargetInfo(id=tid.strip(), url=url.strip().rstrip("/")))
+    ids = [t.id for t in out]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"duplicate target ids in {text!r}")
+    return out
+
+
+class StaticTargets:
+    """``TargetDiscovery`` over a fixed target list, filtered by a health loop."""
+
+    def __init__(
+        self,
+        targets: Iterable[TargetInfo],
+        interval: float = 1.0,
+        timeout: float = 2.0,
+        failures_to_drop: int = 2,
+    ) -> None:
+        self._all = list(targets)
+        self.interval = interval
+        self.timeout = timeout
+        self.failures_to_drop = failures_to_drop
+        self._alive = {t.id: True for t in self._all}
+        self._failures = {t.id: 0 for t in self._all}
+        self._task: asyncio.Task[None] | None = None
+        self._client: httpx.AsyncClient | None = None
+
+    def targets(self) -> list[TargetInfo]:
+        """The targets that answered their last health probe(s), in configured order."""
+        return [t for t in self._all if self._alive[t.id]]
+
+    def all_targets(self) -> list[TargetInfo]:
+        return list(self._all)
+
+    def is_alive(self, target_id: str) -> bool:
+        return self._alive.get(target_id, False)
+
+    async def start(self) -> None:
+        """Probe every target once, then keep probing in the background."""
+        if self._task is not None:
+            return
+        self._client = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
+        await self.probe_all()
+        self._task = asyncio.create_task(self._loop(), name="sluice-target-health")
+
+    async def stop(self) -> None:
+        await cancel_and_wait(self._task)
+        self._task = None
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            try:
+                await self.probe_all()
+            except Exception:  # never let one bad round end liveness tracking
+                log.exception("target health probe round failed")
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(t) for t in self._all))
+
+    async def _probe(self, target: TargetInfo) -> None:
+        assert self._client is not None
+        was_alive = self._alive[target.id]
+        try:
+            r = await self._client.get(f"{target.url}/v1/health")
+            ok, definite = r.status_code == 200, False
+        except httpx.ConnectError:
+            ok, definite = False, True
+        except httpx.HTTPError:
+            ok, definite = False, False
+        if ok:
+            self._failures[target.id] = 0
+            self._alive[target.id] = True
+        else:
+            self._failures[target.id] += 1
+            if definite or self._failures[target.id] >= self.failures_to_drop:
+                self._alive[target.id] = False
+        if was_alive != self._alive[target.id]:
+            state = "alive" if self._alive[target.id] else "down"
+            log.warning("target %s (%s) is %s", target.id, target.url, state)

@@ -1,0 +1,327 @@
+"""The one error tree of every Sluice server, each class mapped to one HTTP status here.
+
+Every failure a user can cause or observe is a ``SluiceError``; the class says
+the HTTP status and the ``kind`` that appears in the JSON body (its class
+name), and the instance carries the context (bucket, object, ETL, sample, ...)
+so the message can name the thing that went wrong. The gateway, the storage
+targets and the transformer runtime all raise these classes; the SDK keeps its
+own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``::
+
+    SluiceError (500, kind InternalError)
+    ├── BadRequest (400)            InvalidName, InvalidRequest, InvalidSpec,
+    │                               InvalidDsortSpec, NotATar, DecodeError
+    ├── Unauthorized (401)          missing or wrong bearer token
+    ├── BackendUnauthorized (401)   remote bucket: no credentials, or rejected
+    ├── BackendForbidden (403)      remote bucket: the credentials may not do this
+    ├── NotFound (404)              BucketNotFound, ObjectNotFound, EtlNotFound, JobNotFound
+    ├── Conflict (409)              ObjectConflict, BucketExists, EtlStopped
+    ├── PreconditionFailed (412)    ``If-Match`` names another version
+    ├── RangeNotSatisfiable (416)   ``Range`` starts past the end of the object
+    ├── TransformError (422)        the user's function raised on this object/sample
+    ├── BadResult (422)             the user's function returned something unusable
+    ├── WorkerDied (500)            a transformer worker process died
+    ├── BackendError (502)          a remote backend answered something unmappable
+    ├── Unavailable (503)           EtlNotReady, NoTargets, BackendUnavailable
+    │                               (each with ``Retry-After``)
+    ├── NotReady (503)              a transformer's code is still loading
+    ├── TransformTimeout (504)      longer than ``spec.timeouts.requestSeconds``
+    └── TransformerFailed           a target relays its transformer's status and body
+
+    StartupError                    permanent transformer start-up failure: exit code 2,
+    ├── CodeLoadError               never an HTTP answer (user code does not load,
+    ├── PythonVersionMismatch       pickled with another Python major.minor,
+    └── DependencyError             ``spec.dependencies`` failed to install)
+
+    DsortFailed                     what a dSort job records as its error; never
+                                    raised through a request handler
+
+Two JSON shapes carry them: a gateway's or target's ``body()``
+(``{"error", "kind", **context}``), and the transformer's hpush error body
+``hpush_body(etl, object)`` (``{"error", "kind", "etl", "object", "sample",
+"detail"}``). ``etl_runtime.wire.http_errors`` installs the FastAPI handlers.
+
+Why 422 and not 500 for a failing user function: such a failure is
+deterministic (the same function on the same object fails the same way), so
+it must not look retryable. ``webdataset`` opens URLs with ``curl -f -s -L
+--retry 30 --retry-delay 2``, and curl retries 408, 429, 500, 502, 503 and
+504: a 500 made every DataLoader worker re-fetch a broken shard for a minute
+before failing. 422 fails at once and still names the ETL, object and sample.
+
+Errors raised inside a transformer worker process travel to its server as a
+plain dict (``to_wire`` / ``from_wire``) and become the same classes again there.
+"""
+
+from __future__ import annotations
+
+import traceback
+from typing import Any
+
+EXIT_CONFIG_ERROR = 2  # same meaning as etl_runtime.cluster.reconcile.EXIT_CONFIG_ERROR
+DETAIL_LINES = 12
+
+
+def traceback_tail(exc: BaseException, max_lines: int = DETAIL_LINES) -> str:
+    """The ``detail`` of an error body: the last lines of ``exc``'s traceback."""
+    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
+    return "\n".join(lines[-max_lines:])
+
+
+class SluiceError(Exception):
+    status = 500
+    kind = "InternalError"  # subclasses: their class name (see __init_subclass__)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.kind = cls.__name__
+
+    def __init__(
+        self,
+        message: str,
+        headers: dict[str, str] | None = None,
+        *,
+        sample: str | None = None,
+        detail: str | None = None,
+        **context: Any,
+    ):
+        super().__init__(message)
+        self.message = message
+        self.headers = headers or {}
+        self.sample = sample
+        self.detail = detail
+        self.context = {k: v for k, v in context.items() if v is not None}
+
+    def body(self) -> dict[str, Any]:
+        """The JSON error body of the gateway and the targets."""
+        return {"error": self.message, "kind": self.kind, **self.context}
+
+    def hpush_body(self, etl: str, obj: str | None) -> dict[str, Any]:
+        """The JSON error body of the transformer's hpush protocol."""
+        return {
+            "error": self.message,
+            "kind": self.kind,
+            "etl": etl,
+            "object": obj,
+            "sample": self.sample,
+            "detail": self.detail,
+        }
+
+    def to_wire(self) -> dict[str, Any]:
+        """What a transformer worker sends its server (``from_wire`` reads it)."""
+        return {
+            "kind": self.kind,
+            "message": self.message,
+            "sample": self.sample,
+            "detail": self.detail,
+        }
+
+
+class BadRequest(SluiceError):
+    status = 400
+
+
+class InvalidName(BadRequest):
+    pass
+
+
+class InvalidRequest(BadRequest):
+    pass
+
+
+class InvalidSpec(BadRequest, ValueError):
+    """A bad ETL spec (``etl_runtime.core.spec`` raises it; also a ``ValueError``)."""
+
+
+class InvalidDsortSpec(BadRequest):
+    """A dSort spec field is missing, of the wrong type or unsupported (``field`` names it)."""
+
+    def __init__(self, field: str, message: str, **context: Any) -> None:
+        super().__init__(f"dsort spec: {field}: {message}", field=field, **context)
+        self.field = field
+
+
+class NotATar(BadRequest):
+    """wds mode: the object is not a tar shard."""
+
+
+class DecodeError(BadRequest):
+    """wds mode: a sample field does not decode."""
+
+
+class Unauthorized(SluiceError):
+    status = 401
+
+    def __init__(self, message: str = "", **context: Any):
+        super().__init__(
+            message or "this call changes data: send 'Authorization: Bearer <SLUICE_TOKEN>'",
+            headers={"WWW-Authenticate": "Bearer"},
+            **context,
+        )
+
+
+class BackendUnauthorized(SluiceError):
+    status = 401
+
+
+class BackendForbidden(SluiceError):
+    status = 403
+
+
+class NotFound(SluiceError):
+    status = 404
+
+
+class BucketNotFound(NotFound):
+    pass
+
+
+class ObjectNotFound(NotFound):
+    pass
+
+
+class EtlNotFound(NotFound):
+    pass
+
+
+class JobNotFound(NotFound):
+    pass
+
+
+class Conflict(SluiceError):
+    status = 409
+
+
+class ObjectConflict(Conflict):
+    pass
+
+
+class EtlStopped(Conflict):
+    pass
+
+
+class BucketExists(Conflict):
+    pass
+
+
+class PreconditionFailed(SluiceError):
+    status = 412
+
+
+class RangeNotSatisfiable(SluiceError):
+    status = 416
+
+
+def bucket_not_found(bucket: str) -> BucketNotFound:
+    """The one message for a missing bucket.
+
+    ``ais://<bucket>`` in the text is what the aistore SDK parses to raise
+    ``ErrBckNotFound`` (and ``ais://<bucket>/<object>`` ``ErrObjNotFound``).
+    """
+    return BucketNotFound(
+        f"bucket ais://{bucket} does not exist; create it with POST /v1/buckets/{bucket}",
+        bucket=bucket,
+    )
+
+
+class TransformError(SluiceError):
+    status = 422  # deterministic: must not be retried (see the module docstring)
+
+
+class BadResult(SluiceError):
+    status = 422
+
+
+class WorkerDied(SluiceError):
+    pass
+
+
+class BackendError(SluiceError):
+    """A remote backend answered something we cannot map more precisely (502)."""
+
+    status = 502
+
+
+class Unavailable(SluiceError):
+    status = 503
+
+    def __init__(self, message: str, retry_after: int = 5, **context: Any):
+        super().__init__(message, headers={"Retry-After": str(retry_after)}, **context)
+
+
+class EtlNotReady(Unavailable):
+    pass
+
+
+class NoTargets(Unavailable):
+    pass
+
+
+BACKEND_RETRY_AFTER_SECONDS = 5
+
+
+class BackendUnavailable(Unavailable):
+    """A remote backend does not answer."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message, retry_after=BACKEND_RETRY_AFTER_SECONDS, **context)
+
+
+class NotReady(SluiceError):
+    status = 503
+
+
+class TransformTimeout(SluiceError):
+    status = 504
+
+
+class TransformerFailed(SluiceError):
+    """A transformer answered an error: its status and JSON body are passed on."""
+
+    def __init__(self, status: int, payload: dict[str, Any], **context: Any):
+        super().__init__(str(payload.get("error") or f"transformer answered {status}"), **context)
+        self.status = status
+        self.payload = payload
+
+    def body(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.payload, **self.context, "error": self.message}
+
+
+_WIRE_KINDS: dict[str, type[SluiceError]] = {
+    cls.kind: cls
+    for cls in (
+        SluiceError,
+        BadRequest,
+        NotATar,
+        DecodeError,
+        ObjectNotFound,
+        TransformError,
+        BadResult,
+        WorkerDied,
+    )
+}
+
+
+def from_wire(d: dict[str, Any]) -> SluiceError:
+    cls = _WIRE_KINDS.get(str(d.get("kind")), SluiceError)
+    return cls(str(d.get("message")), sample=d.get("sample"), detail=d.get("detail"))
+
+
+class StartupError(Exception):
+    """A permanent configuration error: restarting the transformer cannot help."""
+
+    exit_code = EXIT_CONFIG_ERROR
+
+
+class CodeLoadError(StartupError):
+    pass
+
+
+class PythonVersionMismatch(StartupError):
+    pass
+
+
+class DependencyError(StartupError):
+    pass
+
+
+class DsortFailed(Exception):
+    """A dSort job cannot go on; the message names the shard, record or target."""

@@ -1,0 +1,72 @@
+"""Bucket and object name rules, shared by the gateway and the targets.
+
+An object name becomes a path under ``DATA/buckets/<bucket>/``, so anything
+that could escape that directory or alias another name is refused up front:
+``..`` and ``.`` segments, empty segments (``a//b``, a trailing ``/``),
+absolute paths and NUL bytes.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from fastapi import Request
+
+from etl_runtime.core.errors import InvalidName, InvalidRequest
+from etl_runtime.core.jsonbody import read_json
+
+BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+MAX_OBJECT_NAME = 1024
+MAX_SEGMENT = 255
+
+
+def validate_bucket(bucket: str) -> str:
+    if not isinstance(bucket, str) or not BUCKET_RE.fullmatch(bucket):  # `$` allows "b\n"
+        raise InvalidName(
+            f"invalid bucket name {bucket!r}: use 1-63 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit",
+            bucket=bucket,
+        )
+    return bucket
+
+
+def validate_object(bucket: str, name: str) -> str:
+    def bad(why: str) -> InvalidName:
+        return InvalidName(f"invalid object name {name!r}: {why}", bucket=bucket, object=name)
+
+    if not name:
+        raise bad("the name is empty")
+    if "\x00" in name:
+        raise bad("it contains a NUL byte")
+    if len(name.encode()) > MAX_OBJECT_NAME:
+        raise bad(f"longer than {MAX_OBJECT_NAME} bytes")
+    if name.startswith("/"):
+        raise bad("absolute paths are not allowed")
+    for segment in name.split("/"):
+        if segment == "":
+            raise bad("empty path segment ('//' or a trailing '/')")
+        if segment in (".", ".."):
+            raise bad(f"'{segment}' path segments are not allowed")
+        if len(segment.encode()) > MAX_SEGMENT:
+            raise bad(f"a path segment is longer than {MAX_SEGMENT} bytes")
+    return name
+
+
+def validate_names(bucket: str, name: str) -> tuple[str, str]:
+    return validate_bucket(bucket), validate_object(bucket, name)
+
+
+async def read_bucket_action(
+    bucket: str, request: Request, actions: tuple[str, ...] = ("create-bck",)
+) -> dict[str, Any]:
+    """The JSON body of ``POST /v1/buckets/{bucket}`` with one of ``actions``."""
+    try:
+        body = await read_json(request, f"the body of POST /v1/buckets/{bucket}")
+    except InvalidRequest:
+        body = None
+    action = body.get("action") if isinstance(body, dict) else None
+    if action not in actions:
+        known = " or ".join(f'{{"action": "{a}"}}' for a in actions)
+        raise InvalidRequest(f"unknown bucket action {action!r}; send {known}", bucket=bucket)
+    return body  # type: ignore[return-value]  # a dict, checked above

@@ -1,0 +1,199 @@
+"""The ETL specification: one schema shared by every part of Sluice.
+
+The same camelCase document is the ``spec`` of the ``ETL`` custom resource, the
+``spec`` of ``PUT /v1/etl`` on the gateway, the JSON the local cluster stores,
+and what a transformer receives in ``SLUICE_ETL_SPEC``. ``EtlSpec`` parses and
+validates it once; everything else passes ``EtlSpec`` objects around.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from etl_runtime.core.errors import InvalidSpec
+
+MODES = ("object", "wds")
+ON_ERROR = ("fail", "skip")
+ARG_TYPES = ("", "fqn")
+NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?$")
+
+
+def runtime_python_version() -> str:
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def validate_name(name: str) -> str:
+    if not isinstance(name, str) or not NAME_RE.fullmatch(name):  # `$` allows "a\n"
+        raise InvalidSpec(
+            f"invalid ETL name {name!r}: use 1-53 lowercase letters, digits or '-', "
+            "starting and ending with a letter or digit"
+        )
+    return name
+
+
+def _typed(d: dict[str, Any], key: str, types: type | tuple[type, ...], path: str) -> Any:
+    """``d[key]`` if it is absent/null or of ``types`` (bool is no number); else InvalidSpec."""
+    value = d.get(key)
+    if value is None:
+        return None
+    number = types in (int, float) or types == (int, float)
+    if not isinstance(value, types) or (number and isinstance(value, bool)):
+        names = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        kind = {"str": "a string", "dict": "an object", "list": "a list", "bool": "true/false"}
+        kind["int or float"] = "a number"
+        raise InvalidSpec(f"{path}.{key} must be {kind.get(names, names)}, got {value!r:.80}")
+    return value
+
+
+def _seconds(timeouts: dict[str, Any], key: str, default: float) -> float:
+    value = _typed(timeouts, key, (int, float), "spec.timeouts")
+    if value is None:
+        return default
+    if not 0 < value < 1e9:
+        raise InvalidSpec(f"spec.timeouts.{key} must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _env(value: Any) -> tuple[tuple[str, str], ...]:
+    if isinstance(value, list):  # Kubernetes style [{name, value}]
+        if not all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in value):
+            raise InvalidSpec("spec.env as a list must hold {'name': str, 'value': str} objects")
+        value = {e["name"]: e.get("value", "") for e in value}
+    if not isinstance(value, dict):
+        raise InvalidSpec(f"spec.env must be an object of name: value, got {value!r:.80}")
+    if not all(isinstance(v, str | int | float | bool) for v in value.values()):
+        raise InvalidSpec("spec.env values must be strings")
+    return tuple(sorted((str(k), str(v)) for k, v in value.items()))
+
+
+@dataclass(frozen=True)
+class CodeSpec:
+    """User code: a cloudpickled callable (base64) or Python source + entrypoint."""
+
+    pickled: str | None = None
+    python_version: str | None = None
+    source: str | None = None
+    entrypoint: str = "transform"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"entrypoint": self.entrypoint}
+        if self.pickled is not None:
+            out["pickled"] = self.pickled
+            out["pythonVersion"] = self.python_version
+        if self.source is not None:
+            out["source"] = self.source
+        return out
+
+
+@dataclass(frozen=True)
+class EtlSpec:
+    mode: str = "object"
+    code: CodeSpec = field(default_factory=CodeSpec)
+    decode: str | None = None
+    on_error: str = "fail"
+    dependencies: tuple[str, ...] = ()
+    workers: int | None = None
+    arg_type: str = ""
+    env: tuple[tuple[str, str], ...] = ()
+    init_timeout_seconds: float = 300.0
+    request_timeout_seconds: float = 600.0
+    stopped: bool = False
+    # Kubernetes-only knobs, carried through untouched by the local cluster.
+    image: str | None = None
+    resources: dict[str, Any] | None = None
+    target_selector: dict[str, str] | None = None
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> EtlSpec:
+        if not isinstance(d, dict):
+            raise InvalidSpec("ETL spec must be a JSON object")
+        code_d = d.get("code") or {}
+        if not isinstance(code_d, dict):
+            raise InvalidSpec("spec.code must be an object with 'pickled' or 'source'")
+        code = CodeSpec(
+            pickled=_typed(code_d, "pickled", str, "spec.code"),
+            python_version=_typed(code_d, "pythonVersion", str, "spec.code"),
+            source=_typed(code_d, "source", str, "spec.code"),
+            entrypoint=_typed(code_d, "entrypoint", str, "spec.code") or "transform",
+        )
+        timeouts = _typed(d, "timeouts", dict, "spec") or {}
+        deps = _typed(d, "dependencies", list, "spec") or ()
+        selector = _typed(d, "targetSelector", dict, "spec")
+        if selector is not None and not all(isinstance(v, str) for v in selector.values()):
+            raise InvalidSpec("spec.targetSelector must map label names to strings")
+        spec = cls(
+            mode=_typed(d, "mode", str, "spec") or "object",
+            code=code,
+            decode=_typed(d, "decode", str, "spec") or None,
+            on_error=_typed(d, "onError", str, "spec") or "fail",
+            dependencies=tuple(deps),
+            workers=d.get("workers"),
+            arg_type=_typed(d, "argType", str, "spec") or "",
+            env=_env(d.get("env") or {}),
+            init_timeout_seconds=_seconds(timeouts, "initSeconds", 300.0),
+            request_timeout_seconds=_seconds(timeouts, "requestSeconds", 600.0),
+            stopped=bool(_typed(d, "stopped", bool, "spec")),
+            image=_typed(d, "image", str, "spec"),
+            resources=_typed(d, "resources", dict, "spec"),
+            target_selector=selector,
+        )
+        spec.validate()
+        return spec
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidSpec(f"spec.mode must be one of {MODES}, got {self.mode!r}")
+        if self.on_error not in ON_ERROR:
+            raise InvalidSpec(f"spec.onError must be one of {ON_ERROR}, got {self.on_error!r}")
+        if self.arg_type not in ARG_TYPES:
+            raise InvalidSpec(f"spec.argType must be one of {ARG_TYPES}, got {self.arg_type!r}")
+        has_pickle, has_source = self.code.pickled is not None, self.code.source is not None
+        if has_pickle == has_source:
+            raise InvalidSpec("spec.code needs exactly one of 'pickled' or 'source'")
+        if has_pickle and not self.code.python_version:
+            raise InvalidSpec("spec.code.pythonVersion is required with spec.code.pickled")
+        bad_workers = not isinstance(self.workers, int) or isinstance(self.workers, bool)
+        if self.workers is not None and (bad_workers or not 1 <= self.workers <= 1024):
+            raise InvalidSpec(f"spec.workers must be a positive integer, got {self.workers!r}")
+        if any(not isinstance(r, str) or not r.strip() for r in self.dependencies):
+            raise InvalidSpec("spec.dependencies must be a list of pip requirement strings")
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "code": self.code.to_dict(),
+            "onError": self.on_error,
+            "dependencies": list(self.dependencies),
+            "argType": self.arg_type,
+            "env": dict(self.env),
+            "timeouts": {
+                "initSeconds": self.init_timeout_seconds,
+                "requestSeconds": self.request_timeout_seconds,
+            },
+            "stopped": self.stopped,
+        }
+        for key, value in (
+            ("decode", self.decode),
+            ("workers", self.workers),
+            ("image", self.image),
+            ("resources", self.resources),
+            ("targetSelector", self.target_selector),
+        ):
+            if value is not None:
+                out[key] = value
+        return out
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        """Hash of everything that shapes a running transformer (not ``stopped``)."""
+        d = self.to_dict()
+        d.pop("stopped", None)
+        blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]

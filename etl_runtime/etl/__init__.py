@@ -1,0 +1,6 @@
+"""ETL on the data path: a target's side of its transformers (beside ``storage``).
+
+``forward`` (``EtlForwarder``: hpush to the local transformer, the 307 to it,
+streaming its answer back) and ``pipeline`` (``etl_pipeline=a,b``: one
+transformer's output streamed into the next, never stored).
+"""

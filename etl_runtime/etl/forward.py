@@ -1,0 +1,429 @@
+"""Forwarding an object to this target's transformer and streaming the answer back.
+
+``GET /v1/objects/B/O?etl_name=X`` on a target ends up here: find the
+transformer of ETL ``X`` that runs beside this target (``EtlRegistry``), send
+it the object with the hpush protocol (``PUT {endpoint}/B/O``, the object as
+body or ``etl_fqn=<path>`` for direct file access) and relay its answer.
+
+The one rule that matters: a client must never mistake a truncated result for
+a complete one. A transformer error *before* the first byte is passed on with
+its status and JSON body; a break *after* streaming began is re-raised inside
+the response generator, which makes uvicorn drop the connection without the
+final chunk, so the client sees an incomplete response.
+
+When the transformer reads the object's file itself (``etl_fqn``), the answer
+is not relayed at all: the client's GET is answered with a 307 to the
+transformer, signed for that one object, and the transformer answers the
+client (``webserver/direct.py``; why and the measurements:
+docs/architecture.md, "Transformer data path"). ``SLUICE_ETL_REDIRECT_BYTES=N``
+keeps objects under N bytes on the relay, ``off`` relays every answer (for
+clients that cannot reach transformers).
+
+The PUT goes through ``duplex.DuplexClient``, which reads the answer while it
+still sends the object: a WebDataset transformer streams its output while it
+reads the shard and stops reading when the output is not consumed, so a client
+that sends the whole body first (httpx) deadlocks on big shards. The small
+``/stats`` and ``/logs`` calls use httpx.
+
+Failures only the target can see (transformer unreachable, stream broken) are
+counted here and reported by ``stats()`` next to the transformer's own counts.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import os
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import IO, Any
+from urllib.parse import quote, urlencode
+
+import anyio.to_thread
+import httpx
+from fastapi.responses import Response, StreamingResponse
+
+from etl_runtime.cluster.records import EtlRecord, EtlRegistry, TransformerStatus
+from etl_runtime.core import auth
+from etl_runtime.core.errors import (
+    EtlNotFound,
+    EtlNotReady,
+    EtlStopped,
+    SluiceError,
+    TransformerFailed,
+)
+from etl_runtime.storage.store import READ_CHUNK, ObjectStore
+from etl_runtime.wire.duplex import DuplexClient, DuplexError, DuplexResponse
+
+log = logging.getLogger(__name__)
+
+INLINE_BODY_MAX = 4 << 20  # smaller objects go to the transformer in one piece
+ERROR_BODY_MAX = 64 << 10
+LAST_ERRORS = 20
+FQN_ENV = "SLUICE_ETL_FQN"
+REDIRECT_ENV = "SLUICE_ETL_REDIRECT_BYTES"
+REDIRECT_BYTES = 0  # on 16 cores the 307 won at 16 KiB too (docs/benchmarks.md)
+STAT_FIELDS = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out")
+
+
+class TransformerStreamBroken(Exception):
+    """The transformer's answer broke off after we started relaying it."""
+
+
+async def _file_chunks(f: IO[bytes]) -> AsyncIterator[bytes]:
+    try:
+        while chunk := await anyio.to_thread.run_sync(f.read, READ_CHUNK):
+            yield chunk
+    finally:
+        f.close()
+
+
+def redirect_bytes_from_env(value: str | None = None) -> int | None:
+    """``$SLUICE_ETL_REDIRECT_BYTES``: the smallest object answered by a 307 to the
+    transformer; ``off`` (or ``never``) relays every answer. ``ValueError`` if bad."""
+    raw = (os.environ.get(REDIRECT_ENV, "") if value is None else value).strip().lower()
+    if not raw:
+        return REDIRECT_BYTES
+    if raw in ("off", "never"):
+        return None
+    if not raw.isdigit():
+        raise ValueError(f"{REDIRECT_ENV}={raw!r}: give a number of bytes, or 'off'")
+    return int(raw)
+
+
+class EtlForwarder:
+    def __init__(
+        self,
+        target_id: str,
+        registry: EtlRegistry,
+        store: ObjectStore,
+        cluster_key: str | None,
+        fqn_always: bool | None = None,
+    ) -> None:
+        """``fqn_always``: send every ETL ``etl_fqn`` (its transformers can read this
+        target's data dir), not only ETLs of ``argType: fqn``; default
+        ``$SLUICE_ETL_FQN == "always"`` (``sluice up`` sets it). ``redirect_bytes``:
+        ``$SLUICE_ETL_REDIRECT_BYTES`` (``redirect_bytes_from_env``; None: always relay)."""
+        if fqn_always is None:
+            fqn_always = os.environ.get(FQN_ENV, "").strip().lower() == "always"
+        self.fqn_always = fqn_always
+        self.redirect_bytes = redirect_bytes_from_env()
+        self.target_id = target_id
+        self.registry = registry
+        self.store = store
+        self.cluster_key = cluster_key or ""
+        self._http: httpx.AsyncClient | None = None
+        self._duplex: DuplexClient | None = None
+        self._failures: dict[str, int] = collections.Counter()
+        self._last_errors: dict[str, collections.deque[dict[str, Any]]] = {}
+
+    async def start(self) -> None:
+        self._http = httpx.AsyncClient(
+            trust_env=False,
+            limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
+            timeout=httpx.Timeout(600.0, connect=10.0),
+        )
+        self._duplex = DuplexClient(connect_timeout=10.0)
+
+    async def stop(self) -> None:
+        if self._http is not None:
+            await self._http.aclose()
+            self._http = None
+        if self._duplex is not None:
+            await self._duplex.aclose()
+            self._duplex = None
+
+    @property
+    def http(self) -> httpx.AsyncClient:
+        if self._http is None:
+            raise RuntimeError("EtlForwarder.start() was not called")
+        return self._http
+
+    @property
+    def duplex(self) -> DuplexClient:
+        if self._duplex is None:
+            raise RuntimeError("EtlForwarder.start() was not called")
+        return self._duplex
+
+    # -- finding the transformer ----------------------------------------------
+
+    def record(self, name: str) -> EtlRecord:
+        record = self.registry.get(name)
+        if record is None:
+            raise EtlNotFound(
+                f"ETL {name!r} does not exist; create it with PUT /v1/etl "
+                "(or `sluice etl init`), list ETLs with GET /v1/etl",
+                etl=name,
+            )
+        return record
+
+    def transformer(self, record: EtlRecord) -> TransformerStatus:
+        name = record.name
+        if record.spec.stopped or record.phase == "Stopped":
+            raise EtlStopped(
+                f"ETL {name!r} is stopped; start it with POST /v1/etl/{name}/start "
+                f"(or `sluice etl start {name}`)",
+                etl=name,
+            )
+        tf = record.transformer_for(self.target_id)
+        if tf is None or not tf.ready or not tf.endpoint:
+            why = (tf.message if tf else None) or record.message or f"phase {record.phase}"
+            raise EtlNotReady(
+                f"ETL {name!r} has no ready transformer on target {self.target_id!r} yet "
+                f"({why}); retry shortly",
+                etl=name,
+                target=self.target_id,
+            )
+        return tf
+
+    def _headers(self, record: EtlRecord) -> dict[str, str]:
+        token = auth.transformer_token(self.cluster_key, record.name, record.uid)
+        return {"Authorization": f"Bearer {token}"}
+
+    def _fail(self, etl: str, obj: str | None, error: str) -> None:
+        self._failures[etl] += 1
+        errors = self._last_errors.setdefault(etl, collections.deque(maxlen=LAST_ERRORS))
+        errors.append({"time": time.time(), "object": obj, "sample": None, "error": error})
+        log.warning("ETL %r, object %r: %s", etl, obj, error)
+
+    # -- the data path ---------------------------------------------------------
+
+    async def send(
+        self,
+        record: EtlRecord,
+        tf: TransformerStatus,
+        bucket: str,
+        name: str,
+        params: dict[str, str],
+        body: bytes | AsyncIterator[bytes],
+    ) -> DuplexResponse:
+        """PUT ``body`` to ``tf`` (hpush) and return its answer, whatever its status.
+
+        The one place a request reaches a transformer: ``transform`` and every step
+        of a pipeline (``etl/pipeline.py``). A transformer that does not answer
+        is counted and is a 503 naming the ETL, target, bucket and object.
+        """
+        assert tf.endpoint is not None
+        url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
+        try:
+            return await self.duplex.request(
+                "PUT",
+                url,
+                params=params,
+                body=body,
+                headers=self._headers(record),
+                timeout=record.spec.request_timeout_seconds,
+            )
+        except DuplexError as e:
+            if isinstance(body, AsyncIterator):
+                await body.aclose()  # type: ignore[attr-defined]
+            self._fail(record.name, f"{bucket}/{name}", f"transformer unreachable: {e}")
+            raise EtlNotReady(
+                f"the transformer of ETL {record.name!r} on target {self.target_id!r} "
+                f"did not answer ({type(e).__name__}: {e}); retry shortly",
+                etl=record.name,
+                bucket=bucket,
+                object=name,
+            ) from None
+
+    async def transform(
+        self,
+        bucket: str,
+        name: str,
+        etl_name: str,
+        etl_args: str | None,
+        source: AsyncIterator[bytes] | None = None,
+        client: bool = False,
+    ) -> Response:
+        """``source``: the object's bytes as they arrive (a remote bucket's cold object)
+        instead of the stored file; not for ``fqn`` ETLs. ``client``: the caller is an
+        HTTP client that follows redirects (a GET), so a big object may get the 307."""
+        # Refuse unknown/stopped/not-ready ETLs before touching the disk.
+        record = self.record(etl_name)
+        tf = self.transformer(record)
+        # By path when the transformer can read our files: no object bytes travel
+        # to it; its worker reads the file itself. Not for a cold remote object that
+        # is still arriving (``source``): its file is not complete yet.
+        fqn = record.spec.arg_type == "fqn" or (self.fqn_always and source is None)
+        obj = f"{bucket}/{name}"
+        if client and fqn and source is None and self.redirect_bytes == 0:
+            # Every size goes to the transformer: only the path is needed, no thread
+            # hop to open the file (a stat and a realpath on the loop, as for a 404).
+            path = str(self.store.object_file(bucket, name))  # ObjectNotFound: 404
+            return self._redirect(record, tf, bucket, name, path, etl_args)
+        if source is not None and not fqn:
+            f, inline = None, None
+        else:
+            # One thread hop opens the object and, when small, reads it too.
+            f, info, inline = await anyio.to_thread.run_sync(self._open, bucket, name, fqn)
+            if client and fqn and self.redirect_bytes is not None:
+                if info.size >= self.redirect_bytes:
+                    f.close()
+                    path = str(Path(f.name).resolve())
+                    return self._redirect(record, tf, bucket, name, path, etl_args)
+        try:
+            params: dict[str, str] = {}
+            if etl_args is not None:
+                params["etl_args"] = etl_args
+            content: bytes | AsyncIterator[bytes]
+            if f is None:
+                assert source is not None
+                content = source
+            elif fqn:
+                params["etl_fqn"] = str(Path(f.name).resolve())
+                content = b""
+                f.close()
+            elif inline is not None:
+                content = inline
+            else:
+                content = _file_chunks(f)  # closes f
+        except BaseException:
+            if f is not None:
+                f.close()
+            raise
+        response = await self.send(record, tf, bucket, name, params, content)
+        if response.status_code != 200:
+            raise await self._transformer_error(response, etl_name, bucket, name)
+        media_type = response.headers.get("content-type", "application/octet-stream")
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) <= INLINE_BODY_MAX:
+            # Known, small: read it whole and answer with Content-Length, one write.
+            try:
+                body = await response.read(int(length))
+            except DuplexError as e:
+                self._fail(etl_name, obj, f"transformer answer broke off: {e}")
+                raise TransformerFailed(
+                    502,
+                    {"error": f"the answer of ETL {etl_name!r} broke off: {e}", "etl": etl_name},
+                    bucket=bucket,
+                    object=name,
+                ) from None
+            # memoryview: uvicorn's transport then buffers what the socket does not
+            # take at once without slicing a copy of it first.
+            return Response(
+                memoryview(body), media_type=media_type, headers={"X-Sluice-Etl": etl_name}
+            )
+        return StreamingResponse(
+            self._relay(response, etl_name, obj),
+            media_type=media_type,
+            headers={"X-Sluice-Etl": etl_name},
+        )
+
+    def _redirect(
+        self,
+        record: EtlRecord,
+        tf: TransformerStatus,
+        bucket: str,
+        name: str,
+        fqn: str,
+        etl_args: str | None,
+    ) -> Response:
+        """307 to ``GET {transformer}/B/O?etl_fqn=<fqn>``, signed for this object only."""
+        assert tf.endpoint is not None
+        token = auth.transformer_token(self.cluster_key, record.name, record.uid)
+        query = {"etl_fqn": fqn}
+        if etl_args is not None:
+            query["etl_args"] = etl_args
+        query.update(auth.sign_direct(token, f"{bucket}/{name}", fqn, etl_args))
+        url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
+        return Response(
+            status_code=307,
+            headers={"Location": f"{url}?{urlencode(query)}", "X-Sluice-Etl": record.name},
+        )
+
+    async def _transformer_error(
+        self, response: DuplexResponse, etl: str, bucket: str, name: str
+    ) -> SluiceError:
+        try:
+            body = await response.read(ERROR_BODY_MAX)
+        except DuplexError:
+            body = b""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            text = body.decode(errors="replace").strip()[:500]
+            payload = {"error": f"transformer answered {response.status_code}: {text}"}
+        payload.setdefault("etl", etl)
+        return TransformerFailed(response.status_code, payload, bucket=bucket, object=name)
+
+    async def _relay(
+        self, response: DuplexResponse, etl: str, obj: str
+    ) -> AsyncIterator[bytes | memoryview]:
+        try:
+            async for chunk in response.aiter_bytes():
+                # Starlette sends bytes and memoryviews as they are (a bytearray it
+                # would try to encode); a view is also sliced by the transport uncopied.
+                yield memoryview(chunk)
+        except DuplexError as e:
+            self._fail(etl, obj, f"transformer stream broke off: {e!r}")
+            # Raising after the headers went out makes uvicorn drop the connection.
+            raise TransformerStreamBroken(f"ETL {etl!r}, object {obj!r}: {e!r}") from e
+        finally:
+            await response.aclose()
+
+    def _open(self, bucket: str, name: str, fqn: bool) -> tuple[IO[bytes], Any, bytes | None]:
+        """Open the object; read it whole (and close it) if it goes inline."""
+        f, info = self.store.open_object(bucket, name)
+        if fqn or info.size > INLINE_BODY_MAX:
+            return f, info, None
+        with f:
+            return f, info, f.read()
+
+    # -- internal observability API --------------------------------------------
+
+    async def stats(self, etl_name: str) -> dict[str, Any]:
+        """The transformer's ``/stats`` plus this target's own forwarding failures."""
+        record = self.record(etl_name)
+        out: dict[str, Any] = {f: 0 for f in STAT_FIELDS}
+        out.update(target=self.target_id, etl=etl_name, reachable=False, message=None)
+        last: list[dict[str, Any]] = []
+        tf = record.transformer_for(self.target_id)
+        if tf is not None and tf.endpoint:
+            try:
+                r = await self.http.get(
+                    f"{tf.endpoint.rstrip('/')}/stats", headers=self._headers(record), timeout=5.0
+                )
+                r.raise_for_status()
+                theirs = r.json()
+                for f in STAT_FIELDS:
+                    out[f] = int(theirs.get(f) or 0)
+                last.extend(theirs.get("last_errors") or [])
+                out["reachable"] = True
+            except (httpx.HTTPError, ValueError) as e:
+                out["message"] = f"transformer stats unavailable: {e!r}"
+        else:
+            out["message"] = f"no transformer on target {self.target_id!r}"
+        out["forward_errors"] = self._failures[etl_name]
+        out["errors"] += self._failures[etl_name]
+        last.extend(self._last_errors.get(etl_name, ()))
+        out["last_errors"] = last[-LAST_ERRORS:]
+        return out
+
+    async def logs(self, etl_name: str, tail: int) -> str:
+        record = self.record(etl_name)
+        tf = record.transformer_for(self.target_id)
+        if tf is None or not tf.endpoint:
+            raise EtlNotReady(
+                f"ETL {etl_name!r} has no transformer on target {self.target_id!r}",
+                etl=etl_name,
+                target=self.target_id,
+            )
+        try:
+            r = await self.http.get(
+                f"{tf.endpoint.rstrip('/')}/logs",
+                params={"tail": tail},
+                headers=self._headers(record),
+                timeout=5.0,
+            )
+            r.raise_for_status()
+        except httpx.HTTPError as e:
+            raise EtlNotReady(
+                f"logs of ETL {etl_name!r} on target {self.target_id!r} unavailable: {e!r}",
+                etl=etl_name,
+                target=self.target_id,
+            ) from None
+        return r.text

@@ -1,0 +1,369 @@
+"""``sluice up``: a whole Sluice cluster on one machine, as child processes.
+
+``main(argv)`` runs ``up --targets N --port P --data-dir DIR [--token T]``:
+
+* ``DIR/cluster-key`` (mode 0600) is created once and reused, so tokens and
+  signed redirects stay valid across restarts;
+* N targets (``python -m etl_runtime.storage_target``, data in ``DIR/targets/tI``,
+  registry ``file:DIR/etl``) start on free ports, then the gateway
+  (``python -m etl_runtime.gateway``, port P, state in ``DIR/etl``), which runs
+  the local ETL controller and so the transformers;
+* once everything answers ``/v1/health`` it prints ``Sluice is up: URL``;
+* a child that dies on its own is restarted with the same command (a target
+  keeps its id, port and data dir; the gateway its port, and adopts the
+  transformers that are still running) after a back-off of 0.5 s, 1 s, 2 s, ...
+  (10 s at most; it starts over once the child stayed up ``--restart-reset``
+  seconds); each restart is one ``sluice: ...`` line on stderr. After 5 crashes
+  in a row of one child the cluster is taken down with a non-zero exit that
+  names the child and why it died;
+* SIGINT/SIGTERM stops the gateway (and with it the transformers), then the
+  targets, and exits 0.
+
+ETLs (``DIR/etl/*.json``) and objects survive a restart. Server logs are in
+``DIR/logs/``, transformer logs in ``DIR/etl/logs/``.
+
+``LocalCluster`` runs the same command in a subprocess for tests and demos.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+
+import httpx
+
+from etl_runtime.core import auth
+from etl_runtime.local import supervisor
+from etl_runtime.local.api import LocalCluster
+from etl_runtime.local.processes import TransformerProcess, free_port, pid_dir, read_pid_files
+from etl_runtime.local.supervisor import Child
+
+__all__ = ["LocalCluster", "main", "load_cluster_key"]
+
+GATEWAY_GRACE = 25.0  # the gateway itself gives each transformer 10 s
+TARGET_GRACE = 10.0
+HEALTH_TIMEOUT = 120.0
+RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
+REMOTE_ENV = ("SLUICE_SECRETS_DIR", "SLUICE_REMOTE_")  # passed on to the targets
+
+
+class StartupFailed(RuntimeError):
+    """A server of the local cluster did not come up; the message says which and why."""
+
+
+def load_cluster_key(path: Path) -> str:
+    """Read ``path``, or create it (0600) with a new random key."""
+    try:
+        key = path.read_text().strip()
+        if key:
+            os.chmod(path, 0o600)
+            return key
+    except FileNotFoundError:
+        pass
+    key = auth.new_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.chmod(path, 0o600)
+    return key
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="sluice up",
+        description="Run a local Sluice cluster: gateway + targets.",
+        epilog="Examples:\n"
+        "  sluice up --targets 3 --port 8080 --data-dir ./sluice-data\n"
+        "  sluice up --targets 1 --token s3cret --read-token r3ad   # reads need a token too\n"
+        "  then open http://127.0.0.1:8080/ui for the status page",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--targets", type=int, default=3, help="number of storage targets")
+    p.add_argument("--port", type=int, default=8080, help="gateway port (0: pick a free one)")
+    p.add_argument("--data-dir", default="./sluice-data", help="objects, ETLs, logs, cluster key")
+    p.add_argument("--token", default=os.environ.get("SLUICE_TOKEN"), help="user token")
+    p.add_argument(
+        "--read-token",
+        default=os.environ.get("SLUICE_READ_TOKEN"),
+        help="if set, reads (GET, HEAD, listings, ETL details) need it or --token",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address the servers bind to")
+    p.add_argument(
+        "--restart-reset",
+        type=float,
+        default=float(os.environ.get("SLUICE_RESTART_RESET", RESTART_RESET)),
+        metavar="SECONDS",
+        help="a crashed server that had stayed up this long starts a fresh back-off "
+        f"and crash count (default {RESTART_RESET:g})",
+    )
+    args = p.parse_args(argv)
+    if args.targets < 1:
+        p.error("--targets must be at least 1")
+    if args.restart_reset < 0:
+        p.error("--restart-reset must not be negative")
+    return args
+
+
+class Supervisor:
+    """The processes of one ``sluice up`` and their orderly start and stop."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.data = Path(args.data_dir).resolve()
+        self.url_host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        self.targets: list[Child] = []
+        self.members: list[str] = []
+        self.gateway: Child | None = None
+        self.signals = 0
+
+    # -- signals ---------------------------------------------------------------
+
+    def on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self.signals += 1
+
+    def hurry(self) -> bool:
+        return self.signals >= 2  # a second Ctrl-C: stop waiting for graceful exits
+
+    # -- start -------------------------------------------------------------------
+
+    def env(self, key: str) -> dict[str, str]:
+        # AWS_* (remote buckets' endpoint and keys) pass through like the rest;
+        # of SLUICE_*, only the remote-bucket settings (etl_runtime/providers/).
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith("SLUICE_") or k.startswith(REMOTE_ENV)
+        }
+        env["SLUICE_CLUSTER_KEY"] = key
+        env["PYTHONUNBUFFERED"] = "1"
+        env["SLUICE_ETL_FQN"] = "always"  # local transformers read the targets' files
+        if self.args.token:
+            env["SLUICE_TOKEN"] = self.args.token
+        if self.args.read_token:
+            env["SLUICE_READ_TOKEN"] = self.args.read_token
+        return env
+
+    def start(self) -> str:
+        """Start targets, then the gateway; return the gateway URL once all are healthy."""
+        key = load_cluster_key(self.data / "cluster-key")
+        env = self.env(key)
+        logs, py, host = self.data / "logs", sys.executable, self.args.host
+        cmap = f"file:{self.data / 'cluster.json'}"
+        self.members = [f"t{i}" for i in range(self.args.targets)]
+        for tid in self.members + self.leaving_ids():
+            port = free_port(host)
+            url = f"http://{self.url_host}:{port}"
+            self.targets.append(
+                Child(
+                    name=f"target {tid}",
+                    argv=[py, "-m", "etl_runtime.storage_target", "--id", tid, "--host", host]
+                    + ["--port", str(port), "--data-dir", str(self.data / "targets" / tid)]
+                    + ["--registry", f"file:{self.data / 'etl'}", "--cluster-map", cmap],
+                    log_path=logs / f"{tid}.log",
+                    health_url=f"{url}/v1/health",
+                )
+            )
+        for child in self.targets:
+            child.start(env)
+        self.record_children()
+        self.wait_healthy(self.targets)
+        port = self.args.port or free_port(host)
+        gateway_url = f"http://{self.url_host}:{port}"
+        target_list = ",".join(
+            f"{c.name.removeprefix('target ')}={c.health_url.removesuffix('/v1/health')}"
+            for c in self.targets
+        )
+        self.gateway = Child(
+            name="gateway",
+            argv=[py, "-m", "etl_runtime.gateway", "--host", host, "--port", str(port)]
+            + ["--targets", target_list, "--state-dir", str(self.data / "etl")]
+            + ["--cluster-map", cmap, "--members", ",".join(self.members)],
+            log_path=logs / "gateway.log",
+            health_url=f"{gateway_url}/v1/health",
+        )
+        self.gateway.start(env)
+        self.record_children()
+        self.wait_healthy([self.gateway])
+        return gateway_url
+
+    def leaving_ids(self) -> list[str]:
+        """Targets of an earlier run beyond ``--targets``: they hand their objects over."""
+        found = []
+        for d in (self.data / "targets").glob("t*"):
+            if d.is_dir() and d.name[1:].isdigit() and int(d.name[1:]) >= self.args.targets:
+                if any(p.is_file() for p in (d / "buckets").rglob("*")):
+                    found.append(d.name)
+        return sorted(found, key=lambda t: int(t[1:]))
+
+    def children(self) -> list[Child]:
+        return ([self.gateway] if self.gateway else []) + self.targets
+
+    def record_children(self) -> None:
+        supervisor.write_children_file(self.data / "run" / "up.json", self.children())
+
+    def wait_healthy(self, children: list[Child]) -> None:
+        deadline = time.monotonic() + HEALTH_TIMEOUT
+        waiting = list(children)
+        with httpx.Client(timeout=2.0, trust_env=False) as client:
+            while waiting:
+                if self.signals:
+                    raise StartupFailed("interrupted while starting")
+                for child in list(waiting):
+                    if child.exit_code() is not None:
+                        raise StartupFailed(child.describe_exit())
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(child.health_url).status_code == 200:
+                            waiting.remove(child)
+                if waiting and time.monotonic() > deadline:
+                    names = ", ".join(c.name for c in waiting)
+                    raise StartupFailed(f"{names} not healthy after {HEALTH_TIMEOUT:g}s")
+                time.sleep(0.1)
+
+    # -- run and stop --------------------------------------------------------------
+
+    def watch(self) -> Child | None:
+        """Restart children that die; block until a signal arrives (None) or a
+        child crashed ``max_crashes`` times in a row (that child)."""
+        for child in self.children():
+            child.policy.reset_after = self.args.restart_reset
+        next_reap = 0.0
+        while not self.signals:
+            for child in self.children():
+                if child.restart_due():
+                    child.start(child.env)
+                    self.record_children()
+                elif child.restart_at is None and child.exit_code() is not None:
+                    if self.crashed(child) is None:
+                        return child
+            if time.monotonic() >= next_reap:  # a scan of /proc: not on every tick
+                supervisor.reap_orphans({c.pid for c in self.children() if c.popen})
+                self.retire_leaving()
+                next_reap = time.monotonic() + 1.0
+            time.sleep(0.1)
+        return None
+
+    def retire_leaving(self) -> None:
+        """Stop the targets beyond ``--targets`` once the rebalance moved their objects off."""
+        leaving = [c for c in self.targets if c.name.removeprefix("target ") not in self.members]
+        if not leaving or self.gateway is None:
+            return
+        try:
+            view = httpx.get(
+                self.gateway.health_url.replace("/v1/health", "/v1/cluster"),
+                timeout=5.0,
+                trust_env=False,
+            ).json()
+        except (httpx.HTTPError, ValueError):
+            return
+        if view.get("rebalance", {}).get("state") != "idle":
+            return
+        status = {t["id"]: t.get("rebalance") or {} for t in view.get("targets", [])}
+        for child in leaving:
+            tid = child.name.removeprefix("target ")
+            done = status.get(tid, {})
+            if done.get("state") != "done" or done.get("rebalance_id") != view["rebalance"]["id"]:
+                continue
+            child.stop(TARGET_GRACE, self.hurry)
+            self.targets.remove(child)
+            self.record_children()
+            print(
+                f"sluice: {child.name} left the cluster: its objects moved to "
+                f"{', '.join(self.members)}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def crashed(self, child: Child) -> float | None:
+        """Schedule the restart of a child that exited and say so; None: give up."""
+        delay = child.schedule_restart()
+        if delay is not None:
+            print(
+                f"sluice: {child.name} {child.exit_reason()[:300]}; restarting in {delay:.1f}s "
+                f"(crash {child.policy.crashes} of {child.policy.max_crashes})",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.record_children()
+        return delay
+
+    def stop(self) -> None:
+        """Gateway first (it stops its transformers), then targets, then sweep."""
+        if self.gateway is not None:
+            self.gateway.stop(GATEWAY_GRACE, self.hurry)
+        self.stop_leftover_transformers()
+        for child in self.targets:
+            child.signal(signal.SIGTERM)
+        for child in self.targets:
+            child.stop(TARGET_GRACE, self.hurry)
+        supervisor.sweep_descendants({c.pid for c in self.children() if c.popen})
+        (self.data / "run" / "up.json").unlink(missing_ok=True)
+
+    def stop_leftover_transformers(self) -> None:
+        """Transformers a dead gateway could not stop (their pid files remain)."""
+        for path, data in read_pid_files(self.data / "etl"):
+            proc = TransformerProcess.adopt(data)
+            if proc is not None:
+                for sig in (signal.SIGTERM, signal.SIGKILL):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(proc.pid, sig)
+                    time.sleep(0.5 if sig == signal.SIGTERM else 0)
+            path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            pid_dir(self.data / "etl").rmdir()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``sluice up ...``; ``argv`` may start with ``up``. Returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["up"]:
+        argv = argv[1:]
+    args = parse_args(argv)
+    sup = Supervisor(args)
+    sup.data.mkdir(parents=True, exist_ok=True)
+    lock = open(sup.data / ".sluice-up.lock", "a")  # held (locked) for our lifetime
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"sluice: another 'sluice up' is using {sup.data}", file=sys.stderr)
+        return 1
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, sup.on_signal)
+    supervisor.become_subreaper()
+    stale = supervisor.stop_stale_children(sup.data / "run" / "up.json")
+    if stale:
+        print(f"sluice: stopped leftovers of an earlier run: {', '.join(stale)}", file=sys.stderr)
+    code = 0
+    try:
+        url = sup.start()
+        print(f"Sluice is up: {url}", flush=True)
+        print(
+            f"sluice: {args.targets} target(s), data in {sup.data}, logs in {sup.data / 'logs'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        died = sup.watch()
+        if died is not None:
+            print(
+                f"sluice: {died.name} crashed {died.policy.crashes} times in a row, the last "
+                f"time: {died.describe_exit()}; shutting down",
+                file=sys.stderr,
+                flush=True,
+            )
+            code = 1
+    except StartupFailed as e:
+        print(f"sluice: could not start the local cluster: {e}", file=sys.stderr, flush=True)
+        code = 0 if sup.signals else 1
+    finally:
+        sup.stop()
+        lock.close()
+    return code

@@ -1,0 +1,340 @@
+"""The target's object store: buckets and objects as files on local disk.
+
+Layout (see docs/architecture.md): ``DATA/buckets/<bucket>/<object path>``,
+temp files in ``DATA/.tmp/`` on the same filesystem. A write streams into a
+temp file while hashing it, fsyncs, stores the MD5 in an extended attribute
+of the temp file, renames it into place and fsyncs the directory, so a reader
+opens either the whole old object or the whole new one, each with its own
+ETag, and an acknowledged write survives a power loss, not only a kill.
+
+With a cluster map, the map says which buckets exist (``bucket_known``): a
+bucket of the map gets its directory on first use (a target that joined
+later, or was away when it was made), and a directory the map no longer lists
+is never served.
+
+The store is plain synchronous Python except ``write_object``, which consumes
+the request body as it arrives; the web layer runs the blocking calls in a
+thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import anyio.to_thread
+
+from etl_runtime.core.durable import fsync_dir
+from etl_runtime.core.errors import ObjectConflict, ObjectNotFound, bucket_not_found
+from etl_runtime.core.names import validate_bucket, validate_object
+
+ETAG_XATTR = "user.sluice.md5"
+READ_CHUNK = 1 << 20
+
+# Called with (temp path, etag, size) after the body is on disk and before it is
+# published: replication writes through to the other copies here.
+BeforePublish = Callable[[Path, str, int], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    name: str
+    size: int
+    etag: str
+    mtime: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "size": self.size, "etag": self.etag, "mtime": self.mtime}
+
+
+def _read_etag(fd: int) -> str:
+    """The MD5 stored at write time; recomputed if the filesystem lost it."""
+    try:
+        return os.getxattr(fd, ETAG_XATTR).decode()
+    except OSError:
+        md5 = hashlib.md5()
+        with os.fdopen(os.dup(fd), "rb") as f:
+            f.seek(0)
+            while block := f.read(READ_CHUNK):
+                md5.update(block)
+        return md5.hexdigest()
+
+
+def _info(name: str, fd: int) -> ObjectInfo:
+    st = os.fstat(fd)
+    return ObjectInfo(name=name, size=st.st_size, etag=_read_etag(fd), mtime=st.st_mtime)
+
+
+class ObjectStore:
+    def __init__(
+        self, data_dir: Path | str, bucket_known: Callable[[str], bool | None] | None = None
+    ):
+        # bucket_known(b): True/False from the cluster map, None without one.
+        self.bucket_known = bucket_known or (lambda b: None)
+        self.root = Path(data_dir)
+        self.buckets_dir = self.root / "buckets"
+        self.tmp_dir = self.root / ".tmp"
+        self.buckets_dir.mkdir(parents=True, exist_ok=True)
+        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        for leftover in self.tmp_dir.iterdir():  # interrupted writes of a previous run
+            shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+
+    # -- buckets ---------------------------------------------------------------
+
+    def bucket_dir(self, bucket: str) -> Path:
+        path = self.buckets_dir / validate_bucket(bucket)
+        known = self.bucket_known(bucket)
+        if known:
+            path.mkdir(exist_ok=True)
+            return path
+        if known is False or not path.is_dir():
+            raise bucket_not_found(bucket)
+        return path
+
+    def list_buckets(self) -> list[str]:
+        return sorted(p.name for p in self.buckets_dir.iterdir() if p.is_dir())
+
+    def create_bucket(self, bucket: str) -> bool:
+        try:
+            (self.buckets_dir / validate_bucket(bucket)).mkdir()
+        except FileExistsError:
+            return False
+        return True
+
+    def delete_bucket(self, bucket: str) -> None:
+        # Rename first so the bucket disappears at once, then remove at leisure.
+        trash = self.tmp_dir / f"deleted-{uuid.uuid4().hex}"
+        try:
+            os.rename(self.buckets_dir / validate_bucket(bucket), trash)
+        except FileNotFoundError:
+            if self.bucket_known(bucket) is None:
+                self.bucket_dir(bucket)  # raises BucketNotFound
+            return  # with a map: already gone here (e.g. never used on this target)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def bucket_dirs(self) -> list[str]:
+        """Buckets that have a directory here, whatever the map says."""
+        return sorted(p.name for p in self.buckets_dir.iterdir() if p.is_dir())
+
+    def iter_names(self, bucket: str) -> Iterator[str]:
+        """Every object name stored here in ``bucket`` (unsorted; published objects only)."""
+        bdir = self.buckets_dir / bucket
+        for dirpath, _dirs, files in os.walk(bdir):
+            rel_dir = os.path.relpath(dirpath, bdir)
+            for fname in files:
+                yield fname if rel_dir == "." else f"{rel_dir}/{fname}"
+
+    def local_path(self, bucket: str, name: str) -> Path:
+        """Where ``bucket/name`` lives here, without any existence check."""
+        return self.buckets_dir / validate_bucket(bucket) / validate_object(bucket, name)
+
+    def remove_if_unchanged(self, bucket: str, name: str, stamp: tuple[int, int, int]) -> bool:
+        """Delete the object if it is still the file of ``stamp`` (inode, mtime, size)."""
+        path = self.local_path(bucket, name)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return False
+        if (st.st_ino, st.st_mtime_ns, st.st_size) != stamp:
+            return False
+        path.unlink(missing_ok=True)
+        bdir = self.buckets_dir / bucket
+        parent = path.parent
+        while parent != bdir:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+        return True
+
+    # -- objects ---------------------------------------------------------------
+
+    def _object_path(self, bucket: str, name: str) -> Path:
+        return self.bucket_dir(bucket) / validate_object(bucket, name)
+
+    def _not_found(self, bucket: str, name: str) -> ObjectNotFound:
+        return ObjectNotFound(  # ais://b/o: the aistore SDK raises ErrObjNotFound
+            f"object ais://{bucket}/{name} does not exist", bucket=bucket, object=name
+        )
+
+    def open_object(self, bucket: str, name: str) -> tuple[IO[bytes], ObjectInfo]:
+        """Open the object as it is now; later writes never change what this reads."""
+        path = self._object_path(bucket, name)
+        try:
+            f = open(path, "rb")  # noqa: SIM115 - the caller streams and closes it
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise self._not_found(bucket, name) from None
+        try:
+            return f, _info(name, f.fileno())
+        except BaseException:
+            f.close()
+            raise
+
+    def stat_object(self, bucket: str, name: str) -> ObjectInfo:
+        f, info = self.open_object(bucket, name)
+        f.close()
+        return info
+
+    def object_file(self, bucket: str, name: str) -> Path:
+        """Absolute path of an existing object (for transformers with direct access)."""
+        path = self._object_path(bucket, name)
+        if not path.is_file():
+            raise self._not_found(bucket, name)
+        return path.resolve()
+
+    def delete_object(self, bucket: str, name: str) -> None:
+        bdir = self.bucket_dir(bucket)
+        path = self._object_path(bucket, name)
+        try:
+            if path.is_dir():
+                raise FileNotFoundError(name)
+            path.unlink()
+        except (FileNotFoundError, NotADirectoryError):
+            raise self._not_found(bucket, name) from None
+        # Prune the now-empty "directories" of the name, never the bucket itself.
+        parent = path.parent
+        while parent != bdir:
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+            parent = parent.parent
+
+    def list_objects(
+        self, bucket: str, prefix: str = "", start_after: str = "", limit: int = 1000
+    ) -> tuple[list[ObjectInfo], str | None]:
+        """One page of objects sorted by name, and the name to continue after."""
+        bdir = self.bucket_dir(bucket)
+        start = bdir
+        head = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        segments = head.split("/") if head else []
+        if all(s not in ("", ".", "..") for s in segments):
+            start = bdir.joinpath(*segments)
+        names: list[str] = []
+        for dirpath, _dirs, files in os.walk(start):
+            rel_dir = os.path.relpath(dirpath, bdir)
+            for fname in files:
+                name = fname if rel_dir == "." else f"{rel_dir}/{fname}"
+                if name.startswith(prefix) and name > start_after:
+                    names.append(name)
+        names.sort()
+        page: list[ObjectInfo] = []
+        for name in names:
+            if len(page) == limit:
+                return page, page[-1].name
+            try:
+                with open(bdir / name, "rb") as f:
+                    page.append(_info(name, f.fileno()))
+            except OSError:  # deleted while we listed
+                continue
+        return page, None
+
+    def _check_clash(self, bdir: Path, bucket: str, name: str) -> None:
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            if (bdir.joinpath(*parts[:i])).is_file():
+                raise ObjectConflict(
+                    f"cannot store {name!r}: object {'/'.join(parts[:i])!r} exists and a name "
+                    "cannot be both an object and a prefix of other objects",
+                    bucket=bucket,
+                    object=name,
+                )
+        if (bdir / name).is_dir():
+            raise ObjectConflict(
+                f"cannot store {name!r}: other objects are named {name + '/'!r}...; "
+                "a name cannot be both an object and a prefix of other objects",
+                bucket=bucket,
+                object=name,
+            )
+
+    async def write_object(
+        self,
+        bucket: str,
+        name: str,
+        body: AsyncIterable[bytes],
+        before_publish: BeforePublish | None = None,
+        if_absent: bool = False,
+    ) -> ObjectInfo | None:
+        """Stream ``body`` into a temp file, then atomically publish it as the object.
+
+        ``if_absent``: keep an existing object and return None (a rebalance
+        never overwrites what the new owner already has: it is as new or newer).
+        """
+        bdir = self.bucket_dir(bucket)
+        validate_object(bucket, name)
+        self._check_clash(bdir, bucket, name)
+        tmp = self.tmp_dir / f"put-{uuid.uuid4().hex}"
+        md5 = hashlib.md5()
+        size = 0
+        f = open(tmp, "wb")  # noqa: SIM115 - closed in _publish or below
+        try:
+            async for chunk in body:
+                md5.update(chunk)
+                f.write(chunk)  # page-cache writes are fast; fsync happens in a thread
+                size += len(chunk)
+            etag = md5.hexdigest()
+            await anyio.to_thread.run_sync(self._flush, f, etag)
+            if before_publish is not None:
+                await before_publish(tmp, etag, size)
+            stored = await anyio.to_thread.run_sync(
+                self._publish, tmp, bdir, bucket, name, if_absent
+            )
+            if not stored:
+                tmp.unlink(missing_ok=True)
+                return None
+        except BaseException:
+            f.close()
+            tmp.unlink(missing_ok=True)
+            raise
+        return ObjectInfo(name=name, size=size, etag=etag, mtime=os.stat(bdir / name).st_mtime)
+
+    @staticmethod
+    def _flush(f: IO[bytes], etag: str) -> None:
+        f.flush()
+        try:
+            os.setxattr(f.fileno(), ETAG_XATTR, etag.encode())
+        except OSError:
+            pass  # no xattrs here: the ETag is recomputed when read
+        os.fsync(f.fileno())
+        f.close()
+
+    def _publish(self, tmp: Path, bdir: Path, bucket: str, name: str, if_absent: bool) -> bool:
+        parts = name.split("/")
+        for _attempt in range(10):  # a concurrent delete may prune our parent dirs
+            try:
+                parent = bdir
+                for part in parts[:-1]:
+                    parent = parent / part
+                    try:
+                        parent.mkdir()
+                    except FileExistsError:
+                        pass
+                if if_absent:
+                    try:
+                        os.link(tmp, bdir / name)  # atomic: fails if the name exists
+                    except FileExistsError:
+                        return False
+                    tmp.unlink()
+                else:
+                    os.replace(tmp, bdir / name)
+                fsync_dir((bdir / name).parent)
+                return True
+            except FileNotFoundError:
+                if not bdir.is_dir():
+                    self.bucket_dir(bucket)  # raises BucketNotFound
+            except (NotADirectoryError, IsADirectoryError):
+                self._check_clash(bdir, bucket, name)
+                raise
+            except OSError as e:
+                if e.errno in (errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY, errno.EEXIST):
+                    self._check_clash(bdir, bucket, name)
+                raise
+        raise OSError(f"could not publish {bucket}/{name}: parent directories kept vanishing")

@@ -1,0 +1,122 @@
+"""The storage target's FastAPI app: object API, ETL forwarding, internal ETL API.
+
+``create_target_app`` takes its collaborators by injection — an ``EtlRegistry``
+from the local cluster or from Kubernetes — so the same app serves both, and
+tests can hand it a dict-backed registry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Query, Request
+from fastapi.responses import PlainTextResponse
+from prometheus_client.registry import Collector
+
+from etl_runtime.cluster.clustermap import ClusterMapStore
+from etl_runtime.cluster.records import EtlRegistry
+from etl_runtime.core.access import require_read
+from etl_runtime.core.metrics import RemoteCacheCollector, StorageCollector, install_metrics
+from etl_runtime.etl.forward import EtlForwarder
+from etl_runtime.providers.cache import RemoteCache
+from etl_runtime.storage.copies import Placement
+from etl_runtime.storage.peers import Peers
+from etl_runtime.storage.rebalance import Rebalancer
+from etl_runtime.storage.store import ObjectStore
+from etl_runtime.storage_target.context import Target
+from etl_runtime.storage_target.internal import internal_router
+from etl_runtime.storage_target.objects import object_router
+from etl_runtime.storage_target.remote_routes import remote_router
+from etl_runtime.wire.http_errors import install_error_handlers
+from etl_runtime.wire.zerocopy import SendfileCollector
+
+
+def create_target_app(
+    target_id: str,
+    data_dir: Path | str,
+    registry: EtlRegistry,
+    token: str | None = None,
+    cluster_key: str | None = None,
+    cluster_map: ClusterMapStore | None = None,
+    read_token: str | None = None,
+) -> FastAPI:
+    """A target; with ``cluster_map`` it keeps copies, rebalances and reads from neighbors."""
+    peers = Peers(target_id, cluster_map, cluster_key) if cluster_map is not None else None
+    store = ObjectStore(data_dir, bucket_known=lambda b: placement.bucket_known(b))
+    placement = Placement(target_id, store, cluster_map, peers)
+    rebalancer = (
+        Rebalancer(target_id, store, cluster_map, peers)
+        if cluster_map is not None and peers is not None
+        else None
+    )
+    forwarder = EtlForwarder(target_id, registry, store, cluster_key)
+    target = Target(
+        id=target_id,
+        store=store,
+        registry=registry,
+        forwarder=forwarder,
+        token=token or None,
+        cluster_key=cluster_key or None,
+        placement=placement,
+        read_token=read_token or None,
+        remote=RemoteCache(target_id, store, cluster_map) if cluster_map is not None else None,
+    )
+
+    from etl_runtime.storage_target.jobs import install_target_jobs  # jobs import target modules
+
+    jobs = install_target_jobs(target, data_dir, cluster_map)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await forwarder.start()
+        if rebalancer is not None:
+            await rebalancer.start()
+        await jobs.manager.start()
+        try:
+            yield
+        finally:
+            await jobs.manager.stop()
+            if rebalancer is not None:
+                await rebalancer.stop()
+            if peers is not None:
+                await peers.close()
+            await forwarder.stop()
+
+    app = FastAPI(title=f"Sluice target {target_id}", lifespan=lifespan)
+    app.state.target = target
+    install_error_handlers(app)
+    collectors: list[Collector] = [StorageCollector(target_id, data_dir)]
+    if target.remote is not None:
+        collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
+    collectors.append(SendfileCollector(target_id))
+    install_metrics(app, "target", *collectors)
+    app.include_router(object_router(target))
+    app.include_router(internal_router(store, cluster_key or None, rebalancer))
+    app.include_router(remote_router(target))
+    app.include_router(jobs.router)
+
+    @app.get("/v1/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "role": "target", "id": target_id}
+
+    def require_token(request: Request) -> None:
+        """ETL stats and logs can carry user data (error messages): the token's holders only."""
+        if token or read_token:
+            require_read(request, read_token or token, token, None)
+
+    @app.get("/v1/_etl/{name}/stats")
+    async def etl_stats(name: str, request: Request) -> dict[str, Any]:
+        require_token(request)
+        return await forwarder.stats(name)
+
+    @app.get("/v1/_etl/{name}/logs", response_class=PlainTextResponse)
+    async def etl_logs(
+        name: str, request: Request, tail: int = Query(200, ge=1, le=100_000)
+    ) -> str:
+        require_token(request)
+        return await forwarder.logs(name, tail)
+
+    return app

@@ -1,0 +1,93 @@
+"""Internal target routes other targets call: copies, rebalance moves, neighbor reads.
+
+``/v1/_replica/{bucket}/{object}`` reads and writes this target's own copy
+only — no ownership check, no neighbor lookup, no copies — so that copies and
+moves never recurse. ``PUT ?if_absent=1`` keeps an existing object
+(``{"stored": false}``). Every call needs ``X-Sluice-Internal`` (derived from
+the cluster key). ``GET /v1/_rebalance`` reports this target's rebalance.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from etl_runtime.core import auth
+from etl_runtime.core.errors import InvalidRequest, NotFound, Unauthorized
+from etl_runtime.core.names import validate_names
+from etl_runtime.storage.peers import INTERNAL_HEADER
+from etl_runtime.storage.rebalance import Rebalancer
+from etl_runtime.storage.store import ObjectStore
+
+
+def internal_router(
+    store: ObjectStore, cluster_key: str | None, rebalancer: Rebalancer | None
+) -> APIRouter:
+    router = APIRouter()
+
+    def require(request: Request) -> None:
+        if not auth.internal_ok(request.headers.get(INTERNAL_HEADER), cluster_key):
+            raise Unauthorized("internal target route: only other targets may call it")
+
+    @router.get("/v1/_rebalance")
+    async def rebalance_status() -> dict[str, Any]:
+        if rebalancer is None:
+            return {"state": "idle", "rebalance_id": None}
+        return rebalancer.status()
+
+    @router.put("/v1/_replica/{bucket}/{name:path}")
+    async def put_copy(bucket: str, name: str, request: Request) -> dict[str, Any]:
+        validate_names(bucket, name)
+        require(request)
+        flag = request.query_params.get("if_absent", "0")
+        if flag not in ("0", "1"):
+            raise InvalidRequest(f"if_absent must be 0 or 1, got {flag!r}", bucket=bucket)
+        info = await store.write_object(bucket, name, request.stream(), if_absent=flag == "1")
+        expected = request.headers.get("x-sluice-etag")
+        if info is not None and expected and info.etag != expected:
+            await anyio.to_thread.run_sync(store.delete_object, bucket, name)
+            raise InvalidRequest(
+                f"copy of {bucket}/{name} arrived damaged (md5 {info.etag}, sent {expected})",
+                bucket=bucket,
+                object=name,
+            )
+        return {"bucket": bucket, "object": name, "stored": info is not None}
+
+    @router.head("/v1/_replica/{bucket}/{name:path}")
+    async def head_copy(bucket: str, name: str, request: Request) -> Response:
+        validate_names(bucket, name)
+        require(request)
+        info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)
+        return Response(headers={"ETag": f'"{info.etag}"', "Content-Length": str(info.size)})
+
+    @router.get("/v1/_replica/{bucket}/{name:path}")
+    async def get_copy(bucket: str, name: str, request: Request) -> Response:
+        validate_names(bucket, name)
+        require(request)
+        f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)
+
+        def chunks():  # type: ignore[no-untyped-def]
+            with f:
+                while chunk := f.read(1 << 20):
+                    yield chunk
+
+        return StreamingResponse(
+            chunks(),
+            headers={"ETag": f'"{info.etag}"', "Content-Length": str(info.size)},
+            media_type="application/octet-stream",
+        )
+
+    @router.delete("/v1/_replica/{bucket}/{name:path}")
+    async def delete_copy(bucket: str, name: str, request: Request) -> dict[str, Any]:
+        validate_names(bucket, name)
+        require(request)
+        try:
+            await anyio.to_thread.run_sync(store.delete_object, bucket, name)
+        except NotFound:
+            return {"bucket": bucket, "object": name, "deleted": False}
+        return {"bucket": bucket, "object": name, "deleted": True}
+
+    return router

@@ -1,0 +1,234 @@
+"""The target's object and bucket HTTP API (the data-holding half of the public API).
+
+Handlers are thin: names are validated by ``names``, files handled by
+``ObjectStore``, transformed reads by ``EtlForwarder``, ownership, copies and
+get-from-neighbor by ``copies.Placement``; errors are raised as
+``SluiceError`` and rendered by the handlers in ``errors``.
+"""
+
+from __future__ import annotations
+
+import email.utils
+from collections.abc import Iterator
+from typing import IO, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response, StreamingResponse
+
+from etl_runtime.core.access import object_path, require_read, require_write
+from etl_runtime.core.errors import InvalidName, InvalidRequest, ObjectNotFound
+from etl_runtime.core.names import read_bucket_action, validate_bucket, validate_names
+from etl_runtime.core.params import refuse_unknown, refuse_unknown_object_params
+from etl_runtime.etl.pipeline import parse_chain, pipeline_response
+from etl_runtime.storage.ranges import byte_range, preconditions
+from etl_runtime.storage.store import READ_CHUNK, ObjectInfo
+from etl_runtime.storage_target import remote_reads as remote
+from etl_runtime.storage_target.context import Target
+from etl_runtime.wire.zerocopy import FileRangeResponse, offers_zerocopy
+
+INLINE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
+
+
+def _object_headers(info: ObjectInfo) -> dict[str, str]:
+    """Validators and size; the MD5 also as the aistore SDK reads it (``Ais-Checksum-*``)."""
+    return {
+        "Content-Length": str(info.size),
+        "ETag": f'"{info.etag}"',
+        "Last-Modified": email.utils.formatdate(info.mtime, usegmt=True),
+        "Accept-Ranges": "bytes",
+        "Ais-Checksum-Type": "md5",
+        "Ais-Checksum-Value": info.etag,
+    }
+
+
+def _file_iter(f: IO[bytes], remaining: int) -> Iterator[bytes]:
+    try:
+        while remaining > 0 and (chunk := f.read(min(READ_CHUNK, remaining))):
+            remaining -= len(chunk)
+            yield chunk
+    finally:
+        f.close()
+
+
+def _read_small(f: IO[bytes], start: int, length: int) -> bytes:
+    with f:
+        f.seek(start)
+        return f.read(length)
+
+
+def _not_modified(headers: dict[str, str]) -> Response:
+    return Response(
+        status_code=304, headers={k: v for k, v in headers.items() if k != "Content-Length"}
+    )
+
+
+def object_router(target: Target) -> APIRouter:
+    store = target.store
+    placement = target.placement
+    router = APIRouter()
+
+    def require(request: Request, signed_path: str | None = None) -> None:
+        require_write(request, target.token, target.cluster_key, signed_path)
+
+    def may_read(request: Request, signed_path: str | None = None) -> None:
+        require_read(request, target.read_token, target.token, target.cluster_key, signed_path)
+
+    @router.get("/v1/buckets")
+    async def list_buckets(request: Request) -> dict[str, Any]:
+        may_read(request)
+        return {"buckets": await anyio.to_thread.run_sync(store.list_buckets)}
+
+    @router.post("/v1/buckets/{bucket}")
+    async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
+        validate_bucket(bucket)
+        require(request)
+        await read_bucket_action(bucket, request)
+        created = await anyio.to_thread.run_sync(store.create_bucket, bucket)
+        return {"bucket": bucket, "created": created}
+
+    @router.delete("/v1/buckets/{bucket}")
+    async def delete_bucket(bucket: str, request: Request) -> dict[str, Any]:
+        validate_bucket(bucket)
+        require(request)
+        await anyio.to_thread.run_sync(store.delete_bucket, bucket)
+        return {"bucket": bucket, "deleted": True}
+
+    @router.get("/v1/buckets/{bucket}")
+    async def list_objects(
+        bucket: str,
+        request: Request,
+        prefix: str = "",
+        start_after: str = "",
+        limit: int = Query(1000, ge=1, le=100_000),
+    ) -> dict[str, Any]:
+        may_read(request)
+        page, nxt = await anyio.to_thread.run_sync(
+            store.list_objects, bucket, prefix, start_after, limit
+        )
+        return {"objects": [o.to_dict() for o in page], "next": nxt}
+
+    @router.api_route("/v1/objects/{bucket}", methods=["GET", "HEAD", "PUT", "DELETE"])
+    async def missing_object_name(bucket: str) -> None:
+        raise InvalidName(f"missing object name: use /v1/objects/{bucket}/<object>", bucket=bucket)
+
+    @router.head("/v1/buckets/{bucket}")
+    async def head_bucket(bucket: str, request: Request) -> Response:
+        validate_bucket(bucket)
+        refuse_unknown(request, ("provider",), bucket=bucket)
+        may_read(request)
+        await anyio.to_thread.run_sync(store.bucket_dir, bucket)  # BucketNotFound: 404
+        return Response()
+
+    @router.put("/v1/objects/{bucket}/{name:path}")
+    async def put_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
+        validate_names(bucket, name)
+        refuse_unknown_object_params(request, bucket, name)
+        require(request, object_path(bucket, name))
+        others = placement.check_owner(bucket, name) if placement else []
+        copies = placement.write_through(bucket, name, others) if placement else None
+        copies = remote.write_through(target.remote, bucket, name, copies)
+        info = await store.write_object(bucket, name, request.stream(), before_publish=copies)
+        assert info is not None  # only if_absent writes keep an existing object
+        return {"bucket": bucket, "object": name, "size": info.size, "etag": info.etag}
+
+    @router.get("/v1/objects/{bucket}/{name:path}")
+    async def get_object(
+        bucket: str,
+        name: str,
+        request: Request,
+        etl_name: str | None = None,
+        etl_args: str | None = None,
+        etl_pipeline: str | None = None,
+    ) -> Response:
+        validate_names(bucket, name)
+        refuse_unknown_object_params(request, bucket, name)
+        may_read(request, object_path(bucket, name))
+        if etl_name and "range" in request.headers:
+            raise InvalidRequest(
+                f"Range is not supported with etl_name={etl_name!r}: the transformed "
+                "object has no known size; read it whole, or apply the range without the ETL",
+                bucket=bucket,
+                object=name,
+                etl=etl_name,
+            )
+        cold = await remote.get(
+            target.remote, target.forwarder, request, bucket, name, etl_name, etl_args
+        )
+        if cold is not None:
+            return cold
+        if placement:
+            await placement.ensure_local(bucket, name)
+        if etl_pipeline is not None:  # etl_runtime.etl.pipeline: a, then b, then c
+            chain = parse_chain(etl_name, etl_pipeline)
+            return await pipeline_response(target.forwarder, bucket, name, chain, etl_args)
+        if etl_name:
+            return await target.forwarder.transform(bucket, name, etl_name, etl_args, client=True)
+        f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)
+        try:
+            headers = _object_headers(info)
+            not_modified, use_range = preconditions(request.headers, info, headers["Last-Modified"])
+            if not_modified:
+                f.close()
+                return _not_modified(headers)
+            span = byte_range(request.headers.get("range"), info.size) if use_range else None
+        except BaseException:
+            f.close()
+            raise
+        start, end, status = 0, info.size, 200
+        if span is not None:
+            (start, end), status = span, 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
+            headers["Content-Length"] = str(end - start)
+        if offers_zerocopy(request.scope):  # os.sendfile, whatever the size
+            return FileRangeResponse(
+                f, start, end - start, status, headers, media_type="application/octet-stream"
+            )
+        if end - start <= INLINE_GET_MAX:
+            data = await anyio.to_thread.run_sync(_read_small, f, start, end - start)
+            return Response(data, status, headers=headers, media_type="application/octet-stream")
+        if start:
+            await anyio.to_thread.run_sync(f.seek, start)
+        return StreamingResponse(
+            _file_iter(f, end - start),
+            status,
+            headers=headers,
+            media_type="application/octet-stream",
+        )
+
+    @router.head("/v1/objects/{bucket}/{name:path}")
+    async def head_object(bucket: str, name: str, request: Request) -> Response:
+        validate_names(bucket, name)
+        refuse_unknown_object_params(request, bucket, name)
+        may_read(request, object_path(bucket, name))
+        if (cold := await remote.head(target.remote, bucket, name)) is not None:
+            return cold
+        if placement:
+            await placement.ensure_local(bucket, name)
+        info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)
+        headers = _object_headers(info)
+        not_modified, _ = preconditions(request.headers, info, headers["Last-Modified"])
+        if not_modified:
+            return _not_modified(headers)
+        return Response(headers=headers, media_type="application/octet-stream")
+
+    @router.delete("/v1/objects/{bucket}/{name:path}")
+    async def delete_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
+        validate_names(bucket, name)
+        refuse_unknown_object_params(request, bucket, name)
+        require(request, object_path(bucket, name))
+        if (deleted := await remote.delete(target.remote, bucket, name)) is not None:
+            return deleted
+        if placement is None:
+            await anyio.to_thread.run_sync(store.delete_object, bucket, name)
+            return {"bucket": bucket, "object": name, "deleted": True}
+        others = placement.check_owner(bucket, name)
+        elsewhere = await placement.delete_elsewhere(bucket, name, others)
+        try:
+            await anyio.to_thread.run_sync(store.delete_object, bucket, name)
+        except ObjectNotFound:
+            if not elsewhere:  # not here, and not at a previous owner either
+                raise
+        return {"bucket": bucket, "object": name, "deleted": True}
+
+    return router

@@ -1,0 +1,136 @@
+"""The target's data path for remote buckets: the hooks ``storage_target/objects.py`` calls.
+
+Each hook returns ``None`` when the ordinary store path should serve the call
+(an ``ais`` bucket, or a remote object that is cached and valid), so a warm
+GET of a remote object costs what a GET of a native one does.
+"""
+
+from __future__ import annotations
+
+import email.utils
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from etl_runtime.core.errors import InvalidRequest, ObjectNotFound
+from etl_runtime.etl.forward import EtlForwarder
+from etl_runtime.providers.cache import RemoteCache
+from etl_runtime.storage.store import BeforePublish
+
+# A cold GET with one of these waits for the whole object, then is served from
+# the cache by the ordinary path (ranges and validators need the stored file).
+WHOLE_FIRST = ("range", "if-match", "if-none-match", "if-modified-since", "if-unmodified-since")
+
+
+async def _as_bytes(chunks: AsyncIterator[bytes | memoryview]) -> AsyncIterator[bytes]:
+    """The transformer client takes ``bytes`` chunks (one copy per MiB)."""
+    async for chunk in chunks:
+        yield chunk if isinstance(chunk, bytes) else bytes(chunk)
+
+
+def _headers(size: int, etag: str, last_modified: float) -> dict[str, str]:
+    return {
+        "Content-Length": str(size),
+        "ETag": f'"{etag}"',
+        "Last-Modified": email.utils.formatdate(last_modified, usegmt=True),
+        "Accept-Ranges": "bytes",
+        "X-Sluice-Cache": "miss",
+    }
+
+
+async def get(
+    cache: RemoteCache | None,
+    forwarder: EtlForwarder,
+    request: Request,
+    bucket: str,
+    name: str,
+    etl_name: str | None,
+    etl_args: str | None,
+) -> Response | None:
+    """A cold GET of a remote object (plain or ``etl_name``); None if the store serves it."""
+    props = cache.props(bucket) if cache is not None else None
+    if cache is None or props is None:
+        return None
+    if await cache.ensure_fresh(bucket, name, props):
+        return None
+    fqn = False
+    if etl_name:  # refuse an unknown or unready ETL before fetching anything
+        record = forwarder.record(etl_name)
+        forwarder.transformer(record)
+        fqn = record.spec.arg_type == "fqn"
+    fill = cache.fill(bucket, name, props)
+    await fill.ready.wait()
+    if fill.error is not None:
+        raise fill.error
+    pipeline = "etl_pipeline" in request.query_params  # a chain reads the cached file
+    if fqn or pipeline or (not etl_name and any(h in request.headers for h in WHOLE_FIRST)):
+        await cache.wait_filled(fill)
+        return None
+    if etl_name:
+        source = _as_bytes(cache.reader(fill))
+        return await forwarder.transform(bucket, name, etl_name, etl_args, source=source)
+
+    meta = fill.meta
+    assert meta is not None
+    return StreamingResponse(
+        cache.reader(fill),
+        headers=_headers(meta.size, meta.etag, meta.last_modified),
+        media_type="application/octet-stream",
+    )
+
+
+async def head(cache: RemoteCache | None, bucket: str, name: str) -> Response | None:
+    """HEAD of a remote object that is not cached: the backend's answer."""
+    props = cache.props(bucket) if cache is not None else None
+    if cache is None or props is None or cache.is_cached(bucket, name):
+        return None
+    backend = cache.backend(bucket, props)
+    meta = await backend.head(name)
+    if meta is None:
+        raise ObjectNotFound(
+            f"object aws://{bucket}/{name} does not exist on backend {backend.where}",
+            bucket=bucket,
+            object=name,
+            backend=backend.where,
+        )
+    return Response(
+        headers=_headers(meta.size, meta.etag, meta.last_modified),
+        media_type="application/octet-stream",
+    )
+
+
+def write_through(
+    cache: RemoteCache | None, bucket: str, name: str, copies: BeforePublish | None
+) -> BeforePublish | None:
+    """The PUT's hook before publishing: upload to the backend, then the copies (if any)."""
+    props = cache.props(bucket) if cache is not None else None
+    if cache is None or props is None:
+        return copies
+    upload = cache.write_through(bucket, name, props)
+    if copies is None:
+        return upload
+
+    async def both(tmp: Path, etag: str, size: int) -> None:
+        await upload(tmp, etag, size)
+        await copies(tmp, etag, size)
+
+    return both
+
+
+async def delete(cache: RemoteCache | None, bucket: str, name: str) -> dict[str, Any] | None:
+    props = cache.props(bucket) if cache is not None else None
+    if cache is None or props is None:
+        return None
+    await cache.delete(bucket, name, props)
+    return {"bucket": bucket, "object": name, "deleted": True}
+
+
+def refuse_without_map(cache: RemoteCache | None, request: Request, bucket: str) -> None:
+    if request.query_params.get("provider") == "aws" and cache is None:
+        raise InvalidRequest(
+            "remote (provider=aws) buckets need a cluster map: run targets with --cluster-map",
+            bucket=bucket,
+        )
