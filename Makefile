@@ -27,6 +27,8 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check etl_runtime operator tests bench examples
 	$(BIN)/mypy
+	$(BIN)/lint-imports  # the layer contracts in pyproject.toml (docs/architecture.md)
+	$(BIN)/python scripts/check_layout.py
 
 k8s-tools:
 	bash scripts/k8s-tools.sh

@@ -7,6 +7,6 @@ through the SDK, and starts a local cluster through ``etl_runtime.local``.
 
 from __future__ import annotations
 
-from etl_runtime.cli.main import main
+from etl_runtime.cli.commands import main
 
 __all__ = ["main"]

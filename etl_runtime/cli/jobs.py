@@ -1,6 +1,6 @@
 """``sluice job ls|show|wait|abort`` and ``sluice transform``: batch jobs from the shell.
 
-Registered by ``etl_runtime.cli.main.build_parser`` (``register(sub)``). ``wait``
+Registered by ``etl_runtime.cli.commands.build_parser`` (``register(sub)``). ``wait``
 (and ``transform --wait``) shows a tqdm progress bar on stderr and exits 1,
 with the reason, if the job failed or was aborted.
 """

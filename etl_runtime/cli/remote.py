@@ -3,7 +3,7 @@
 A bucket reference may carry its provider as AIStore writes it: ``s3://b``
 and ``aws://b`` are the S3-compatible bucket ``b`` (provider ``aws``),
 ``ais://b`` or a bare ``b`` a Sluice bucket. ``parse_ref`` is what ``get``,
-``put`` and ``ls`` in ``etl_runtime.cli.main`` call; ``register`` adds this
+``put`` and ``ls`` in ``etl_runtime.cli.commands`` call; ``register`` adds this
 module's subcommands to the parser.
 """
 
@@ -15,6 +15,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from etl_runtime.cli.errors import CliError
 from etl_runtime.sdk import Client
 from etl_runtime.sdk.remote import RemoteBucket
 
@@ -30,7 +31,6 @@ def parse_ref(ref: str) -> tuple[str, str]:
 
 
 def remote_bucket(client: Client, ref: str) -> RemoteBucket:
-    from etl_runtime.cli.main import CliError
 
     provider, name = parse_ref(ref)
     name = name.rstrip("/")
@@ -82,7 +82,6 @@ def cmd_prefetch(client: Client, args: argparse.Namespace) -> None:
     if job.get("error_count"):
         for e in job.get("errors", [])[:10]:
             print(f"  failed: {e.get('object')}: {e.get('error')}")
-        from etl_runtime.cli.main import CliError
 
         raise CliError(f"{job['error_count']} object(s) could not be prefetched")
 

@@ -35,6 +35,11 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     DsortFailed                     what a dSort job records as its error; never
                                     raised through a request handler
 
+    DuplexError                     a target's exchange with its transformer failed
+    ├── ConnectError                (``etl_runtime.wire.duplex``; the forwarder turns it
+    ├── Timeout                     into one of the answers above or an aborted
+    └── StreamBroken                stream, never shown as it is)
+
 Two JSON shapes carry them: a gateway's or target's ``body()``
 (``{"error", "kind", **context}``), and the transformer's hpush error body
 ``hpush_body(etl, object)`` (``{"error", "kind", "etl", "object", "sample",
@@ -325,3 +330,19 @@ class DependencyError(StartupError):
 
 class DsortFailed(Exception):
     """A dSort job cannot go on; the message names the shard, record or target."""
+
+
+class DuplexError(Exception):
+    """Base: the exchange with the server failed."""
+
+
+class ConnectError(DuplexError):
+    """The server could not be reached."""
+
+
+class Timeout(DuplexError):
+    """No progress for longer than the timeout."""
+
+
+class StreamBroken(DuplexError):
+    """The connection broke or the server broke the protocol mid-exchange."""

@@ -44,6 +44,7 @@ from urllib.parse import urlencode, urlsplit
 
 import h11
 
+from etl_runtime.core.errors import ConnectError, StreamBroken, Timeout
 from etl_runtime.wire import streambuf
 from etl_runtime.wire.streambuf import ReceiveStream
 
@@ -54,22 +55,6 @@ MAX_IDLE_PER_ENDPOINT = 64
 
 Body = bytes | AsyncIterable[bytes]
 _B = TypeVar("_B", bound=bytes | bytearray)
-
-
-class DuplexError(Exception):
-    """Base: the exchange with the server failed."""
-
-
-class ConnectError(DuplexError):
-    """The server could not be reached."""
-
-
-class Timeout(DuplexError):
-    """No progress for longer than the timeout."""
-
-
-class StreamBroken(DuplexError):
-    """The connection broke or the server broke the protocol mid-exchange."""
 
 
 class _Connection:

@@ -10,7 +10,7 @@ import argparse
 
 import pytest
 
-from etl_runtime.cli.main import build_parser, main
+from etl_runtime.cli.commands import build_parser, main
 
 
 def command_paths(parser: argparse.ArgumentParser, prefix: tuple[str, ...] = ()):

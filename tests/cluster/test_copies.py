@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from etl_runtime.cli.main import format_cluster
+from etl_runtime.cli.commands import format_cluster
 from tests.cluster.conftest import MapCluster, wait_for
 
 

@@ -217,7 +217,7 @@ def test_official_aistore_sdk_starts_and_waits(
 def test_cli_starts_a_dsort_and_prints_the_job_id(
     cluster: tuple[MapCluster, dict], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from etl_runtime.cli.main import main
+    from etl_runtime.cli.commands import main
 
     c, _samples = cluster
     spec_file = tmp_path / "spec.json"

@@ -230,7 +230,7 @@ def test_job_survives_a_target_kill(cluster: LocalCluster, client: Client) -> No
 def test_cli_transform_and_job_commands(
     cluster: LocalCluster, client: Client, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from etl_runtime.cli import main as cli
+    from etl_runtime import cli
 
     _fill(client, "clisrc", {"a.txt": b"abc", "b.txt": b"xyz"})
     ep = ["--endpoint", cluster.endpoint]
