@@ -1,7 +1,7 @@
-"""The ``sluice`` command: ``main`` parses and dispatches; one module per command group.
+"""The ``sluice`` command (``main``; ``python -m etl_runtime.cli``), one module per command group.
 
-``main`` (objects, buckets, ETLs, ``sluice up``), ``remote`` (remote buckets,
-prefetch), ``jobs`` (``sluice job ...``), ``dsort``. It talks to a cluster only
+``commands`` (the parser and dispatch; objects, buckets, ``sluice up``), ``etl``,
+``remote`` (remote buckets, prefetch), ``jobs`` (``sluice job ...``), ``dsort``. It talks to a cluster only
 through the SDK, and starts a local cluster through ``etl_runtime.local``.
 """
 

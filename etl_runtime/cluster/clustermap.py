@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
+import importlib
 import json
 import os
 import threading
@@ -271,8 +272,11 @@ def open_cluster_map(spec: str | None) -> ClusterMapStore | None:
         return FileClusterMap(spec[len("file:") :])
     kind, _, name = spec.partition(":")
     if kind == "kubernetes":
-        from etl_runtime.cluster.kube.clustermap import DEFAULT_NAME, KubeClusterMap
-
-        name = name or os.environ.get("SLUICE_CLUSTER_MAP_NAME") or DEFAULT_NAME
-        return KubeClusterMap(name=name)  # its watch starts here
+        # Found by name, like providers and job kinds: the Kubernetes store sits in
+        # the subpackage cluster.kube, which imports this module, and loads the
+        # kubernetes client only where it is used.
+        kube = importlib.import_module("etl_runtime.cluster.kube.clustermap")
+        name = name or os.environ.get("SLUICE_CLUSTER_MAP_NAME") or kube.DEFAULT_NAME
+        store: ClusterMapStore = kube.KubeClusterMap(name=name)  # its watch starts here
+        return store
     raise ValueError(f"bad cluster map {spec!r}: use file:PATH or kubernetes[:CONFIGMAP]")

@@ -48,6 +48,7 @@ from fastapi.responses import Response, StreamingResponse
 from etl_runtime.cluster.records import EtlRecord, EtlRegistry, TransformerStatus
 from etl_runtime.core import auth
 from etl_runtime.core.errors import (
+    DuplexError,
     EtlNotFound,
     EtlNotReady,
     EtlStopped,
@@ -55,7 +56,7 @@ from etl_runtime.core.errors import (
     TransformerFailed,
 )
 from etl_runtime.storage.store import READ_CHUNK, ObjectStore
-from etl_runtime.wire.duplex import DuplexClient, DuplexError, DuplexResponse
+from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
 
 log = logging.getLogger(__name__)
 

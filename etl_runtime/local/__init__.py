@@ -1,10 +1,12 @@
 """Sluice on one machine: gateway, targets and transformers as local processes.
 
-* ``registry.FileRegistry`` -- ETL records as JSON files (targets read them);
-* ``discovery.StaticTargets`` -- the gateway's fixed target list with health;
 * ``controller.LocalEtlBackend`` -- the gateway's ETL API, running transformers
   (the local counterpart of the kopf operator, sharing its reconcile logic);
-* ``cluster.main`` -- ``sluice up``; ``LocalCluster`` -- the same from Python.
+* ``up.main`` -- ``sluice up``; ``api.LocalCluster`` -- the same from Python;
+* ``processes``, ``supervisor`` -- the child processes and their restarts.
+
+The stores it shares with the servers (``FileRegistry``, ``StaticTargets``)
+live in ``etl_runtime.cluster.local``.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from tests.servers import free_port
 
 
 def sluice(endpoint: str, *args: str, input: bytes | None = None, env: dict | None = None):
-    cmd = [sys.executable, "-m", "etl_runtime.cli.commands", "--endpoint", endpoint, *args]
+    cmd = [sys.executable, "-m", "etl_runtime.cli", "--endpoint", endpoint, *args]
     full_env = {**os.environ, "SLUICE_TOKEN": "", **(env or {})}
     return subprocess.run(cmd, input=input, capture_output=True, timeout=180, env=full_env)
 
@@ -132,7 +132,7 @@ def test_sluice_up_runs_a_cluster_until_interrupted(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "etl_runtime.cli.commands",
+            "etl_runtime.cli",
             "up",
             "--targets",
             "2",

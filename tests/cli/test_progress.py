@@ -42,7 +42,7 @@ def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 def sluice(endpoint: str, *args: str, tty: bool) -> tuple[int, bytes, str]:
     """Run ``sluice``; (exit code, stdout, stderr) with stderr on a pty if ``tty``."""
-    cmd = [sys.executable, "-m", "etl_runtime.cli.commands", "--endpoint", endpoint, *args]
+    cmd = [sys.executable, "-m", "etl_runtime.cli", "--endpoint", endpoint, *args]
     env = dict(os.environ)
     env.pop("SLUICE_TOKEN", None)
     if not tty:

@@ -223,7 +223,7 @@ def test_warm_gets_survive_the_backend_going_down(endpoint: str, minio: MinioSer
 
 
 def sluice(endpoint: str, *args: str) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "etl_runtime.cli.commands", "--endpoint", endpoint, *args]
+    cmd = [sys.executable, "-m", "etl_runtime.cli", "--endpoint", endpoint, *args]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
