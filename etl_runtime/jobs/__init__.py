@@ -14,8 +14,8 @@ The public API (gateway, ``etl_runtime.gateway.jobs``)::
                                 per-target parts, errors (first 100), output
     POST /v1/jobs/{id}/abort
 
-Other gateway routes start jobs with ``etl_runtime.gateway.jobs.start_job(gw, kind, spec)``
-(it runs the kind's ``validate`` first, then starts the part on every member;
+Other gateway routes start jobs with
+``etl_runtime.gateway.jobs.start_job(gw, kind, spec)`` (it runs the kind's ``validate`` first, then starts the part on every member;
 a member away is a 503 naming it).
 
 Writing a kind
