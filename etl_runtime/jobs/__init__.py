@@ -15,8 +15,9 @@ The public API (gateway, ``etl_runtime.gateway.jobs``)::
     POST /v1/jobs/{id}/abort
 
 Other gateway routes start jobs with
-``etl_runtime.gateway.jobs.start_job(gw, kind, spec)`` (it runs the kind's ``validate`` first, then starts the part on every member;
-a member away is a 503 naming it).
+``etl_runtime.gateway.jobs.start_job(gw, kind, spec)`` (it runs the kind's
+``validate`` first, then starts the part on every member; a member away is a
+503 naming it).
 
 Writing a kind
 --------------
