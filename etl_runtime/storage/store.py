@@ -5,7 +5,10 @@ temp files in ``DATA/.tmp/`` on the same filesystem. A write streams into a
 temp file while hashing it, fsyncs, stores the MD5 in an extended attribute
 of the temp file, renames it into place and fsyncs the directory, so a reader
 opens either the whole old object or the whole new one, each with its own
-ETag, and an acknowledged write survives a power loss, not only a kill.
+ETag, and an acknowledged write survives a power loss, not only a kill. The
+directories a name needs (``a/b/`` of ``a/b/c.jpg``) are created with
+``durable.make_dirs``, which fsyncs the parent of each new one: only when a
+directory was created, so a write into an existing one pays nothing more.
 
 With a cluster map, the map says which buckets exist (``bucket_known``): a
 bucket of the map gets its directory on first use (a target that joined
@@ -31,7 +34,7 @@ from typing import IO, Any
 
 import anyio.to_thread
 
-from etl_runtime.core.durable import fsync_dir
+from etl_runtime.core.durable import fsync_dir, make_dirs
 from etl_runtime.core.errors import ObjectConflict, ObjectNotFound, bucket_not_found
 from etl_runtime.core.names import validate_bucket, validate_object
 
@@ -81,8 +84,8 @@ class ObjectStore:
         self.root = Path(data_dir)
         self.buckets_dir = self.root / "buckets"
         self.tmp_dir = self.root / ".tmp"
-        self.buckets_dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.buckets_dir)
+        make_dirs(self.tmp_dir)
         for leftover in self.tmp_dir.iterdir():  # interrupted writes of a previous run
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
 
@@ -92,7 +95,8 @@ class ObjectStore:
         path = self.buckets_dir / validate_bucket(bucket)
         known = self.bucket_known(bucket)
         if known:
-            path.mkdir(exist_ok=True)
+            if not path.is_dir():
+                make_dirs(path, root=self.buckets_dir)
             return path
         if known is False or not path.is_dir():
             raise bucket_not_found(bucket)
@@ -106,6 +110,7 @@ class ObjectStore:
             (self.buckets_dir / validate_bucket(bucket)).mkdir()
         except FileExistsError:
             return False
+        fsync_dir(self.buckets_dir)  # the new bucket survives a power loss
         return True
 
     def delete_bucket(self, bucket: str) -> None:
@@ -307,16 +312,11 @@ class ObjectStore:
         f.close()
 
     def _publish(self, tmp: Path, bdir: Path, bucket: str, name: str, if_absent: bool) -> bool:
-        parts = name.split("/")
+        parent = (bdir / name).parent
         for _attempt in range(10):  # a concurrent delete may prune our parent dirs
             try:
-                parent = bdir
-                for part in parts[:-1]:
-                    parent = parent / part
-                    try:
-                        parent.mkdir()
-                    except FileExistsError:
-                        pass
+                if parent != bdir:
+                    make_dirs(parent, root=bdir)  # fsyncs only what it created
                 if if_absent:
                     try:
                         os.link(tmp, bdir / name)  # atomic: fails if the name exists
