@@ -25,6 +25,8 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     │                               (each with ``Retry-After``)
     ├── NotReady (503)              a transformer's code is still loading
     ├── TransformTimeout (504)      longer than ``spec.timeouts.requestSeconds``
+    ├── InsufficientStorage (507)   a target's disk is full (ENOSPC) or its quota spent
+    │                               (EDQUOT); names the target, bucket and object
     └── TransformerFailed           a target relays its transformer's status and body
 
     StartupError                    permanent transformer start-up failure: exit code 2,
@@ -51,6 +53,11 @@ it must not look retryable. ``webdataset`` opens URLs with ``curl -f -s -L
 --retry 30 --retry-delay 2``, and curl retries 408, 429, 500, 502, 503 and
 504: a 500 made every DataLoader worker re-fetch a broken shard for a minute
 before failing. 422 fails at once and still names the ETL, object and sample.
+
+Why 507 and not 500 or 503 for a full disk: trying again cannot help until
+space is freed, so it must not look retryable either; 507 is no status that
+curl, the SDK or the gateway retries, and the gateway passes it on as the
+target answered it (never as ``NoTargets``).
 
 Errors raised inside a transformer worker process travel to its server as a
 plain dict (``to_wire`` / ``from_wire``) and become the same classes again there.
@@ -276,6 +283,16 @@ class NotReady(SluiceError):
 
 class TransformTimeout(SluiceError):
     status = 504
+
+
+class InsufficientStorage(SluiceError):
+    """A target has no space left (``ENOSPC``) or its disk quota is spent (``EDQUOT``).
+
+    Nothing of the write was kept (no partial object, no temp file); the
+    context names the ``target``, ``bucket`` and ``object``.
+    """
+
+    status = 507
 
 
 class TransformerFailed(SluiceError):

@@ -38,7 +38,7 @@ from typing import IO, Any
 import anyio.to_thread
 
 from etl_runtime.cluster.clustermap import BucketProps, hrw_order
-from etl_runtime.core.durable import fsync_dir, write_atomic
+from etl_runtime.core.durable import fsync_dir, make_dirs, write_atomic
 from etl_runtime.core.errors import DsortFailed, NotFound, bucket_not_found
 from etl_runtime.dsort.plan import OutputShard, make_plan
 from etl_runtime.dsort.records import Record, copy_range, index_shard
@@ -83,7 +83,7 @@ def _owner(ctx: JobContext, bucket: str, name: str) -> str:
 
 
 def _workdir(ctx: JobContext) -> Path:
-    ctx.workdir.mkdir(parents=True, exist_ok=True)
+    make_dirs(ctx.workdir)  # received records are acknowledged: their directory too
     return ctx.workdir
 
 

@@ -28,6 +28,7 @@ from etl_runtime.cluster.clustermap import BACKEND_KEYS, MAX_COPIES, BucketProps
 from etl_runtime.core.errors import (
     BucketExists,
     BucketNotFound,
+    InsufficientStorage,
     InvalidRequest,
     NoTargets,
     SluiceError,
@@ -47,8 +48,17 @@ def _not_found(bucket: str) -> BucketNotFound:
     return bucket_not_found(bucket)
 
 
+def _unwell(status: int) -> bool:
+    """A 5xx that says the target is unwell: answered as 503 ``NoTargets``.
+
+    A 507 (``InsufficientStorage``: its disk is full) is an answer, passed on
+    as it is: trying again cannot help, so it must not become a retryable 503.
+    """
+    return status >= 500 and status != InsufficientStorage.status
+
+
 def _passthrough(r: httpx.Response) -> SluiceError:
-    """A target's 4xx answer, re-raised as-is."""
+    """A target's 4xx (or 507) answer, re-raised as-is."""
     try:
         body = r.json()
     except ValueError:
@@ -129,7 +139,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         body = await read_bucket_action(bucket, request)
         created = False
         for t, r in await gw.fanout("POST", f"/v1/buckets/{bucket}", json=body):
-            if not isinstance(r, httpx.Response) or r.status_code >= 500:
+            if not isinstance(r, httpx.Response) or _unwell(r.status_code):
                 raise unreachable(t, r)
             if r.status_code != 200:
                 raise _passthrough(r)
@@ -159,7 +169,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
             return await _map_delete_bucket(bucket)
         found = False
         for t, r in await gw.fanout("DELETE", f"/v1/buckets/{bucket}"):
-            if not isinstance(r, httpx.Response) or r.status_code >= 500:
+            if not isinstance(r, httpx.Response) or _unwell(r.status_code):
                 raise unreachable(t, r)
             if r.status_code == 200:
                 found = True
@@ -197,7 +207,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         pages: list[list[dict[str, Any]]] = []
         more = False
         for t, r in await gw.fanout("GET", f"/v1/buckets/{bucket}", params=params):
-            if not isinstance(r, httpx.Response) or r.status_code >= 500:
+            if not isinstance(r, httpx.Response) or _unwell(r.status_code):
                 raise unreachable(t, r)
             if r.status_code == 404:
                 continue  # e.g. a target that joined after the bucket was made

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from etl_runtime.core.durable import write_atomic
+from etl_runtime.core.durable import make_dirs, write_atomic
 
 RUNNING, FINISHED, ABORTED, FAILED = "Running", "Finished", "Aborted", "Failed"
 STATES = (RUNNING, FINISHED, ABORTED, FAILED)
@@ -71,7 +71,7 @@ class JobFiles:
         return self.dir / job_id
 
     def save(self, part: JobPart) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.dir)  # a new DATA/.jobs/ survives a power loss with the file
         write_atomic(self.path(part.id), json.dumps(part.to_dict()).encode())
 
     def remove(self, job_id: str) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -244,11 +245,12 @@ class RemoteCache:
             self._validated[key] = time.monotonic()
         except BaseException as e:
             self.counters.backend_fetch_errors += 1
-            fill.error = e
+            fill.error = self.store.no_space(e, fill.bucket, fill.name) or e  # 507 if full
             if not isinstance(e, SluiceError | asyncio.CancelledError):
                 log.exception("fill of %s/%s failed", fill.bucket, fill.name)
             if f is not None:
-                f.close()
+                with contextlib.suppress(OSError):  # its flush may fail again (ENOSPC)
+                    f.close()
             fill.tmp.unlink(missing_ok=True)
             if isinstance(e, asyncio.CancelledError):
                 raise

@@ -10,6 +10,7 @@ Hierarchy::
     │   ├── Conflict                 409: ETL stopped, name clash, bucket exists
     │   ├── Unavailable              503/429: ETL not ready yet, target away, busy
     │   └── ServerError              other 5xx
+    │       ├── InsufficientStorage  507: the target's disk is full; never retried
     │       └── TransformError       422 (or 5xx naming a sample): a transform failed
     │                                (also an EtlError)
     ├── EtlError                     an ETL went to phase Error or never became Running
@@ -19,10 +20,11 @@ Hierarchy::
 
 Every error carries ``message`` (the server's own words when there are any),
 ``status`` (HTTP status or ``None``), ``kind`` (the server's error kind) and the
-context the server or the call knew: ``bucket``, ``object``, ``etl``, ``sample``
-and ``detail`` (a traceback tail from a failing transform), and ``tries``:
-how many times the call was sent (``Client`` retries 503/429 and connection
-failures, see ``retry.py``).
+context the server or the call knew: ``bucket``, ``object``, ``etl``, ``sample``,
+``detail`` (a traceback tail from a failing transform) and ``target`` (the
+storage target the server named), and ``tries``: how many times the call was
+sent (``Client`` retries 503/429 and connection failures, never a 507, see
+``retry.py``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 
 import httpx
 
-CONTEXT_FIELDS = ("bucket", "object", "etl", "sample", "detail")
+CONTEXT_FIELDS = ("bucket", "object", "etl", "sample", "detail", "target")
 TRANSFORM_KINDS = ("TransformError", "BadResult")
 
 
@@ -51,6 +53,7 @@ class SluiceError(Exception):
         sample: str | None = None,
         detail: str | None = None,
         phase: str | None = None,
+        target: str | None = None,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -62,6 +65,7 @@ class SluiceError(Exception):
         self.sample = sample
         self.detail = detail
         self.phase = phase
+        self.target = target
         self.tries = 1
 
     def __str__(self) -> str:
@@ -99,6 +103,15 @@ class ServerError(HTTPError):
     """A 5xx other than 503."""
 
 
+class InsufficientStorage(ServerError):
+    """507: the target that owns the object has no space left (or its quota is spent).
+
+    Nothing of the write was stored. ``Client`` never retries it (trying again
+    cannot help until space is freed); ``target``, ``bucket`` and ``object``
+    name where it happened.
+    """
+
+
 class EtlError(SluiceError):
     """An ETL is in phase Error, did not become Running in time, or failed a transform."""
 
@@ -128,6 +141,7 @@ _BY_STATUS: dict[int, type[HTTPError]] = {
     409: Conflict,
     429: Unavailable,
     503: Unavailable,
+    507: InsufficientStorage,
 }
 
 

@@ -8,8 +8,10 @@ official aistore SDK does, so these periods are invisible to callers:
 
 * what: a 503 or 429 answer, and a failure to connect or a connection reset
   before the answer's head arrived. Not a read timeout (the server is alive and
-  slow; trying again multiplies the wait) and not a body that breaks after it
-  was handed to the caller (``StreamError``);
+  slow; trying again multiplies the wait), not a body that breaks after it
+  was handed to the caller (``StreamError``), and never a 507
+  (``InsufficientStorage``: the target's disk is full, and stays full until
+  someone frees space) nor any other 4xx/5xx;
 * how long: the server's ``Retry-After`` when it sends one, else exponential
   back-off (``backoff``, doubling, with jitter); one wait is at most
   ``max_delay`` seconds;
@@ -35,7 +37,7 @@ from etl_runtime.sdk.errors import SluiceError
 
 log = logging.getLogger("etl_runtime.sdk")
 
-RETRY_STATUSES = frozenset({429, 503})
+RETRY_STATUSES = frozenset({429, 503})  # never 507: a full disk stays full
 
 # Failures before the server could have acted on the request (or after it
 # reset the connection): a new try cannot do harm twice. httpx raises

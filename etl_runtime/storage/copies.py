@@ -8,7 +8,9 @@ every object (the HRW top ``copies`` members):
   retries through the gateway, which uses the new map;
 * a write to a bucket with ``copies > 1`` is written through to the other
   owners before it is published here and acknowledged; if one of them does
-  not take it, the write fails (503 naming it) and nothing is published here;
+  not take it, the write fails (503 naming it; 507 ``InsufficientStorage`` if
+  its disk is full, since trying again cannot help) and nothing is published
+  here;
 * a delete is applied at the other owners, and while a rebalance runs also at
   the previous owners (else the rebalance would bring the object back);
 * a read that misses here while a rebalance runs, or in a bucket with copies,
@@ -26,7 +28,7 @@ import logging
 from pathlib import Path
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
-from etl_runtime.core.errors import ObjectNotFound, Unavailable
+from etl_runtime.core.errors import InsufficientStorage, ObjectNotFound, Unavailable
 from etl_runtime.storage.peers import PeerError, Peers
 from etl_runtime.storage.store import BeforePublish, ObjectStore
 
@@ -89,6 +91,14 @@ class Placement:
                 return_exceptions=True,
             )
             for t, res in zip(others, results, strict=True):
+                if isinstance(res, PeerError) and res.status == InsufficientStorage.status:
+                    raise InsufficientStorage(
+                        f"target {t!r} has no space left for the copy of ais://{bucket}/{name}; "
+                        "the write was not applied: free space or add capacity, then try again",
+                        bucket=bucket,
+                        object=name,
+                        target=t,
+                    )
                 if isinstance(res, BaseException):
                     raise CopyFailed(
                         f"copy of {bucket}/{name} on target {t!r} failed ({res}); "

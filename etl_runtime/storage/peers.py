@@ -27,11 +27,15 @@ PEER_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
 
 
 class PeerError(Exception):
-    """A peer target could not be reached or refused a call; ``target`` names it."""
+    """A peer target could not be reached or refused a call; ``target`` names it.
 
-    def __init__(self, target: str, message: str) -> None:
+    ``status`` is the peer's HTTP status when it answered (None if unreachable).
+    """
+
+    def __init__(self, target: str, message: str, status: int | None = None) -> None:
         super().__init__(f"target {target!r}: {message}")
         self.target = target
+        self.status = status
 
 
 def replica_path(bucket: str, name: str) -> str:
@@ -101,7 +105,9 @@ class Peers:
             headers={"X-Sluice-Etag": etag},
         )
         if r.status_code != 200:
-            raise PeerError(target, f"PUT {bucket}/{name} answered {r.status_code}: {r.text}")
+            raise PeerError(
+                target, f"PUT {bucket}/{name} answered {r.status_code}: {r.text}", r.status_code
+            )
         return bool(r.json().get("stored"))
 
     async def delete(self, target: str, bucket: str, name: str) -> bool:

@@ -5,7 +5,14 @@ temp files in ``DATA/.tmp/`` on the same filesystem. A write streams into a
 temp file while hashing it, fsyncs, stores the MD5 in an extended attribute
 of the temp file, renames it into place and fsyncs the directory, so a reader
 opens either the whole old object or the whole new one, each with its own
-ETag, and an acknowledged write survives a power loss, not only a kill.
+ETag, and an acknowledged write survives a power loss, not only a kill. The
+directories a name needs (``a/b/`` of ``a/b/c.jpg``) are created with
+``durable.make_dirs``, which fsyncs the parent of each new one: only when a
+directory was created, so a write into an existing one pays nothing more.
+
+A full disk (``ENOSPC``) or a spent quota (``EDQUOT``) is ``InsufficientStorage``
+(507) naming the target, bucket and object, and the temp file is removed: no
+partial object, nothing left taking space.
 
 With a cluster map, the map says which buckets exist (``bucket_known``): a
 bucket of the map gets its directory on first use (a target that joined
@@ -19,6 +26,7 @@ thread.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -31,12 +39,18 @@ from typing import IO, Any
 
 import anyio.to_thread
 
-from etl_runtime.core.durable import fsync_dir
-from etl_runtime.core.errors import ObjectConflict, ObjectNotFound, bucket_not_found
+from etl_runtime.core.durable import fsync_dir, make_dirs
+from etl_runtime.core.errors import (
+    InsufficientStorage,
+    ObjectConflict,
+    ObjectNotFound,
+    bucket_not_found,
+)
 from etl_runtime.core.names import validate_bucket, validate_object
 
 ETAG_XATTR = "user.sluice.md5"
 READ_CHUNK = 1 << 20
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 # Called with (temp path, etag, size) after the body is on disk and before it is
 # published: replication writes through to the other copies here.
@@ -74,15 +88,19 @@ def _info(name: str, fd: int) -> ObjectInfo:
 
 class ObjectStore:
     def __init__(
-        self, data_dir: Path | str, bucket_known: Callable[[str], bool | None] | None = None
+        self,
+        data_dir: Path | str,
+        bucket_known: Callable[[str], bool | None] | None = None,
+        target_id: str | None = None,
     ):
         # bucket_known(b): True/False from the cluster map, None without one.
         self.bucket_known = bucket_known or (lambda b: None)
+        self.target_id = target_id  # named in errors (a full disk)
         self.root = Path(data_dir)
         self.buckets_dir = self.root / "buckets"
         self.tmp_dir = self.root / ".tmp"
-        self.buckets_dir.mkdir(parents=True, exist_ok=True)
-        self.tmp_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.buckets_dir)
+        make_dirs(self.tmp_dir)
         for leftover in self.tmp_dir.iterdir():  # interrupted writes of a previous run
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
 
@@ -92,7 +110,9 @@ class ObjectStore:
         path = self.buckets_dir / validate_bucket(bucket)
         known = self.bucket_known(bucket)
         if known:
-            path.mkdir(exist_ok=True)
+            if not path.is_dir():
+                with self.full_disk_is_507(bucket):
+                    make_dirs(path, root=self.buckets_dir)
             return path
         if known is False or not path.is_dir():
             raise bucket_not_found(bucket)
@@ -103,9 +123,11 @@ class ObjectStore:
 
     def create_bucket(self, bucket: str) -> bool:
         try:
-            (self.buckets_dir / validate_bucket(bucket)).mkdir()
+            with self.full_disk_is_507(bucket):
+                (self.buckets_dir / validate_bucket(bucket)).mkdir()
         except FileExistsError:
             return False
+        fsync_dir(self.buckets_dir)  # the new bucket survives a power loss
         return True
 
     def delete_bucket(self, bucket: str) -> None:
@@ -154,6 +176,33 @@ class ObjectStore:
                 break
             parent = parent.parent
         return True
+
+    def no_space(
+        self, exc: BaseException, bucket: str, name: str | None = None
+    ) -> InsufficientStorage | None:
+        """``exc`` as the 507 naming target, bucket and object, if it is ENOSPC or EDQUOT."""
+        if not isinstance(exc, OSError) or exc.errno not in NO_SPACE:
+            return None
+        code = errno.errorcode[exc.errno]
+        where = f"ais://{bucket}/{name}" if name is not None else f"bucket ais://{bucket}"
+        who = f"target {self.target_id!r}" if self.target_id else "this target"
+        return InsufficientStorage(
+            f"{who} has no space left for {where} ({code}: {os.strerror(exc.errno)}); "
+            "nothing was stored: free space or add capacity, then try again",
+            target=self.target_id,
+            bucket=bucket,
+            object=name,
+        )
+
+    @contextlib.contextmanager
+    def full_disk_is_507(self, bucket: str, name: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except OSError as e:
+            full = self.no_space(e, bucket, name)
+            if full is None:
+                raise
+            raise full from e
 
     # -- objects ---------------------------------------------------------------
 
@@ -274,8 +323,9 @@ class ObjectStore:
         tmp = self.tmp_dir / f"put-{uuid.uuid4().hex}"
         md5 = hashlib.md5()
         size = 0
-        f = open(tmp, "wb")  # noqa: SIM115 - closed in _publish or below
+        f: IO[bytes] | None = None
         try:
+            f = open(tmp, "wb")  # noqa: SIM115 - closed in _flush or below
             async for chunk in body:
                 md5.update(chunk)
                 f.write(chunk)  # page-cache writes are fast; fsync happens in a thread
@@ -290,9 +340,14 @@ class ObjectStore:
             if not stored:
                 tmp.unlink(missing_ok=True)
                 return None
-        except BaseException:
-            f.close()
+        except BaseException as e:
+            if f is not None:
+                with contextlib.suppress(OSError):  # its flush may fail again (ENOSPC)
+                    f.close()
             tmp.unlink(missing_ok=True)
+            full = self.no_space(e, bucket, name)
+            if full is not None:
+                raise full from e
             raise
         return ObjectInfo(name=name, size=size, etag=etag, mtime=os.stat(bdir / name).st_mtime)
 
@@ -307,16 +362,11 @@ class ObjectStore:
         f.close()
 
     def _publish(self, tmp: Path, bdir: Path, bucket: str, name: str, if_absent: bool) -> bool:
-        parts = name.split("/")
+        parent = (bdir / name).parent
         for _attempt in range(10):  # a concurrent delete may prune our parent dirs
             try:
-                parent = bdir
-                for part in parts[:-1]:
-                    parent = parent / part
-                    try:
-                        parent.mkdir()
-                    except FileExistsError:
-                        pass
+                if parent != bdir:
+                    make_dirs(parent, root=bdir)  # fsyncs only what it created
                 if if_absent:
                     try:
                         os.link(tmp, bdir / name)  # atomic: fails if the name exists

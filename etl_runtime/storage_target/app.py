@@ -45,7 +45,9 @@ def create_target_app(
 ) -> FastAPI:
     """A target; with ``cluster_map`` it keeps copies, rebalances and reads from neighbors."""
     peers = Peers(target_id, cluster_map, cluster_key) if cluster_map is not None else None
-    store = ObjectStore(data_dir, bucket_known=lambda b: placement.bucket_known(b))
+    store = ObjectStore(
+        data_dir, bucket_known=lambda b: placement.bucket_known(b), target_id=target_id
+    )
     placement = Placement(target_id, store, cluster_map, peers)
     rebalancer = (
         Rebalancer(target_id, store, cluster_map, peers)
