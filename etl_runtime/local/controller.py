@@ -66,6 +66,11 @@ def restart_backoff(restarts: int) -> float:
     return min(MAX_BACKOFF_SECONDS, 2.0 ** min(restarts, 5))
 
 
+def backoff_after(p: TransformerProcess) -> float:
+    """How long to wait before replacing ``p`` (short again after a healthy run)."""
+    return restart_backoff(reconcile.next_restarts(p.observed()) - 1)
+
+
 class LocalEtlBackend:
     """``EtlBackend`` that runs transformers as local child processes."""
 
@@ -253,6 +258,8 @@ class LocalEtlBackend:
             ok, why = False, f"not ready: {type(e).__name__}"
         if ok:
             p.ready, p.probe_failures, p.message = True, 0, None
+            if p.ready_at is None:
+                p.ready_at = time.monotonic()
             return
         p.probe_failures += 1
         if not p.ready:
@@ -279,11 +286,12 @@ class LocalEtlBackend:
             p.target
             for p in victims
             if self._is_transient(p, spec, want)
-            and now < p.exited_at_or(now) + restart_backoff(p.restarts)
+            and now
+            < p.exited_at_or(now) + restart_backoff(reconcile.next_restarts(p.observed()) - 1)
         }
         for p in victims:
             if self._is_transient(p, spec, want) and p.target not in backing_off:
-                self._restarts[(rec.name, p.target)] = (want, p.restarts + 1)
+                self._restarts[(rec.name, p.target)] = (want, reconcile.next_restarts(p.observed()))
         for target in todo.create:
             if target.id not in backing_off:
                 procs.append(await self._spawn(rec, target))

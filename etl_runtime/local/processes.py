@@ -121,6 +121,7 @@ class TransformerProcess:
     popen: asyncio.subprocess.Process | None = field(default=None, repr=False)
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
+    ready_at: float | None = None  # time.monotonic() when it first answered /health
     probe_failures: int = 0
     terminated: bool = False
     exit_code: int | None = None
@@ -165,6 +166,11 @@ class TransformerProcess:
             exit_code=self.exit_code,
             restarts=self.restarts,
             message=None if self.ready else self.message,
+            healthy_for=(
+                self.exited_at - self.ready_at
+                if self.exited_at is not None and self.ready_at is not None
+                else None
+            ),
         )
 
     # -- pid files ------------------------------------------------------------
