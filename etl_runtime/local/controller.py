@@ -48,6 +48,7 @@ from etl_runtime.cluster.local.registry import FileRegistry
 from etl_runtime.cluster.records import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
 from etl_runtime.core import auth
 from etl_runtime.core.eventloop import cancel_and_wait
+from etl_runtime.core.procs import SUPERVISOR_ENV
 from etl_runtime.core.spec import EtlSpec, validate_name
 from etl_runtime.local import processes
 from etl_runtime.local.processes import TransformerProcess
@@ -367,7 +368,8 @@ class LocalEtlBackend:
                 # beside our state dir DIR/etl); DIR/cluster-key lies outside it.
                 "SLUICE_DATA_ROOTS": str(self.state_dir.parent / "targets" / target.id),
                 "PYTHONUNBUFFERED": "1",
-            },
+            }
+            | self._supervisor_env(),
         )
         proc = await processes.spawn(
             etl=rec.name,
@@ -381,6 +383,13 @@ class LocalEtlBackend:
         )
         log.info("started transformer %s (pid %d, port %d)", name, proc.pid, proc.port)
         return proc
+
+    @staticmethod
+    def _supervisor_env() -> dict[str, str]:
+        """``sluice up``'s pid, when it supervises us: transformers then outlive a
+        gateway killed with -9 and are adopted by its successor (``core.procs``)."""
+        pid = os.environ.get(SUPERVISOR_ENV)
+        return {SUPERVISOR_ENV: pid} if pid else {}
 
     def _stop_in_background(
         self, p: TransformerProcess, keep_listed: bool = False

@@ -44,7 +44,7 @@ from types import FrameType
 
 import httpx
 
-from etl_runtime.core import auth
+from etl_runtime.core import auth, procs
 from etl_runtime.local import supervisor
 from etl_runtime.local.api import LocalCluster
 from etl_runtime.local.processes import TransformerProcess, free_port, pid_dir, read_pid_files
@@ -160,6 +160,7 @@ class Supervisor:
             if not k.startswith("SLUICE_") or k.startswith(REMOTE_ENV)
         }
         env["SLUICE_CLUSTER_KEY"] = key
+        env[procs.SUPERVISOR_ENV] = str(os.getpid())  # transformers outlive a killed gateway
         env["PYTHONUNBUFFERED"] = "1"
         env["SLUICE_ETL_FQN"] = "always"  # local transformers read the targets' files
         if self.args.token:
