@@ -71,8 +71,11 @@ def format_cluster(view: dict[str, Any]) -> str:
         if st.get("state") == "running":
             progress += f" {st.get('objects_moved', 0)}/{st.get('objects_scanned', 0)}"
         member = "yes" if t.get("member", True) else "leaving"
-        state = "up" if t.get("alive") else "AWAY"
+        state = "up" if t.get("alive") else "DOWN" if t.get("down") else "AWAY"
         lines.append(f"{t['id']:<16} {state:<8} {member:<7} {progress:<10} {t.get('url') or '-'}")
+    for t in view.get("targets", []):
+        if t.get("down") and not t.get("alive"):
+            lines.append(f"target {t['id']} is down ({t['down']}); retried with a back-off")
     for name, props in sorted((view.get("buckets") or {}).items()):
         lines.append(f"bucket {name}: copies={props.get('copies', 1)}")
     return "\n".join(lines)

@@ -22,6 +22,10 @@ from etl_runtime.core.spec import EtlSpec
 EXIT_CONFIG_ERROR = 2
 # Restarts of transient failures tolerated before the ETL is declared Error.
 MAX_RESTARTS = 5
+# A transformer that served this long before it failed starts a fresh crash
+# budget, as a kubelet's back-off resets: six kills 40 s apart are six
+# unrelated incidents, not a crash loop.
+HEALTHY_SECONDS = 30.0
 
 
 def transformer_name(etl: str, target: str) -> str:
@@ -47,6 +51,17 @@ class ObservedTransformer:
     exit_code: int | None = None
     restarts: int = 0
     message: str | None = None
+    healthy_for: float | None = None  # seconds it served (was ready) before it terminated
+
+
+def ran_healthy(t: ObservedTransformer) -> bool:
+    """It served ``HEALTHY_SECONDS`` before it terminated: its failure starts a new row."""
+    return t.healthy_for is not None and t.healthy_for >= HEALTHY_SECONDS
+
+
+def next_restarts(t: ObservedTransformer) -> int:
+    """The restart count of the transformer that replaces ``t`` (failed transiently)."""
+    return 1 if ran_healthy(t) else t.restarts + 1
 
 
 @dataclass
@@ -69,7 +84,9 @@ def gave_up(t: ObservedTransformer) -> bool:
     Such a transformer is kept (not recreated) so its message stays visible and
     nothing crash-loops; a spec change (new hash) replaces it.
     """
-    return is_config_error(t) or (t.terminated and t.restarts >= MAX_RESTARTS)
+    return is_config_error(t) or (
+        t.terminated and t.restarts >= MAX_RESTARTS and not ran_healthy(t)
+    )
 
 
 def plan(
@@ -137,7 +154,11 @@ def summarize(
     want_hash = want_hash or spec.content_hash()
     current = [t for t in existing if t.spec_hash == want_hash]
     ready = len({t.target for t in current if t.ready})
-    failures = [t for t in current if is_config_error(t) or t.restarts >= MAX_RESTARTS]
+    failures = [
+        t
+        for t in current
+        if is_config_error(t) or (t.restarts >= MAX_RESTARTS and not ran_healthy(t))
+    ]
     if failures:
         f = failures[0]
         why = f.message or f"exited with code {f.exit_code}"

@@ -23,7 +23,8 @@ the cost is two ``perf_counter`` calls and a cached-series lookup per request.
 Role-specific collectors read their figures when Prometheus scrapes:
 ``StorageCollector`` (a target's disk and what it stores) and
 ``EtlStatsCollector`` (a transformer's per-ETL counters, kept in its server
-process, which receives every result frame from its workers).
+process, which receives every result frame from its workers) and
+``TargetStateCollector`` (the gateway's view of each target: up, away or down).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ import os
 import shutil
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -372,3 +373,36 @@ class RemoteCacheCollector:
         )
         g.add_metric([self.target_id], self.counters.cached_bytes)
         yield g
+
+
+class TargetStateCollector:
+    """The gateway's view of each target: ``sluice_target_up{target}`` (1 answers
+    its health probes, 0 away) and ``sluice_target_down{target}`` (1 marked down
+    after a crash loop: left out and retried with a back-off, see ``sluice up``)."""
+
+    def __init__(
+        self,
+        known: Callable[[], Iterable[str]],
+        alive: Callable[[], set[str]],
+        down: Callable[[], dict[str, str]],
+    ) -> None:
+        self.known, self.alive, self.down = known, alive, down
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        alive, down = self.alive(), self.down()
+        up = GaugeMetricFamily(
+            "sluice_target_up", "1 if the target answers the gateway now.", labels=["target"]
+        )
+        marked = GaugeMetricFamily(
+            "sluice_target_down",
+            "1 if the target was marked down after crashing again and again.",
+            labels=["target"],
+        )
+        for tid in self.known():
+            up.add_metric([tid], 1.0 if tid in alive else 0.0)
+            marked.add_metric([tid], 1.0 if tid in down and tid not in alive else 0.0)
+        yield up
+        yield marked

@@ -44,6 +44,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--state-dir", default=env("SLUICE_STATE_DIR"), help="local ETL state dir")
     p.add_argument(
+        "--down-file",
+        default=env("SLUICE_DOWN_FILE"),
+        help="local mode: JSON of targets 'sluice up' marked down after a crash loop",
+    )
+    p.add_argument(
         "--cluster-map",
         default=env("SLUICE_CLUSTER_MAP"),
         help="file:PATH or kubernetes[:CONFIGMAP]: the cluster map shared with the targets "
@@ -79,7 +84,7 @@ def local_parts(args: argparse.Namespace, key: str) -> tuple[Any, Any, list[Hook
         if not sep or not tid or not url:
             raise SystemExit(f"sluice-gateway: bad --targets item {item!r}: expected ID=URL")
         targets.append(TargetInfo(id=tid.strip(), url=url.strip().rstrip("/")))
-    discovery = StaticTargets(targets)
+    discovery = StaticTargets(targets, down_file=Path(args.down_file) if args.down_file else None)
     backend = LocalEtlBackend(Path(args.state_dir), discovery, key)
     return discovery, backend, [discovery.start, backend.start], [discovery.stop, backend.stop]
 

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
-from etl_runtime.core.metrics import install_metrics
+from etl_runtime.core.metrics import TargetStateCollector, install_metrics
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.dsort import dsort_router
@@ -72,7 +72,12 @@ def create_gateway_app(
     app = FastAPI(title="Sluice gateway", lifespan=lifespan)
     app.state.gateway = gw
     install_error_handlers(app)
-    install_metrics(app, "gateway")
+
+    def known() -> list[str]:
+        members = gw.cmap.get().members if gw.cmap else []
+        return list(dict.fromkeys([*members, *(t.id for t in gw.known_targets())]))
+
+    install_metrics(app, "gateway", TargetStateCollector(known, gw.alive_ids, gw.down_reasons))
     app.include_router(redirect_router(gw))
     app.include_router(bucket_router(gw))
     app.include_router(etl_router(gw))

@@ -107,6 +107,11 @@ class Gateway:
     def alive_ids(self) -> set[str]:
         return {t.id for t in self.discovery.targets()}
 
+    def down_reasons(self) -> dict[str, str]:
+        """Targets marked down (a crash loop) -> why; only discovery that knows says."""
+        reasons = getattr(self.discovery, "down_reasons", None)
+        return reasons() if reasons is not None else {}
+
     def target_info(self, target_id: str, cmap: ClusterMap | None = None) -> TargetInfo | None:
         for t in self.known_targets():
             if t.id == target_id:

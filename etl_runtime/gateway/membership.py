@@ -150,11 +150,14 @@ class RebalanceMonitor:
 
 async def cluster_view(gw: Gateway) -> dict[str, Any]:
     live = gw.alive_ids()
+    down = {t: why for t, why in gw.down_reasons().items() if t not in live}
     everyone = gw.known_targets()
     if gw.cmap is None:
         return {
             "targets": [
-                {"id": t.id, "url": t.url, "node": t.node, "alive": t.id in live} for t in everyone
+                {"id": t.id, "url": t.url, "node": t.node, "alive": t.id in live}
+                | ({"down": down[t.id]} if t.id in down else {})
+                for t in everyone
             ]
         }
     cmap = gw.cmap.get()
@@ -172,6 +175,7 @@ async def cluster_view(gw: Gateway) -> dict[str, Any]:
                 "member": tid in cmap.members,
                 "rebalance": progress.get(tid),
             }
+            | ({"down": down[tid]} if tid in down else {})
         )
     totals = {"objects_moved": 0, "bytes_moved": 0, "objects_scanned": 0, "errors": 0}
     for p in progress.values():

@@ -131,6 +131,7 @@ async def scrape_targets(gw: Gateway) -> dict[str, dict[str, Any]]:
 
 def target_rows(gw: Gateway, scraped: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     alive = gw.alive_ids()
+    down = gw.down_reasons()
     known = {t.id: t for t in gw.known_targets()}
     members: list[str] = list(gw.cmap.get().members) if gw.cmap is not None else []
     rows = []
@@ -142,6 +143,7 @@ def target_rows(gw: Gateway, scraped: dict[str, dict[str, Any]]) -> list[dict[st
                 "url": info.url if info else None,
                 "node": info.node if info else None,
                 "alive": tid in alive,
+                "down": down.get(tid) if tid not in alive else None,
                 "member": tid in members if gw.cmap is not None else True,
                 **scraped.get(tid, {}),
             }

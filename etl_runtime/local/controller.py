@@ -48,6 +48,7 @@ from etl_runtime.cluster.local.registry import FileRegistry
 from etl_runtime.cluster.records import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
 from etl_runtime.core import auth
 from etl_runtime.core.eventloop import cancel_and_wait
+from etl_runtime.core.procs import SUPERVISOR_ENV
 from etl_runtime.core.spec import EtlSpec, validate_name
 from etl_runtime.local import processes
 from etl_runtime.local.processes import TransformerProcess
@@ -64,6 +65,11 @@ TRANSFORMER_COMMAND = (sys.executable, "-m", "etl_runtime.webserver")
 
 def restart_backoff(restarts: int) -> float:
     return min(MAX_BACKOFF_SECONDS, 2.0 ** min(restarts, 5))
+
+
+def backoff_after(p: TransformerProcess) -> float:
+    """How long to wait before replacing ``p`` (short again after a healthy run)."""
+    return restart_backoff(reconcile.next_restarts(p.observed()) - 1)
 
 
 class LocalEtlBackend:
@@ -253,6 +259,8 @@ class LocalEtlBackend:
             ok, why = False, f"not ready: {type(e).__name__}"
         if ok:
             p.ready, p.probe_failures, p.message = True, 0, None
+            if p.ready_at is None:
+                p.ready_at = time.monotonic()
             return
         p.probe_failures += 1
         if not p.ready:
@@ -279,11 +287,12 @@ class LocalEtlBackend:
             p.target
             for p in victims
             if self._is_transient(p, spec, want)
-            and now < p.exited_at_or(now) + restart_backoff(p.restarts)
+            and now
+            < p.exited_at_or(now) + restart_backoff(reconcile.next_restarts(p.observed()) - 1)
         }
         for p in victims:
             if self._is_transient(p, spec, want) and p.target not in backing_off:
-                self._restarts[(rec.name, p.target)] = (want, p.restarts + 1)
+                self._restarts[(rec.name, p.target)] = (want, reconcile.next_restarts(p.observed()))
         for target in todo.create:
             if target.id not in backing_off:
                 procs.append(await self._spawn(rec, target))
@@ -359,7 +368,8 @@ class LocalEtlBackend:
                 # beside our state dir DIR/etl); DIR/cluster-key lies outside it.
                 "SLUICE_DATA_ROOTS": str(self.state_dir.parent / "targets" / target.id),
                 "PYTHONUNBUFFERED": "1",
-            },
+            }
+            | self._supervisor_env(),
         )
         proc = await processes.spawn(
             etl=rec.name,
@@ -373,6 +383,13 @@ class LocalEtlBackend:
         )
         log.info("started transformer %s (pid %d, port %d)", name, proc.pid, proc.port)
         return proc
+
+    @staticmethod
+    def _supervisor_env() -> dict[str, str]:
+        """``sluice up``'s pid, when it supervises us: transformers then outlive a
+        gateway killed with -9 and are adopted by its successor (``core.procs``)."""
+        pid = os.environ.get(SUPERVISOR_ENV)
+        return {SUPERVISOR_ENV: pid} if pid else {}
 
     def _stop_in_background(
         self, p: TransformerProcess, keep_listed: bool = False

@@ -14,7 +14,9 @@ this module is the actuator underneath it. A ``TransformerProcess`` is one
   adopt transformers that outlived a crashed gateway instead of duplicating them.
 
 Transformers are asyncio subprocesses started through ``launch``, so they get
-a SIGTERM if the controller's process dies without stopping them.
+a SIGTERM if the controller's process dies without stopping them -- unless
+``sluice up`` supervises the gateway: then they are adopted by ``sluice up``
+and live on until the restarted gateway adopts them (``launch --adoptable``).
 """
 
 from __future__ import annotations
@@ -121,6 +123,7 @@ class TransformerProcess:
     popen: asyncio.subprocess.Process | None = field(default=None, repr=False)
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
+    ready_at: float | None = None  # time.monotonic() when it first answered /health
     probe_failures: int = 0
     terminated: bool = False
     exit_code: int | None = None
@@ -165,6 +168,11 @@ class TransformerProcess:
             exit_code=self.exit_code,
             restarts=self.restarts,
             message=None if self.ready else self.message,
+            healthy_for=(
+                self.exited_at - self.ready_at
+                if self.exited_at is not None and self.ready_at is not None
+                else None
+            ),
         )
 
     # -- pid files ------------------------------------------------------------
@@ -261,7 +269,12 @@ async def spawn(
         if log_path.stat().st_size > LOG_ROTATE_BYTES:
             os.replace(log_path, log_path.with_suffix(".log.1"))
     port = free_port()
-    argv = launch.command(os.getpid(), [*command, "--host", "127.0.0.1", "--port", str(port)])
+    # Under `sluice up` (a subreaper) a transformer outlives a gateway killed with -9:
+    # the gateway comes back and adopts it from its pid file (issue 20 #6).
+    adoptable = launch.SUPERVISOR_ENV in env
+    argv = launch.command(
+        os.getpid(), [*command, "--host", "127.0.0.1", "--port", str(port)], adoptable
+    )
     with open(log_path, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         log.write(f"--- {stamp} sluice: starting {name} on port {port} ---\n".encode())

@@ -16,8 +16,12 @@ make sure nothing outlives the cluster, even when something dies hard:
 A child that exits on its own is restarted the way a kubelet restarts a
 container: same command (so a target keeps its id, port and data dir, the
 gateway its port), after a back-off that doubles with every crash in a row
-(``RestartPolicy``). A child that has stayed up long enough starts afresh;
-one that crashes ``max_crashes`` times in a row is given up on.
+(``RestartPolicy``). A child that has stayed up long enough starts afresh.
+One that crashes ``max_crashes`` times in a row is *down*: the gateway is
+given up on (nothing can be served without it), a target is left out and
+retried every ``down_delay`` seconds while the rest of the cluster serves
+(``write_down_file`` tells the gateway why, for ``sluice cluster``, ``/ui``
+and its metrics).
 """
 
 from __future__ import annotations
@@ -98,6 +102,13 @@ class RestartPolicy:
     max_delay: float = 10.0
     reset_after: float = 30.0
     crashes: int = 0
+    # None: give up after max_crashes in a row; else keep retrying this often (down).
+    down_delay: float | None = None
+
+    @property
+    def down(self) -> bool:
+        """Crashed ``max_crashes`` times in a row (and not up long enough since)."""
+        return self.crashes >= self.max_crashes
 
     def crashed(self, uptime: float) -> float | None:
         """Count a crash after ``uptime`` seconds up: the delay before restarting, or None
@@ -105,9 +116,17 @@ class RestartPolicy:
         if uptime >= self.reset_after:
             self.crashes = 0
         self.crashes += 1
-        if self.crashes >= self.max_crashes:
-            return None
+        if self.down:
+            return self.down_delay
         return min(self.max_delay, self.first_delay * 2.0 ** (self.crashes - 1))
+
+    def settled(self, uptime: float) -> bool:
+        """Start a new row once the child has stayed up ``reset_after`` seconds;
+        True if it was down until now."""
+        if self.crashes and uptime >= self.reset_after:
+            was_down, self.crashes = self.down, 0
+            return was_down
+        return False
 
 
 @dataclass
@@ -211,6 +230,22 @@ def write_children_file(path: Path, children: Sequence[Child]) -> None:
     ]
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"supervisor": me, "children": kids}))
+    os.replace(tmp, path)
+
+
+def write_down_file(path: Path, down: dict[str, dict[str, Any]]) -> None:
+    """``run/down.json``: the targets ``sluice up`` has marked down, and why.
+
+    ``{"t2": {"reason": ..., "crashes": N, "since": epoch, "retry_at": epoch}}``;
+    the gateway of the local cluster reads it (``StaticTargets``) to say why a
+    target is away. Written atomically; removed when no target is down.
+    """
+    if not down:
+        path.unlink(missing_ok=True)
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(down, sort_keys=True))
     os.replace(tmp, path)
 
 

@@ -13,9 +13,13 @@
   keeps its id, port and data dir; the gateway its port, and adopts the
   transformers that are still running) after a back-off of 0.5 s, 1 s, 2 s, ...
   (10 s at most; it starts over once the child stayed up ``--restart-reset``
-  seconds); each restart is one ``sluice: ...`` line on stderr. After 5 crashes
-  in a row of one child the cluster is taken down with a non-zero exit that
-  names the child and why it died;
+  seconds); each restart is one ``sluice: ...`` line on stderr. A target that
+  crashes 5 times in a row is marked *down*: the rest of the cluster keeps
+  serving (objects with a copy elsewhere stay readable), the target is tried
+  again every ``--down-retry`` seconds (60), and ``run/down.json`` tells the
+  gateway why (``sluice cluster``, ``/ui``, ``sluice_target_down``). After 5
+  crashes in a row of the gateway the cluster is taken down with a non-zero
+  exit that names it and why it died;
 * SIGINT/SIGTERM stops the gateway (and with it the transformers), then the
   targets, and exits 0.
 
@@ -40,7 +44,7 @@ from types import FrameType
 
 import httpx
 
-from etl_runtime.core import auth
+from etl_runtime.core import auth, procs
 from etl_runtime.local import supervisor
 from etl_runtime.local.api import LocalCluster
 from etl_runtime.local.processes import TransformerProcess, free_port, pid_dir, read_pid_files
@@ -52,6 +56,7 @@ GATEWAY_GRACE = 25.0  # the gateway itself gives each transformer 10 s
 TARGET_GRACE = 10.0
 HEALTH_TIMEOUT = 120.0
 RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
+TARGET_DOWN_RETRY = 60.0  # a target marked down (crash loop) is tried again this often
 REMOTE_ENV = ("SLUICE_SECRETS_DIR", "SLUICE_REMOTE_")  # passed on to the targets
 
 
@@ -106,7 +111,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="a crashed server that had stayed up this long starts a fresh back-off "
         f"and crash count (default {RESTART_RESET:g})",
     )
+    p.add_argument(
+        "--down-retry",
+        type=float,
+        default=float(os.environ.get("SLUICE_DOWN_RETRY", TARGET_DOWN_RETRY)),
+        metavar="SECONDS",
+        help="a target marked down after 5 crashes in a row is tried again this often "
+        f"while the rest keeps serving (default {TARGET_DOWN_RETRY:g})",
+    )
     args = p.parse_args(argv)
+    if args.down_retry <= 0:
+        p.error("--down-retry must be positive")
     if args.targets < 1:
         p.error("--targets must be at least 1")
     if args.restart_reset < 0:
@@ -145,6 +160,7 @@ class Supervisor:
             if not k.startswith("SLUICE_") or k.startswith(REMOTE_ENV)
         }
         env["SLUICE_CLUSTER_KEY"] = key
+        env[procs.SUPERVISOR_ENV] = str(os.getpid())  # transformers outlive a killed gateway
         env["PYTHONUNBUFFERED"] = "1"
         env["SLUICE_ETL_FQN"] = "always"  # local transformers read the targets' files
         if self.args.token:
@@ -171,6 +187,7 @@ class Supervisor:
                     + ["--registry", f"file:{self.data / 'etl'}", "--cluster-map", cmap],
                     log_path=logs / f"{tid}.log",
                     health_url=f"{url}/v1/health",
+                    policy=supervisor.RestartPolicy(down_delay=self.args.down_retry),
                 )
             )
         for child in self.targets:
@@ -187,7 +204,8 @@ class Supervisor:
             name="gateway",
             argv=[py, "-m", "etl_runtime.gateway", "--host", host, "--port", str(port)]
             + ["--targets", target_list, "--state-dir", str(self.data / "etl")]
-            + ["--cluster-map", cmap, "--members", ",".join(self.members)],
+            + ["--cluster-map", cmap, "--members", ",".join(self.members)]
+            + ["--down-file", str(self.down_file)],
             log_path=logs / "gateway.log",
             health_url=f"{gateway_url}/v1/health",
         )
@@ -204,6 +222,22 @@ class Supervisor:
                 if any(p.is_file() for p in (d / "buckets").rglob("*")):
                     found.append(d.name)
         return sorted(found, key=lambda t: int(t[1:]))
+
+    @property
+    def down_file(self) -> Path:
+        return self.data / "run" / "down.json"
+
+    def record_down(self) -> None:
+        """``run/down.json``: the targets marked down now, and why (the gateway reads it)."""
+        down = {}
+        for child in self.targets:
+            if child.policy.down:
+                down[child.name.removeprefix("target ")] = {
+                    "reason": child.exit_reason()[:300] if child.exit_code() is not None else "",
+                    "crashes": child.policy.crashes,
+                    "retry_at": time.time() + max(0.0, (child.restart_at or 0) - time.monotonic()),
+                }
+        supervisor.write_down_file(self.down_file, down)
 
     def children(self) -> list[Child]:
         return ([self.gateway] if self.gateway else []) + self.targets
@@ -245,6 +279,9 @@ class Supervisor:
                 elif child.restart_at is None and child.exit_code() is not None:
                     if self.crashed(child) is None:
                         return child
+                elif child.restart_at is None and child.policy.settled(child.uptime()):
+                    print(f"sluice: {child.name} is back up", file=sys.stderr, flush=True)
+                    self.record_down()
             if time.monotonic() >= next_reap:  # a scan of /proc: not on every tick
                 supervisor.reap_orphans({c.pid for c in self.children() if c.popen})
                 self.retire_leaving()
@@ -286,7 +323,17 @@ class Supervisor:
     def crashed(self, child: Child) -> float | None:
         """Schedule the restart of a child that exited and say so; None: give up."""
         delay = child.schedule_restart()
-        if delay is not None:
+        if delay is not None and child.policy.down:
+            print(
+                f"sluice: {child.name} is DOWN: crashed {child.policy.crashes} times in a row, "
+                f"the last time: {child.describe_exit()[:400]}; the rest of the cluster keeps "
+                f"serving; trying it again in {delay:.0f}s",
+                file=sys.stderr,
+                flush=True,
+            )
+            self.record_children()
+            self.record_down()
+        elif delay is not None:
             print(
                 f"sluice: {child.name} {child.exit_reason()[:300]}; restarting in {delay:.1f}s "
                 f"(crash {child.policy.crashes} of {child.policy.max_crashes})",
@@ -307,6 +354,7 @@ class Supervisor:
             child.stop(TARGET_GRACE, self.hurry)
         supervisor.sweep_descendants({c.pid for c in self.children() if c.popen})
         (self.data / "run" / "up.json").unlink(missing_ok=True)
+        self.down_file.unlink(missing_ok=True)
 
     def stop_leftover_transformers(self) -> None:
         """Transformers a dead gateway could not stop (their pid files remain)."""

@@ -16,6 +16,7 @@ import sys
 
 import uvicorn
 
+from etl_runtime.core import procs
 from etl_runtime.core.errors import EXIT_CONFIG_ERROR, StartupError
 from etl_runtime.core.eventloop import loop_from_env
 from etl_runtime.core.spec import EtlSpec, InvalidSpec
@@ -85,6 +86,7 @@ def _load_spec(spec_file: str | None) -> EtlSpec:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     name = os.environ.get("SLUICE_ETL_NAME") or "unnamed"
+    procs.outlive_parent_if_adopted()  # local: a killed gateway's transformers live on
     logging.basicConfig(
         level=logging.INFO,
         stream=sys.stderr,

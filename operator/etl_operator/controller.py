@@ -34,7 +34,7 @@ from etl_operator.status import (
     transformer_statuses,
 )
 from etl_runtime.cluster.kube.records import DEFAULT_TARGET_LABELS
-from etl_runtime.cluster.reconcile import ObservedTransformer, Plan, plan, summarize
+from etl_runtime.cluster.reconcile import ObservedTransformer, Plan, next_restarts, plan, summarize
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.auth import transformer_token
 from etl_runtime.core.spec import EtlSpec, InvalidSpec
@@ -184,7 +184,7 @@ def replaced(
 def restarts_for(target: str, deleted: list[ObservedTransformer], want_hash: str) -> int:
     """Restart count for a new transformer replacing one that failed transiently."""
     old = replaced(target, deleted, want_hash)
-    return old.restarts + 1 if old is not None else 0
+    return next_restarts(old) if old is not None else 0
 
 
 class Controller:

@@ -80,6 +80,7 @@ def observe(
         spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""),
         node=(pod.get("spec") or {}).get("nodeName"),
         endpoint=f"http://{ip}:8000" if ip else None,
+        healthy_for=_ran_for(terminated) if done else None,
         ready=ready,
         terminated=done,
         exit_code=(terminated or {}).get("exitCode") if done else None,
@@ -174,6 +175,16 @@ def last_line(text: str) -> str:
         if line.startswith("sluice:"):
             return _clip(line)
     return _clip(lines[-1]) if lines else ""
+
+
+def _ran_for(terminated: dict[str, Any] | None) -> float | None:
+    """Seconds between a terminated container's start and finish (None if unknown)."""
+    try:
+        start = dt.datetime.fromisoformat(str((terminated or {})["startedAt"]))
+        end = dt.datetime.fromisoformat(str((terminated or {})["finishedAt"]))
+    except (KeyError, ValueError):
+        return None
+    return (end - start).total_seconds()
 
 
 def _clip(text: str) -> str:

@@ -157,6 +157,39 @@ def test_killed_transformer_is_recreated(tmp_path: Path, transformer_command) ->
     asyncio.run(scenario())
 
 
+def test_crash_budget_resets_after_a_healthy_run(
+    tmp_path: Path, transformer_command, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 20 #4: the 6th kill -9 of a transformer left the ETL in Error for good,
+    even with 40 s of healthy service between kills. A run of HEALTHY_SECONDS
+    (30 s; 2 s here) starts a fresh budget: after every kill it serves again."""
+    from etl_runtime.cluster import reconcile
+
+    monkeypatch.setattr(reconcile, "HEALTHY_SECONDS", 2.0)
+
+    async def scenario() -> None:
+        state = tmp_path / "etl"
+        async with running(state, FakeTargets(["t0"]), transformer_command) as be:
+            await be.init("upper", spec())
+            await phase_is(state, "upper", "Running", ready=1)
+            for kill in range(reconcile.MAX_RESTARTS + 1):
+                before = endpoints(state, "upper")["t0"]
+                await asyncio.sleep(2.5)  # a healthy run
+                for pid in transformer_pids("upper"):
+                    os.kill(pid, signal.SIGKILL)
+                await wait_until(
+                    lambda b=before: (
+                        endpoints(state, "upper")["t0"] not in (None, b)
+                        and must(state, "upper").phase == "Running"
+                    ),
+                    timeout=60,
+                    what=f"serving again after kill {kill + 1}",
+                )
+                assert await health(endpoints(state, "upper")["t0"] or "") == 200
+
+    asyncio.run(scenario())
+
+
 def _port_of(pid: int) -> int:
     import psutil
 

@@ -2,8 +2,9 @@
 
 A target or the gateway that dies is started again with the same command
 (a target keeps its id, port and data dir; the gateway its port and, through
-the pid files, its transformers), one ``sluice: ...`` line per restart. Only
-a child that crashes 5 times in a row takes the cluster down, naming itself.
+the pid files, its transformers), one ``sluice: ...`` line per restart. A
+target that crashes 5 times in a row is marked down and left out while the
+rest serves; only a gateway that does so takes the cluster down.
 """
 
 from __future__ import annotations
@@ -119,6 +120,11 @@ def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) ->
 
 @needs_cluster
 def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> None:
+    """Issue 20 #6: transformers died with a gateway killed with -9 (parent-death
+    signal), so ETLs answered 503 for 13 s after the gateway was back. Now they
+    are adopted by ``sluice up`` and then by the new gateway: the same
+    transformer keeps serving, and an ETL GET works within 2 s of the gateway's
+    return."""
     data = tmp_path / "data"
     cluster = LocalCluster(data, targets=1)
     with cluster:
@@ -127,9 +133,12 @@ def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> 
         assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
         assert c.put("/v1/objects/b/o", content=b"hello").status_code == 200
         wait_running(c, "upper")
+        assert c.get("/v1/objects/b/o", params={"etl_name": "upper"}).content == b"HELLO"
+        leaders = {p.pid for p in transformer_leaders(cluster.pid)}
+        assert len(leaders) == 1
 
         gateway = server(cluster, "etl_runtime.gateway")
-        gateway.kill()  # its transformers are orphaned to `sluice up`, then adopted or replaced
+        gateway.kill()  # its transformers are orphaned to `sluice up`, then adopted
         wait_for(
             lambda: "sluice: gateway was killed by SIGKILL" in cluster.output,
             30,
@@ -137,19 +146,21 @@ def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> 
             cluster,
         )
         wait_for(lambda: healthy(cluster.endpoint), 60, "the gateway on its port", cluster)
+        back = time.monotonic()
         assert server(cluster, "etl_runtime.gateway").pid != gateway.pid
-        wait_running(c, "upper")
-        r = wait_for(
-            lambda: (
-                (r := c.get("/v1/objects/b/o", params={"etl_name": "upper"})).status_code == 200
-                and r
-            ),
-            60,
-            "a transformed GET",
-            cluster,
-        )
+        seen = []
+
+        def etl_get() -> httpx.Response | None:
+            r = c.get("/v1/objects/b/o", params={"etl_name": "upper"})
+            rec = json.loads((data / "etl" / "upper.json").read_text())
+            seen.append((round(time.monotonic() - back, 2), r.status_code, rec.get("transformers")))
+            return r if r.status_code == 200 else None
+
+        r = wait_for(etl_get, 30, "a transformed GET", cluster)
         assert r.content == b"HELLO"
-        assert len(transformer_leaders(cluster.pid)) == 1
+        assert time.monotonic() - back < 2.0, seen
+        assert {p.pid for p in transformer_leaders(cluster.pid)} == leaders  # the same one
+        assert c.get("/v1/etl/upper").json()["phase"] == "Running"
         c.close()
         tree = descendants(cluster.pid)
         assert cluster.stop() == 0
@@ -158,24 +169,73 @@ def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> 
 
 
 @needs_cluster
-def test_a_target_that_cannot_start_takes_the_cluster_down_after_5_crashes(
-    tmp_path: Path,
+def test_a_crash_looping_target_is_marked_down_and_the_rest_keeps_serving(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Issue 20 #2: with copies=2, t2's data dir replaced by a file and t2 killed,
+    ``sluice up`` exited 1 on t2's 5th crash and 0 of 90 objects were readable.
+    Now t2 is marked down (log, ``sluice cluster``, ``/v1/ui/summary``,
+    ``sluice_target_down``), every object stays readable from its copy, and t2 is
+    tried again with a back-off: once its data dir is back it rejoins.
+    (Run by hand for 5 minutes of reads: every read kept succeeding.)"""
+    monkeypatch.setenv("SLUICE_DOWN_RETRY", "4")
+    monkeypatch.setenv("SLUICE_RESTART_RESET", "15")
     data = tmp_path / "data"
-    cluster = LocalCluster(data, targets=1)
+    cluster = LocalCluster(data, targets=3)
     with cluster:
-        tdir = data / "targets" / "t0"
-        os.rename(tdir, tmp_path / "t0-moved")
+        c = httpx.Client(base_url=cluster.endpoint, follow_redirects=True, timeout=30)
+        r = c.post("/v1/buckets/b", json={"action": "create-bck", "props": {"copies": 2}})
+        assert r.json()["props"]["copies"] == 2
+        names = [f"o{i}" for i in range(30)]
+        for n in names:
+            assert c.put(f"/v1/objects/b/{n}", content=n.encode()).status_code == 200
+        tdir = data / "targets" / "t2"
+        os.rename(tdir, tmp_path / "t2-moved")
         tdir.write_text("not a directory")  # every restart fails to open its data dir
-        tree = descendants(cluster.pid)
-        os.kill(server(cluster, "etl_runtime.storage_target", "t0").pid, signal.SIGKILL)
-        assert cluster.wait(90) == 1
-        out = cluster.output
-        for n in range(1, 5):
-            assert f"(crash {n} of 5)" in out
-        assert "restarting in 4.0s (crash 4 of 5)" in out
-        last = out.splitlines()[-1]
-        assert last.startswith("sluice: target t0 crashed 5 times in a row, the last time: ")
-        assert re.search(r"exited with code 1: \w+Error: .*targets/t0", last), last  # the why
-    assert cluster.returncode == 1
-    assert survivors(tree, data) == []
+        os.kill(server(cluster, "etl_runtime.storage_target", "t2").pid, signal.SIGKILL)
+        wait_for(lambda: "target t2 is DOWN" in cluster.output, 90, "t2 marked down", cluster)
+        line = next(x for x in cluster.output.splitlines() if "target t2 is DOWN" in x)
+        assert "crashed 5 times in a row" in line and "keeps serving" in line, line
+        assert re.search(r"exited with code 1: \w+Error: .*targets/t2", line), line  # the why
+
+        deadline = time.monotonic() + 10  # well past the 5th crash: still serving
+        while time.monotonic() < deadline:
+            for n in names:
+                r = c.get(f"/v1/objects/b/{n}")
+                assert r.status_code == 200 and r.content == n.encode(), (n, r.status_code, r.text)
+            assert cluster.process is not None and cluster.process.poll() is None
+        view = wait_for(
+            lambda: (
+                (v := c.get("/v1/cluster").json())
+                and any(t["id"] == "t2" and t.get("down") for t in v["targets"])
+                and v
+            ),
+            10,
+            "the gateway to show t2 down",
+            cluster,
+        )
+        t2 = next(t for t in view["targets"] if t["id"] == "t2")
+        assert not t2["alive"] and "crash loop" in t2["down"] and "targets/t2" in t2["down"]
+        from etl_runtime.cli.commands import format_cluster
+
+        assert re.search(r"^t2\s+DOWN", format_cluster(view), re.M), format_cluster(view)
+        ui = c.get("/v1/ui/summary").json()
+        assert any(t["id"] == "t2" and t["down"] for t in ui["targets"]), ui["targets"]
+        metrics = c.get("/metrics").text
+        assert 'sluice_target_down{target="t2"} 1.0' in metrics
+        assert 'sluice_target_up{target="t0"} 1.0' in metrics
+
+        tdir.unlink()  # fixed: the next try brings it back
+        os.rename(tmp_path / "t2-moved", tdir)
+        wait_for(lambda: "target t2 is back up" in cluster.output, 60, "t2 back", cluster)
+        wait_for(
+            lambda: all(
+                t["alive"] and not t.get("down") for t in c.get("/v1/cluster").json()["targets"]
+            ),
+            15,
+            "t2 alive in the cluster view",
+            cluster,
+        )
+        assert 'sluice_target_down{target="t2"} 0.0' in c.get("/metrics").text
+        assert not (data / "run" / "down.json").exists()
+    assert cluster.returncode == 0

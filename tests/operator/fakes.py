@@ -7,6 +7,7 @@ this fake lets unit tests drive exact pod states (ready, exit code 2, ...).
 from __future__ import annotations
 
 import copy
+import datetime as dt
 from typing import Any
 
 from etl_operator.actuator import FINALIZER
@@ -77,12 +78,14 @@ class FakeKube:
             "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": started}],
         }
 
-    def set_exit(self, pod: dict, code: int, message: str = "") -> None:
+    def set_exit(self, pod: dict, code: int, message: str = "", ran_for: float = 1.0) -> None:
+        """The pod's container exited with ``code`` after running ``ran_for`` seconds."""
+        end = "2026-01-01T00:10:00+00:00"
+        start = (dt.datetime.fromisoformat(end) - dt.timedelta(seconds=ran_for)).isoformat()
+        terminated = {"exitCode": code, "message": message, "startedAt": start, "finishedAt": end}
         pod["status"] = {
             "phase": "Failed",
-            "containerStatuses": [
-                {"state": {"terminated": {"exitCode": code, "message": message}}}
-            ],
+            "containerStatuses": [{"state": {"terminated": terminated}}],
         }
 
     # -- KubeActuator --------------------------------------------------------

@@ -9,7 +9,13 @@ import pytest
 from etl_operator.actuator import FINALIZER
 from etl_operator.controller import Controller, OperatorConfig, hold_for_rollout
 from etl_operator.queue import ReconcileQueue
-from etl_runtime.cluster.reconcile import MAX_RESTARTS, ObservedTransformer, Plan, plan
+from etl_runtime.cluster.reconcile import (
+    HEALTHY_SECONDS,
+    MAX_RESTARTS,
+    ObservedTransformer,
+    Plan,
+    plan,
+)
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.auth import transformer_token
 from etl_runtime.core.spec import EtlSpec
@@ -129,6 +135,18 @@ def test_transient_failures_recreate_until_max_restarts(kube, ctl):
     ctl.reconcile("ns", "reverse")
     assert len(kube.created) == 3 + MAX_RESTARTS
     assert status(kube)["phase"] == "Error"
+
+
+def test_crash_budget_resets_after_a_healthy_run(kube, ctl):
+    """Issue 20 #4: six kills with a healthy run between them are six incidents,
+    not a crash loop: the ETL keeps being served, as a kubelet's back-off resets."""
+    ctl.reconcile("ns", "reverse")
+    for _ in range(MAX_RESTARTS + 2):
+        kube.set_exit(kube.transformer("target-0"), 137, "Killed", ran_for=HEALTHY_SECONDS + 10)
+        ctl.reconcile("ns", "reverse")
+        assert kube.transformer("target-0")["metadata"]["annotations"]["sluice.dev/restarts"] == "1"
+        assert status(kube)["phase"] != "Error"
+    assert len(kube.created) == 3 + MAX_RESTARTS + 2
 
 
 def test_stop_and_start(kube, ctl):

@@ -10,13 +10,21 @@ begin with an empty cluster.
 A refused connection marks a target dead at once (nothing listens there); a
 timeout or an error status only after ``failures_to_drop`` probes in a row, so
 one slow answer on a busy laptop does not reshuffle object placement.
+
+``down_file`` (``sluice up``'s ``run/down.json``) names the targets the local
+supervisor has marked down after a crash loop, and why; it is read with every
+probe round and shown by ``down_reasons()`` (``sluice cluster``, ``/ui``,
+the gateway's metrics).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -52,8 +60,11 @@ class StaticTargets:
         interval: float = 1.0,
         timeout: float = 2.0,
         failures_to_drop: int = 2,
+        down_file: Path | None = None,
     ) -> None:
         self._all = list(targets)
+        self.down_file = down_file
+        self._down: dict[str, str] = {}
         self.interval = interval
         self.timeout = timeout
         self.failures_to_drop = failures_to_drop
@@ -71,6 +82,31 @@ class StaticTargets:
 
     def is_alive(self, target_id: str) -> bool:
         return self._alive.get(target_id, False)
+
+    def down_reasons(self) -> dict[str, str]:
+        """Targets marked down by the local supervisor (a crash loop) -> why."""
+        return dict(self._down)
+
+    def _read_down_file(self) -> None:
+        if self.down_file is None:
+            return
+        try:
+            doc: dict[str, Any] = json.loads(self.down_file.read_text())
+        except FileNotFoundError:
+            doc = {}
+        except (OSError, ValueError):
+            return  # being replaced: keep what we had
+        down = {}
+        for tid, d in doc.items():
+            d = d if isinstance(d, dict) else {}
+            down[tid] = (
+                f"crash loop: {d.get('crashes', '?')} crashes in a row; last: "
+                f"{d.get('reason') or 'unknown'}"
+            )
+        if down != self._down:
+            for tid in down.keys() - self._down.keys():
+                log.error("target %s is marked down: %s", tid, down[tid])
+            self._down = down
 
     async def start(self) -> None:
         """Probe every target once, then keep probing in the background."""
@@ -96,6 +132,7 @@ class StaticTargets:
                 log.exception("target health probe round failed")
 
     async def probe_all(self) -> None:
+        self._read_down_file()
         await asyncio.gather(*(self._probe(t) for t in self._all))
 
     async def _probe(self, target: TargetInfo) -> None:
