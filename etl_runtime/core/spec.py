@@ -20,6 +20,10 @@ from etl_runtime.core.errors import InvalidSpec
 MODES = ("object", "wds")
 ON_ERROR = ("fail", "skip")
 ARG_TYPES = ("", "fqn")
+# The default per-object limit: well past any single-object transform a training
+# loader waits for (a DataLoader worker blocks on it), short enough that a hung
+# ETL frees its worker in minutes, not ten (issue 20 #8).
+REQUEST_SECONDS = 120.0
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?$")
 
 
@@ -101,7 +105,7 @@ class EtlSpec:
     arg_type: str = ""
     env: tuple[tuple[str, str], ...] = ()
     init_timeout_seconds: float = 300.0
-    request_timeout_seconds: float = 600.0
+    request_timeout_seconds: float = REQUEST_SECONDS
     stopped: bool = False
     # Kubernetes-only knobs, carried through untouched by the local cluster.
     image: str | None = None
@@ -136,7 +140,7 @@ class EtlSpec:
             arg_type=_typed(d, "argType", str, "spec") or "",
             env=_env(d.get("env") or {}),
             init_timeout_seconds=_seconds(timeouts, "initSeconds", 300.0),
-            request_timeout_seconds=_seconds(timeouts, "requestSeconds", 600.0),
+            request_timeout_seconds=_seconds(timeouts, "requestSeconds", REQUEST_SECONDS),
             stopped=bool(_typed(d, "stopped", bool, "spec")),
             image=_typed(d, "image", str, "spec"),
             resources=_typed(d, "resources", dict, "spec"),

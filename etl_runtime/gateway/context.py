@@ -107,6 +107,11 @@ class Gateway:
     def alive_ids(self) -> set[str]:
         return {t.id for t in self.discovery.targets()}
 
+    def suspect_ids(self) -> set[str]:
+        """Targets slow to answer their health probe (reads prefer their copies)."""
+        suspects = getattr(self.discovery, "suspect_ids", None)
+        return suspects() if suspects is not None else set()
+
     def down_reasons(self) -> dict[str, str]:
         """Targets marked down (a crash loop) -> why; only discovery that knows says."""
         reasons = getattr(self.discovery, "down_reasons", None)

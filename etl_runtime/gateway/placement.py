@@ -4,10 +4,11 @@ Placement is computed over every *member* target, reachable or not, so an
 object's owner never changes because a target missed a health probe. What
 liveness decides is only how a call is served while an owner is away:
 
-* a read (GET/HEAD) goes to the first reachable owner; with ``copies >= 2``
-  that is a replica, which holds every acknowledged write because writes need
-  all owners; with no reachable owner it is ``503`` + ``Retry-After`` naming
-  the target;
+* a read (GET/HEAD) goes to the first reachable owner that is not *suspect*
+  (its health probe is late: paused, overloaded), else to the first reachable
+  one; with ``copies >= 2`` that is a replica, which holds every acknowledged
+  write because writes need all owners; with no reachable owner it is
+  ``503`` + ``Retry-After`` naming the target;
 * a write (PUT/DELETE) goes to the first owner, which writes through to the
   others before it answers; if any owner is away it is ``503`` +
   ``Retry-After`` naming it — never acknowledged somewhere the owner will not
@@ -60,9 +61,11 @@ def route(gw: Gateway, method: str, bucket: str, name: str) -> TargetInfo:
     owners = cmap.owners(bucket, name)
     alive = gw.alive_ids()
     if method in READS:
-        for tid in owners:
+        suspect = gw.suspect_ids()
+        reachable = [t for t in owners if t in alive]
+        for tid in sorted(reachable, key=lambda t: t in suspect):  # stable: owner order
             info = gw.target_info(tid, cmap)
-            if tid in alive and info is not None:
+            if info is not None:
                 return info
         raise _away(owners[0], bucket, name, "owner")
     for i, tid in enumerate(owners):

@@ -19,6 +19,7 @@ one send, instead of a syscall per frame header and payload.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import pickle
@@ -33,6 +34,9 @@ from etl_runtime.webserver import ipc
 from etl_runtime.webserver.pool import OBJECT_TASK, Task, WorkerPool
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import Stats
+
+# A transform still running this long is watched for a client that left.
+DISCONNECT_WATCH_AFTER = 0.5
 
 log = logging.getLogger("sluice.transformer")
 
@@ -51,7 +55,7 @@ async def transform_object(
     started = time.perf_counter()
     try:
         await _send_input(task, stats, request, fqn)
-        kind, first = await task.next_frame()
+        kind, first = await _first_frame(task, request)
         length = None
         if kind == ipc.SIZE:  # a bytes result: its length is known up front
             length = ipc.LENGTH.unpack(first)[0]
@@ -79,6 +83,42 @@ async def transform_object(
         return Response(b"", media_type=MEDIA_TYPE)
     chunks = _result_stream(task, stats, obj, first, started)
     return TransformedStream(chunks, MEDIA_TYPE, length=length)
+
+
+async def _first_frame(task: Task, request: Request) -> tuple[int, bytes]:
+    """The worker's first reply; if the client leaves before it, the worker is
+    killed (and replaced), so abandoned work never holds it.
+
+    A transform that answers within ``DISCONNECT_WATCH_AFTER`` (most) costs only
+    a timer. A longer one is raced against the client's ``http.disconnect``:
+    the body was read whole, so the next ``receive()`` returns only when the
+    connection is gone. (``Channel.get`` loses no frame when cancelled.)
+    """
+    if task.channel.items:
+        return await task.next_frame()
+    try:
+        async with asyncio.timeout(DISCONNECT_WATCH_AFTER):
+            return await task.next_frame()
+    except TimeoutError:
+        pass
+    frame = asyncio.ensure_future(task.next_frame())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({frame, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (frame, gone):
+            if not t.done():
+                t.cancel()
+    if frame.done() and not frame.cancelled():
+        return frame.result()
+    task.worker.kill()
+    log.warning("client left before worker %d answered: worker restarted", task.worker.pid)
+    raise ClientDisconnect()
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _send_input(task: Task, stats: Stats, request: Request, fqn: str | None) -> None:

@@ -11,6 +11,12 @@ A refused connection marks a target dead at once (nothing listens there); a
 timeout or an error status only after ``failures_to_drop`` probes in a row, so
 one slow answer on a busy laptop does not reshuffle object placement.
 
+A target whose probe has not answered within ``suspect_after`` (0.5 s) is
+*suspect* until one answers again (``suspect_ids()``): the gateway sends reads
+of objects that have a copy to the copy instead (issue 20 #9: a paused target
+used to stall its readers for the ~6 s it took to be marked dead). Suspicion
+moves no placement and fails no write, so a slow probe costs nothing.
+
 ``down_file`` (``sluice up``'s ``run/down.json``) names the targets the local
 supervisor has marked down after a crash loop, and why; it is read with every
 probe round and shown by ``down_reasons()`` (``sluice cluster``, ``/ui``,
@@ -57,9 +63,10 @@ class StaticTargets:
     def __init__(
         self,
         targets: Iterable[TargetInfo],
-        interval: float = 1.0,
+        interval: float = 0.5,
         timeout: float = 2.0,
         failures_to_drop: int = 2,
+        suspect_after: float = 0.5,
         down_file: Path | None = None,
     ) -> None:
         self._all = list(targets)
@@ -70,6 +77,8 @@ class StaticTargets:
         self.failures_to_drop = failures_to_drop
         self._alive = {t.id: True for t in self._all}
         self._failures = {t.id: 0 for t in self._all}
+        self.suspect_after = suspect_after
+        self._suspect: set[str] = set()
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
 
@@ -82,6 +91,10 @@ class StaticTargets:
 
     def is_alive(self, target_id: str) -> bool:
         return self._alive.get(target_id, False)
+
+    def suspect_ids(self) -> set[str]:
+        """Targets whose health probe is late or failed: reads prefer their copies."""
+        return set(self._suspect)
 
     def down_reasons(self) -> dict[str, str]:
         """Targets marked down by the local supervisor (a crash loop) -> why."""
@@ -138,8 +151,19 @@ class StaticTargets:
     async def _probe(self, target: TargetInfo) -> None:
         assert self._client is not None
         was_alive = self._alive[target.id]
+        probe = asyncio.ensure_future(self._client.get(f"{target.url}/v1/health"))
         try:
-            r = await self._client.get(f"{target.url}/v1/health")
+            done, _ = await asyncio.wait({probe}, timeout=self.suspect_after)
+        except asyncio.CancelledError:
+            probe.cancel()
+            raise
+        if not done and target.id not in self._suspect:
+            self._suspect.add(target.id)
+            log.warning(
+                "target %s (%s) is slow to answer: reads prefer copies", target.id, target.url
+            )
+        try:
+            r = await probe
             ok, definite = r.status_code == 200, False
         except httpx.ConnectError:
             ok, definite = False, True
@@ -148,7 +172,9 @@ class StaticTargets:
         if ok:
             self._failures[target.id] = 0
             self._alive[target.id] = True
+            self._suspect.discard(target.id)
         else:
+            self._suspect.add(target.id)
             self._failures[target.id] += 1
             if definite or self._failures[target.id] >= self.failures_to_drop:
                 self._alive[target.id] = False
