@@ -68,7 +68,7 @@ HEADER_TIMEOUT = 10.0  # seconds: nginx's client_header_timeout is 60 s, Go's se
 # transformers, worker pipes, logs): a quarter of it, at least 64; and at most
 # 65536 connections, since each costs memory too (Kubernetes often gives 1M files).
 MAX_CONNECTIONS_CEILING = 65536
-RETRY_WARNING_SECONDS = 60.0
+WARNING_INTERVAL_SECONDS = 60.0  # at most one "at the cap" warning a minute
 
 log = logging.getLogger("uvicorn.error")  # the server's own log, set up by uvicorn
 
@@ -228,7 +228,7 @@ class Tracker:
             closed += 1
         self.evicted += closed
         now = time.monotonic()
-        if now - self._warned >= RETRY_WARNING_SECONDS:
+        if now - self._warned >= WARNING_INTERVAL_SECONDS:
             self._warned = now
             what = (
                 "closing the oldest idle ones"
