@@ -119,11 +119,13 @@ def serve_process(
     health_url: str,
     env: dict[str, str] | None = None,
     timeout: float = 60.0,
+    preexec_fn: Callable[[], Any] | None = None,
 ) -> Iterator[subprocess.Popen]:
     """Run ``python args...`` as a child; wait for ``health_url``; stop it after.
 
     Its output goes to a temp file that is printed if start-up fails, so a
-    failing test shows why the server died.
+    failing test shows why the server died. ``preexec_fn`` runs in the child
+    before it starts Python (e.g. to lower its open-files limit).
     """
     log = tempfile.NamedTemporaryFile("w+b", prefix="sluice-test-", suffix=".log", delete=False)
     proc = subprocess.Popen(
@@ -131,6 +133,7 @@ def serve_process(
         env={**os.environ, **(env or {})},
         stdout=log,
         stderr=subprocess.STDOUT,
+        preexec_fn=preexec_fn,
     )
     try:
         try:

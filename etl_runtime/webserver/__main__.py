@@ -26,6 +26,8 @@ from etl_runtime.webserver.pool import WorkerPool
 from etl_runtime.webserver.servers import serve_many, workers_per_server
 from etl_runtime.webserver.stats import Board
 from etl_runtime.webserver.transformer import Transformer
+from etl_runtime.wire import connections
+from etl_runtime.wire.connections import Limits
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -94,8 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         loop = loop_from_env()
+        # before the servers fork: every process gets the raised open-files limit
+        limits = connections.setup()
     except ValueError as e:
         return _fail(name, str(e))
+    logging.getLogger("sluice.transformer").info("%s", limits.describe())
     try:
         spec = _load_spec(args.spec_file)
         check_code(spec)
@@ -108,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.inline and spec.mode != "object":
         return _fail(name, f"--inline (SLUICE_INLINE) is for object mode; this ETL is {spec.mode}")
     if args.servers > 1:
-        return _serve_many(name, spec, args, loop)
+        return _serve_many(name, spec, args, loop, limits)
 
     app = create_app(
         name,
@@ -120,7 +125,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     server = uvicorn.Server(
         uvicorn.Config(
-            app, host=args.host, port=args.port, loop=loop, log_level="info", access_log=False
+            app,
+            host=args.host,
+            port=args.port,
+            loop=loop,
+            log_level="info",
+            access_log=False,
+            **connections.server_options("auto", limits),  # header timeout, connection cap
         )
     )
     transformer = app.state.transformer
@@ -135,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _serve_many(name: str, spec: EtlSpec, args: argparse.Namespace, loop: str) -> int:
+def _serve_many(
+    name: str, spec: EtlSpec, args: argparse.Namespace, loop: str, limits: Limits
+) -> int:
     total = WorkerPool.default_size(spec, args.workers)
     each = workers_per_server(total, args.servers)
     board = Board(args.servers)
@@ -151,7 +164,11 @@ def _serve_many(name: str, spec: EtlSpec, args: argparse.Namespace, loop: str) -
             slot=slot,
             inline=args.inline,
         )
-        server = uvicorn.Server(uvicorn.Config(app, loop=loop, log_level="info", access_log=False))
+        # made in each server process: its own connection tracker
+        options = connections.server_options("auto", limits)
+        server = uvicorn.Server(
+            uvicorn.Config(app, loop=loop, log_level="info", access_log=False, **options)
+        )
         transformer: Transformer = app.state.transformer
 
         def stop(reason: str) -> None:

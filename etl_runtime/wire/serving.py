@@ -18,7 +18,8 @@ from typing import Any
 import uvicorn
 
 from etl_runtime.core.eventloop import loop_factory, loop_from_env
-from etl_runtime.wire import zerocopy
+from etl_runtime.wire import connections, zerocopy
+from etl_runtime.wire.connections import Limits
 
 Hook = Callable[[], Any]  # plain or async function
 
@@ -27,6 +28,9 @@ Hook = Callable[[], Any]  # plain or async function
 # every pooled client connection was past it and was closed as the client sent
 # its next request on it, which the client saw as "connection reset by peer".
 # 75 s is nginx's default; clients' pools (httpx: 5 s, requests: none) expire first.
+# Connections that have not sent a whole request head get SLUICE_HEADER_TIMEOUT
+# instead, and the oldest idle ones make room past SLUICE_MAX_CONNECTIONS
+# (wire/connections.py).
 KEEP_ALIVE_SECONDS = 75
 
 
@@ -90,8 +94,10 @@ async def _serve(
     on_start: Sequence[Hook],
     on_stop: Sequence[Hook],
     before_exit: Hook | None = None,
+    limits: Limits | None = None,
 ) -> None:
     started: list[Hook] = []
+    limits = limits or Limits()
     try:
         for hook, stop in zip(on_start, on_stop, strict=True):
             await _call(hook)
@@ -103,8 +109,10 @@ async def _serve(
             log_level="info",
             access_log=False,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
-            http=zerocopy.http_protocol(),  # plain GETs by os.sendfile (SLUICE_SENDFILE)
+            # plain GETs by os.sendfile (SLUICE_SENDFILE); header timeout, connection cap
+            **connections.server_options(zerocopy.http_protocol(), limits),
         )
+        connections.log.info("%s", limits.describe())
         await _Server(config, before_exit).serve()
     finally:
         for stop in reversed(started):
@@ -127,15 +135,20 @@ def run_server(
 
     ``loop`` is ``auto``/``asyncio``/``uvloop`` (default: ``$SLUICE_LOOP``,
     else ``auto``); the hooks and uvicorn share that loop.
+
+    The open-files limit is raised to the hard limit first, and connections
+    follow ``SLUICE_HEADER_TIMEOUT`` and ``SLUICE_MAX_CONNECTIONS``
+    (``wire/connections.py``).
     """
     try:
         if loop is None:
             loop = loop_from_env()
         zerocopy.enabled()  # a bad SLUICE_SENDFILE stops the process with its name
+        limits = connections.setup()
     except ValueError as e:
         raise SystemExit(f"sluice: {e}") from None
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
-        runner.run(_serve(app, host, port, on_start, on_stop, before_exit))
+        runner.run(_serve(app, host, port, on_start, on_stop, before_exit, limits))
 
 
 def noop() -> None:
