@@ -4,8 +4,11 @@ The public Python API is the SDK, re-exported here::
 
     from etl_runtime import Client
 
-Servers (``webserver``, ``target``, ``gateway``, ``local``) are started as
-processes (``sluice up``, ``python -m etl_runtime.<part>``), not imported.
+Servers (``webserver``, ``storage_target``, ``gateway``, ``local``) are started
+as processes (``sluice up``, ``python -m etl_runtime.<part>``), not imported.
+The packages are layers, imports running only downward (docs/architecture.md,
+"Layers"): ``core``, ``wire``, ``cluster``, then ``storage``/``etl``/``providers``,
+``jobs``/``dsort``, the services, and ``cli``; ``sdk`` and ``pytorch`` use only ``core``.
 """
 
 from __future__ import annotations

@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
+import getpass
 import os
 import signal
 import sys
@@ -396,6 +397,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"Sluice is up: {url}", flush=True)
         print(
             f"sluice: {args.targets} target(s), data in {sup.data}, logs in {sup.data / 'logs'}",
+            file=sys.stderr,
+            flush=True,
+        )
+        print(
+            f"sluice: note: ETL code runs as {getpass.getuser()}, like the servers, and can "
+            f"read {sup.data / 'cluster-key'}: register only code you trust here "
+            "(on Kubernetes transformers get no cluster key)",
             file=sys.stderr,
             flush=True,
         )
