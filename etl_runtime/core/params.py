@@ -5,10 +5,20 @@ A parameter that is silently ignored gives a wrong answer that looks right:
 as a success. So the gateway (before it redirects) and the targets refuse what they
 do not know. ``provider=ais`` and ``props`` are what the aistore SDK sends;
 ``sluice_exp``/``sluice_sig`` are the gateway's redirect signature.
+
+The same goes for a parameter given twice: ``request.query_params.get`` (and
+FastAPI's scalar ``Query``) keeps the last value and drops the others, so
+``?etl_name=upper&etl_name=reverse`` answered 200 through ``reverse`` alone.
+``refuse_repeated`` makes it a 400 naming the parameter; ``refuse_unknown``
+calls it, so every route that refuses unknown parameters refuses repeats too,
+and the listings (which take any parameter) call it themselves. Every query
+parameter Sluice reads is single-valued; one that may repeat belongs in
+``MULTI_VALUED``.
 """
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,16 +33,37 @@ OBJECT_PARAMS: dict[str, frozenset[str]] = {
     "PUT": frozenset({"provider"}),
     "DELETE": frozenset({"provider"}),
 }
+MULTI_VALUED: frozenset[str] = frozenset()  # read with getlist(); none yet
 _HINTS = {
     "etl_fqn": "etl_fqn is chosen by the target for ETLs with argType 'fqn', not by a caller",
 }
 
 
+def refuse_repeated(request: Request, **context: Any) -> None:
+    """400 naming every query parameter of ``request`` given more than once."""
+    q = request.query_params
+    items = q.multi_items()
+    if len(items) == len(q):  # one value per name: the usual case
+        return
+    counts = collections.Counter(k for k, _ in items if k not in MULTI_VALUED)
+    repeated = sorted((k, n) for k, n in counts.items() if n > 1)
+    if not repeated:
+        return
+    if len(repeated) == 1:
+        ((name, n),) = repeated
+        message = f"query parameter {name!r} given {n} times; give it once"
+    else:
+        named = ", ".join(f"{k!r} ({n} times)" for k, n in repeated)
+        message = f"query parameters {named} given more than once; give each once"
+    raise InvalidRequest(message, **context)
+
+
 def refuse_unknown(request: Request, known: Iterable[str], **context: Any) -> None:
-    """400 naming every query parameter of ``request`` outside ``known``."""
+    """400 naming every query parameter of ``request`` outside ``known``, or repeated."""
     allowed = set(known) | set(SIGNATURE_PARAMS)
     unknown = sorted({k for k in request.query_params if k not in allowed})
     if not unknown:
+        refuse_repeated(request, **context)
         if request.query_params.get("provider", "ais") not in ("ais", "aws", ""):
             raise InvalidRequest(
                 f"provider {request.query_params['provider']!r} is not supported: a bucket "

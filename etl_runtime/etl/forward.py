@@ -9,7 +9,9 @@ The one rule that matters: a client must never mistake a truncated result for
 a complete one. A transformer error *before* the first byte is passed on with
 its status and JSON body; a break *after* streaming began is re-raised inside
 the response generator, which makes uvicorn drop the connection without the
-final chunk, so the client sees an incomplete response.
+final chunk, so the client sees an incomplete response. A wds answer (a tar)
+is also marked before that (``wire/tarbreak.py``): the transformer's own error
+marker passes through, and a break on a member boundary gets one from here.
 
 When the transformer reads the object's file itself (``etl_fqn``), the answer
 is not relayed at all: the client's GET is answered with a 307 to the
@@ -56,6 +58,7 @@ from etl_runtime.core.errors import (
     TransformerFailed,
 )
 from etl_runtime.storage.store import READ_CHUNK, ObjectStore
+from etl_runtime.wire import tarbreak
 from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
 
 log = logging.getLogger(__name__)
@@ -307,7 +310,7 @@ class EtlForwarder:
                 memoryview(body), media_type=media_type, headers={"X-Sluice-Etl": etl_name}
             )
         return StreamingResponse(
-            self._relay(response, etl_name, obj),
+            self._relay(response, etl_name, obj, tar=record.spec.mode == "wds"),
             media_type=media_type,
             headers={"X-Sluice-Etl": etl_name},
         )
@@ -352,15 +355,22 @@ class EtlForwarder:
         return TransformerFailed(response.status_code, payload, bucket=bucket, object=name)
 
     async def _relay(
-        self, response: DuplexResponse, etl: str, obj: str
+        self, response: DuplexResponse, etl: str, obj: str, tar: bool = False
     ) -> AsyncIterator[bytes | memoryview]:
+        """``tar``: a wds answer, followed so that a break is marked (``wire/tarbreak``)."""
+        cursor = tarbreak.TarCursor() if tar else None
         try:
             async for chunk in response.aiter_bytes():
                 # Starlette sends bytes and memoryviews as they are (a bytearray it
                 # would try to encode); a view is also sliced by the transport uncopied.
-                yield memoryview(chunk)
+                for piece in [chunk] if cursor is None else cursor.feed(chunk):
+                    yield memoryview(piece)
+            if cursor is not None and (held := cursor.flush()):
+                yield held
         except DuplexError as e:
             self._fail(etl, obj, f"transformer stream broke off: {e!r}")
+            if cursor is not None and (marker := cursor.broken(f"ETL {etl!r}, {obj!r}: {e}")):
+                yield marker  # on a member boundary: no reader takes the tar for whole
             # Raising after the headers went out makes uvicorn drop the connection.
             raise TransformerStreamBroken(f"ETL {etl!r}, object {obj!r}: {e!r}") from e
         finally:

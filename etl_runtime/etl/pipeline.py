@@ -14,7 +14,10 @@ The gateway runs the same check before it redirects (``check_chain_async``).
 
 A break anywhere in the chain after streaming began drops the client's
 connection (the response is incomplete, never mistaken for a whole result),
-as for a single ETL.
+as for a single ETL. In wds mode every step is relayed through a
+``tarbreak.TarCursor``: a break in step 1 cuts step 2's stream wherever the
+target stopped feeding it, often on a member boundary, so the last step's
+relay adds an error member there before the abort (``forward._relay``).
 """
 
 from __future__ import annotations
@@ -117,7 +120,8 @@ async def _step(
     if response.status_code != 200:
         await body.aclose()  # type: ignore[attr-defined]
         raise await fwd._transformer_error(response, etl_name, bucket, name)
-    return _bytes(fwd._relay(response, etl_name, f"{bucket}/{name}"))
+    wds = record.spec.mode == "wds"
+    return _bytes(fwd._relay(response, etl_name, f"{bucket}/{name}", tar=wds))
 
 
 async def transform_chain(

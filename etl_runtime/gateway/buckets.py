@@ -35,7 +35,7 @@ from etl_runtime.core.errors import (
     bucket_not_found,
 )
 from etl_runtime.core.names import read_bucket_action, validate_bucket
-from etl_runtime.core.params import refuse_unknown
+from etl_runtime.core.params import refuse_repeated, refuse_unknown
 from etl_runtime.gateway import aiscompat
 from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.bucket_action import is_job_action as bucket_action_is_job
@@ -188,6 +188,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         limit: int = Query(1000, ge=1, le=100_000),
     ) -> dict[str, Any] | Response:
         validate_bucket(bucket)
+        refuse_repeated(request, bucket=bucket)
         gw.require_read(request)
         await remote_gateway.ensure_bucket(gw, request, bucket)
         action = await aiscompat.list_action(request, bucket)

@@ -19,7 +19,11 @@ from fastapi.responses import Response, StreamingResponse
 from etl_runtime.core.access import object_path, require_read, require_write
 from etl_runtime.core.errors import InvalidName, InvalidRequest, ObjectNotFound
 from etl_runtime.core.names import read_bucket_action, validate_bucket, validate_names
-from etl_runtime.core.params import refuse_unknown, refuse_unknown_object_params
+from etl_runtime.core.params import (
+    refuse_repeated,
+    refuse_unknown,
+    refuse_unknown_object_params,
+)
 from etl_runtime.etl.pipeline import parse_chain, pipeline_response
 from etl_runtime.storage.ranges import byte_range, preconditions
 from etl_runtime.storage.store import READ_CHUNK, ObjectInfo
@@ -102,6 +106,7 @@ def object_router(target: Target) -> APIRouter:
         start_after: str = "",
         limit: int = Query(1000, ge=1, le=100_000),
     ) -> dict[str, Any]:
+        refuse_repeated(request, bucket=bucket)
         may_read(request)
         page, nxt = await anyio.to_thread.run_sync(
             store.list_objects, bucket, prefix, start_after, limit

@@ -18,7 +18,7 @@ an aborted connection after it), the same counters; an error body is shaped
 as a target's (``bucket`` and ``object`` apart), so SDKs cannot tell who
 answered. A query parameter other than the four the target writes is refused
 with 400 naming it: it would be silently dropped otherwise, and a client may
-have meant it for the ETL.
+have meant it for the ETL; so is one of them given twice.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from starlette.responses import JSONResponse, Response
 
 from etl_runtime.core import auth
 from etl_runtime.core.errors import BadRequest, NotReady, SluiceError, Unauthorized
+from etl_runtime.core.params import refuse_repeated
 from etl_runtime.webserver.fqn import confine
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
@@ -50,6 +51,7 @@ def check_signature(transformer: Transformer, obj: str, request: Request) -> tup
             f"(allowed: {', '.join(sorted(PARAMS))}); GET the object through the gateway "
             "with ?etl_name= instead"
         )
+    refuse_repeated(request)  # the signature covers one value of each
     fqn = q.get("etl_fqn")
     if not fqn:
         raise BadRequest(

@@ -14,7 +14,9 @@ Three stages run at once for each shard:
 Memory is bounded by the window whatever the shard size, and output starts as
 soon as the first sample is done. With ``onError: skip`` a failing sample is
 dropped and counted; with ``fail`` the object fails naming the sample: a JSON
-error if nothing was sent yet, otherwise the connection is aborted.
+error if nothing was sent yet, otherwise an error marker (``wire/tarbreak.py``:
+a member header promising more than follows) and an aborted connection, so no
+tar reader takes the shorter shard for a whole one.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from etl_runtime.webserver import ipc
 from etl_runtime.webserver.bodyfile import BodyClosed, RequestBodyFile
 from etl_runtime.webserver.pool import SAMPLE_TASK, Task
 from etl_runtime.webserver.responses import TransformedStream
+from etl_runtime.wire import tarbreak
 
 if TYPE_CHECKING:
     from etl_runtime.webserver.transformer import Transformer
@@ -200,7 +203,14 @@ async def _continue(
 async def _shard_stream(
     transformer: Transformer, parser: ShardParser, obj: str, args: str | None
 ) -> AsyncIterator[bytes]:
-    """The output tar, sample by sample, in input order."""
+    """The output tar, sample by sample, in input order.
+
+    Every chunk is whole tar members (``samples.tar_members``), so after any of
+    them the output stands on a 512-byte boundary: an error once output began
+    (``written``) puts ``tarbreak.error_marker`` there before it propagates (and
+    the connection is aborted), so no tar reader takes the shorter shard for a
+    whole one. Before the first byte the error alone goes up: a JSON answer.
+    """
     stats = transformer.stats
     skip = transformer.spec.on_error == "skip"
     in_flight: asyncio.Queue[Any] = asyncio.Queue()
@@ -208,8 +218,10 @@ async def _shard_stream(
     parser.start()
     dispatch = asyncio.create_task(_dispatch(transformer, parser, args, in_flight))
     written = 0
+    key: str | None = None
     try:
         while True:
+            key = None
             item = await in_flight.get()
             if item is _END:
                 break
@@ -233,6 +245,12 @@ async def _shard_stream(
                 yield data
         stats.objects += 1
         yield end_of_archive(written)
+    except Exception as e:
+        if written and written % tarfile.BLOCKSIZE == 0:
+            reason = e.message if isinstance(e, SluiceError) else f"{type(e).__name__}: {e}"
+            message = f"ETL {transformer.name!r}, object {obj!r}: {reason}"
+            yield tarbreak.error_marker(message, getattr(e, "sample", None) or key)
+        raise
     finally:
         stats.transform_seconds += time.perf_counter() - started
         parser.stop()

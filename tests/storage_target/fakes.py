@@ -44,8 +44,11 @@ def record(
     stopped: bool = False,
     arg_type: str = "",
     uid: str = "uid-1",
+    mode: str = "object",
 ) -> EtlRecord:
-    spec = EtlSpec.from_dict({"code": {"source": SOURCE}, "argType": arg_type, "stopped": stopped})
+    spec = EtlSpec.from_dict(
+        {"code": {"source": SOURCE}, "argType": arg_type, "stopped": stopped, "mode": mode}
+    )
     transformers = tuple(
         TransformerStatus(target=t, endpoint=ep, ready=ready, message=None if ready else "starting")
         for t, ep in endpoints.items()

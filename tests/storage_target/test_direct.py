@@ -131,6 +131,9 @@ def test_the_transformer_serves_only_what_a_target_signed(
     assert get("/b/big", **expired).status_code == 401
     unknown = get("/b/big", etl_name="object")
     assert unknown.status_code == 400 and "etl_name" in unknown.json()["error"]
+    twice = httpx.get(f"{location}&{urlencode({'etl_fqn': params['etl_fqn']})}")
+    assert twice.status_code == 400 and twice.json()["kind"] == "InvalidRequest"
+    assert twice.json()["error"] == "query parameter 'etl_fqn' given 2 times; give it once"
     assert urlsplit(base).path == "/b/big"
 
 

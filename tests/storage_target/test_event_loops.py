@@ -31,7 +31,7 @@ def loaded(
     target.client.post("/v1/buckets/b", json={"action": "create-bck"})
     for mode in ("object", "wds"):
         url = loop_transformer(session_servers, mode, loop_name)
-        target.registry.put(record(mode, {"t0": url}))
+        target.registry.put(record(mode, {"t0": url}, mode=mode))
     # which loop the target really serves on: it reads its registry on that loop
     seen: set[str] = set()
     lookup = target.registry.get

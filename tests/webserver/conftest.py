@@ -106,9 +106,15 @@ def transform(data, args):
     return data.upper()
 """,
     "wds": """
+import os
+
 def transform(sample):
     if sample["__key__"] == "poison":
         raise ValueError("poisoned sample")
+    if sample["__key__"] == "exit":  # the worker process dies
+        os._exit(3)
+    if sample["__key__"] == "badresult":
+        return 42
     return {"__key__": sample["__key__"], "txt": sample["txt"].upper()}
 """,
 }

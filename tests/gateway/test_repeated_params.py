@@ -1,0 +1,66 @@
+"""A query parameter given twice is a 400 naming it, on the gateway and on a target.
+
+``request.query_params.get`` keeps one value and drops the others, so
+``?etl_name=upper&etl_name=reverse`` answered 200 with only ``reverse``
+applied. Every route that refuses unknown parameters (``core/params.py``)
+now refuses repeats too, and so do the listings.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import Cluster
+
+
+@pytest.fixture
+def stored(cluster: Cluster) -> Cluster:
+    cluster.client.post("/v1/buckets/b", json={"action": "create-bck"})
+    for name in ("a/1", "a/2", "b/1"):
+        assert cluster.client.put(f"/v1/objects/b/{name}", content=b"data").status_code == 200
+    return cluster
+
+
+def refused(r: httpx.Response, name: str, times: int = 2) -> None:
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["kind"] == "InvalidRequest"
+    assert body["error"] == f"query parameter {name!r} given {times} times; give it once"
+
+
+@pytest.mark.parametrize("server", ["gateway", "target"])
+def test_repeated_parameters_are_400_by_name(stored: Cluster, server: str) -> None:
+    # the target owning nothing in particular: each refuses before reading anything
+    base = stored.url if server == "gateway" else stored.targets[0].url
+    refused(httpx.get(f"{base}/v1/objects/b/a/1?etl_name=upper&etl_name=reverse"), "etl_name")
+    refused(
+        httpx.get(f"{base}/v1/objects/b/a/1?etl_name=x&etl_args=1&etl_args=2&etl_args=3"),
+        "etl_args",
+        times=3,
+    )
+    refused(httpx.get(f"{base}/v1/buckets/b?prefix=a/&prefix=b/"), "prefix")
+    refused(httpx.put(f"{base}/v1/objects/b/c?provider=ais&provider=ais", content=b"x"), "provider")
+    r = httpx.delete(f"{base}/v1/objects/b/a/1?provider=ais&provider=aws")
+    refused(r, "provider")
+    assert httpx.head(f"{base}/v1/objects/b/a/1?provider=ais&provider=ais").status_code == 400
+    both = httpx.get(f"{base}/v1/buckets/b?prefix=a/&limit=1&prefix=b/&limit=2")
+    assert both.status_code == 400
+    assert both.json()["error"] == (
+        "query parameters 'limit' (2 times), 'prefix' (2 times) given more than once; "
+        "give each once"
+    )
+    # an unknown parameter is still named as unknown, repeated or not
+    r = httpx.get(f"{base}/v1/objects/b/a/1?etl_pipline=a&etl_pipline=b")
+    assert r.status_code == 400 and "unknown query parameter(s) etl_pipline" in r.json()["error"]
+
+
+def test_single_parameters_still_work(stored: Cluster) -> None:
+    c = stored.client
+    listing = c.get("/v1/buckets/b", params={"prefix": "a/", "limit": 10})
+    assert listing.status_code == 200
+    assert [o["name"] for o in listing.json()["objects"]] == ["a/1", "a/2"]
+    assert c.get("/v1/objects/b/a/1", params={"provider": "ais"}).content == b"data"
+    assert c.head("/v1/objects/b/b/1", params={"provider": "ais"}).status_code == 200
+    target = httpx.get(f"{stored.targets[0].url}/v1/buckets/b", params={"prefix": "a/"})
+    assert target.status_code == 200

@@ -1,0 +1,95 @@
+"""A wds shard relayed by a target, alone or in a pipeline, breaking after sample 60.
+
+The target relays the transformer's answer (the hpush ``PUT``; ``?etl_name=``
+without the 307, and every ``etl_pipeline``). When the transformer's stream
+breaks, the client must get a tar that no reader takes for a whole shard: the
+transformer's error member passes through, or, where the target's copy of the
+stream ends on a member boundary (the transformer's reset can cost the target
+the tail of the answer), ``TarCursor`` adds one. Each on asyncio and uvloop,
+read with the real ``webdataset`` library and with ``tarfile``.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.servers import SessionServers
+from tests.storage_target.conftest import RunningTarget
+from tests.storage_target.fakes import record
+from tests.webserver.conftest import loop_transformer, tar_members, text_shard
+from tests.webserver.test_wds_midstream import FAIL_AT, FAILURES, shard, webdataset_read
+
+READS = 10
+
+
+@pytest.fixture
+def relay(
+    target_on_loop: RunningTarget, session_servers: SessionServers, loop_name: str
+) -> Iterator[RunningTarget]:
+    target = target_on_loop
+    url = loop_transformer(session_servers, "wds", loop_name)
+    for name in ("first", "second"):  # a pipeline may name the same transformer twice
+        target.registry.put(record(name, {"t0": url}, mode="wds"))
+    target.client.post("/v1/buckets/b", json={"action": "create-bck"})
+    for failing in FAILURES:
+        assert target.client.put(f"/v1/objects/b/{failing}.tar", content=shard(failing)).is_success
+    yield target
+
+
+def received(url: str) -> bytes:
+    got = bytearray()
+    with pytest.raises(httpx.RemoteProtocolError):
+        with httpx.stream("GET", url, timeout=60) as r:
+            assert r.status_code == 200, r.read()
+            for chunk in r.iter_raw():
+                got += chunk
+    return bytes(got)
+
+
+def read_stream(data: bytes) -> tuple[list[str], Exception | None]:
+    names: list[str] = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tar:
+            for member in tar:
+                names.append(member.name)
+                tar.extractfile(member).read()  # type: ignore[union-attr]
+    except tarfile.TarError as e:
+        return names, e
+    return names, None
+
+
+QUERIES = {"single": "etl_name=first", "pipeline": "etl_name=first&etl_pipeline=second"}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("chain", list(QUERIES))
+@pytest.mark.parametrize("failing", list(FAILURES))
+def test_relayed_break_is_never_a_short_shard(
+    relay: RunningTarget, failing: str, chain: str
+) -> None:
+    url = f"{relay.url}/v1/objects/b/{failing}.tar?{QUERIES[chain]}"
+    outcomes = [webdataset_read(url) for _ in range(READS)]
+    silent = [n for error, n in outcomes if error is None]
+    assert silent == [], f"{len(silent)} of {READS} reads ended quietly with {silent} samples"
+    names, error = read_stream(received(url))
+    assert isinstance(error, tarfile.ReadError), names[-3:]
+    assert len(names) <= FAIL_AT + 1
+    assert names[:-1] == [f"s{i:04d}.txt" for i in range(len(names) - 1)]
+    # the last member read: an error member (the transformer's, or the target's own
+    # when it lost the tail of the answer), or a sample cut short
+    assert names[-1].startswith("__sluice_error__/") or names[-1] == f"s{len(names) - 1:04d}.txt"
+
+
+def test_whole_shards_relay_unchanged(relay: RunningTarget) -> None:
+    keys = [f"s{i:04d}" for i in range(300)]
+    relay.client.put("/v1/objects/b/whole.tar", content=text_shard(keys, 3_001))
+    want = [(f"{k}.txt", k.upper().encode().ljust(3_001, b".")) for k in keys]
+    for query in QUERIES.values():
+        r = relay.client.get(f"/v1/objects/b/whole.tar?{query}")
+        assert r.status_code == 200, r.text
+        assert tar_members(r.content) == want
