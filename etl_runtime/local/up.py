@@ -394,16 +394,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         url = sup.start()
-        print(f"Sluice is up: {url}", flush=True)
-        print(
-            f"sluice: {args.targets} target(s), data in {sup.data}, logs in {sup.data / 'logs'}",
-            file=sys.stderr,
-            flush=True,
-        )
         print(
             f"sluice: note: ETL code runs as {getpass.getuser()}, like the servers, and can "
             f"read {sup.data / 'cluster-key'}: register only code you trust here "
             "(on Kubernetes transformers get no cluster key)",
+            file=sys.stderr,
+            flush=True,
+        )
+        print(f"Sluice is up: {url}", flush=True)
+        print(
+            f"sluice: {args.targets} target(s), data in {sup.data}, logs in {sup.data / 'logs'}",
             file=sys.stderr,
             flush=True,
         )
