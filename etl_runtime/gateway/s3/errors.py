@@ -82,6 +82,10 @@ def _kind_of_status(status: int) -> str:
 
 def error_response(request: Request, err: S3Error) -> Response:
     headers = {"x-amz-request-id": uuid.uuid4().hex[:16].upper(), **err.headers}
+    if _has_body(request):
+        # The body may be unread (refused before it came, e.g. under ``Expect:
+        # 100-continue``): closing keeps its bytes from being read as the next request.
+        headers["Connection"] = "close"
     if request.method == "HEAD":
         return Response(status_code=err.status, headers=headers)
     resource = request.url.path.removeprefix("/s3") or "/"
@@ -91,6 +95,11 @@ def error_response(request: Request, err: S3Error) -> Response:
         headers=headers,
         media_type="application/xml",
     )
+
+
+def _has_body(request: Request) -> bool:
+    h = request.headers
+    return "transfer-encoding" in h or h.get("content-length", "0").strip() not in ("", "0")
 
 
 class S3Route(APIRoute):
