@@ -151,3 +151,23 @@ def test_keys_need_the_token_and_anonymous_reads_are_refused(guarded: str) -> No
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket="guarded", Key="secret.txt")
     assert code(e) == ("InvalidAccessKeyId", 403)
+
+
+def test_cli_makes_lists_and_deletes_keys(
+    endpoint: str, shared: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from etl_runtime.cli import main
+
+    assert main(["--endpoint", endpoint, "s3", "key", "create", "--read"]) == 0
+    out = capsys.readouterr().out
+    fields = dict(line.split(": ", 1) for line in out.splitlines() if ": " in line)
+    key = {"access_key": fields["access key"].strip(), "secret_key": fields["secret key"].strip()}
+    assert fields["permission"].strip() == "read"
+    s3 = s3_client(endpoint, key)
+    assert s3.get_object(Bucket=shared, Key="doc.txt")["Body"].read() == b"hello s3"
+    assert main(["--endpoint", endpoint, "s3", "key", "list"]) == 0
+    assert key["access_key"] in capsys.readouterr().out
+    assert main(["--endpoint", endpoint, "s3", "key", "delete", key["access_key"]]) == 0
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket=shared, Key="doc.txt")
+    assert code(e) == ("InvalidAccessKeyId", 403)

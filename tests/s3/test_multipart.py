@@ -17,8 +17,15 @@ def test_upload_fileobj_40mb_reads_back_identical(s3: Any) -> None:
     s3.create_bucket(Bucket="s3-multipart")
     data = os.urandom(40 * MiB)
     calls: list[str] = []
-    s3.meta.events.register("before-call.s3", lambda model, **kw: calls.append(model.name))
-    s3.upload_fileobj(io.BytesIO(data), "s3-multipart", "big/40mb.bin")
+
+    def count(model: Any, **kwargs: Any) -> None:
+        calls.append(model.name)
+
+    s3.meta.events.register("before-call.s3", count)
+    try:
+        s3.upload_fileobj(io.BytesIO(data), "s3-multipart", "big/40mb.bin")
+    finally:
+        s3.meta.events.unregister("before-call.s3", count)
     assert calls.count("UploadPart") == 5 and "CompleteMultipartUpload" in calls  # 8 MiB parts
     got = s3.get_object(Bucket="s3-multipart", Key="big/40mb.bin")
     assert got["ContentLength"] == len(data)
