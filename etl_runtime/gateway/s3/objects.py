@@ -53,6 +53,7 @@ READ_HEADERS = (
     "if-unmodified-since",
     "if-range",
 )
+INLINE_MAX = 1 << 20  # answers up to this size are read whole, bigger ones streamed
 ANSWER_HEADERS = ("content-length", "content-range", "etag", "last-modified", "accept-ranges")
 
 
@@ -86,6 +87,10 @@ async def get(gw: Gateway, request: Request, bucket: str, key: str, head: bool =
         if r.status_code == 304:
             kept.pop("content-length", None)
         return Response(status_code=r.status_code, headers=kept, media_type=_media(r))
+    if int(r.headers.get("content-length", INLINE_MAX + 1)) <= INLINE_MAX:  # one read, no task
+        body = await r.aread()
+        await r.aclose()
+        return Response(body, r.status_code, headers=kept, media_type=_media(r))
     return StreamingResponse(
         r.aiter_raw(),
         r.status_code,
