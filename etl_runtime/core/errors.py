@@ -27,7 +27,10 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     ├── TransformTimeout (504)      longer than ``spec.timeouts.requestSeconds``
     ├── InsufficientStorage (507)   a target's disk is full (ENOSPC) or its quota spent
     │                               (EDQUOT); names the target, bucket and object
-    └── TransformerFailed           a target relays its transformer's status and body
+    ├── TransformerFailed           a target relays its transformer's status and body
+    └── S3Error                     the gateway's S3 API (``/s3``): S3's own error code
+                                    (``NoSuchKey``, ``SignatureDoesNotMatch``, ...) and
+                                    status, answered as S3's XML (``gateway/s3/errors.py``)
 
     StartupError                    permanent transformer start-up failure: exit code 2,
     ├── CodeLoadError               never an HTTP answer (user code does not load,
@@ -305,6 +308,21 @@ class TransformerFailed(SluiceError):
 
     def body(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.payload, **self.context, "error": self.message}
+
+
+class S3Error(SluiceError):
+    """An S3 API error: S3's ``code`` and its status (the ``/s3`` routes answer XML).
+
+    Other ``SluiceError``s raised under ``/s3`` are mapped to an S3 code by
+    their ``kind`` (``etl_runtime.gateway.s3.errors``); this class carries the
+    codes that have no Sluice counterpart (``SignatureDoesNotMatch``,
+    ``BucketNotEmpty``, ``NoSuchUpload``, ...).
+    """
+
+    def __init__(self, code: str, status: int, message: str, **context: Any):
+        super().__init__(message, **context)
+        self.code = code
+        self.status = status
 
 
 _WIRE_KINDS: dict[str, type[SluiceError]] = {

@@ -44,6 +44,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--state-dir", default=env("SLUICE_STATE_DIR"), help="local ETL state dir")
     p.add_argument(
+        "--s3-keys",
+        default=env("SLUICE_S3_KEYS"),
+        help="file of the S3 API's keys (default: STATE_DIR/s3-keys.json with --state-dir)",
+    )
+    p.add_argument(
         "--down-file",
         default=env("SLUICE_DOWN_FILE"),
         help="local mode: JSON of targets 'sluice up' marked down after a crash loop",
@@ -108,6 +113,12 @@ def kube_membership(discovery: Any, statefulset: str) -> Any:
     return membership
 
 
+def s3_keys_file(args: argparse.Namespace) -> Path | None:
+    if args.s3_keys:
+        return Path(args.s3_keys)
+    return Path(args.state_dir) / "s3-keys.json" if args.state_dir else None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     key = auth.cluster_key_from_env()
@@ -141,6 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         members=members,
         membership=membership,
         read_token=args.read_token,
+        s3_keys=s3_keys_file(args),
     )
     run_server(app, args.host, args.port, on_start=on_start, on_stop=on_stop)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -27,6 +28,7 @@ from etl_runtime.gateway.membership import (
     join,
 )
 from etl_runtime.gateway.redirect import redirect_router
+from etl_runtime.gateway.s3 import KeyStore, s3_router
 from etl_runtime.gateway.ui import ui_router
 from etl_runtime.wire.http_errors import install_error_handlers
 
@@ -40,8 +42,12 @@ def create_gateway_app(
     members: list[str] | None = None,
     membership: MembershipSource | None = None,
     read_token: str | None = None,
+    s3_keys: Path | None = None,
 ) -> FastAPI:
-    """The gateway; with ``cluster_map`` placement is over its members (see placement)."""
+    """The gateway; with ``cluster_map`` placement is over its members (see placement).
+
+    ``s3_keys``: the file of the S3 API's keys (``gateway/s3/keys.py``); None: no keys.
+    """
     gw = Gateway(
         discovery,
         etl_backend,
@@ -84,6 +90,7 @@ def create_gateway_app(
     app.include_router(jobs_router(gw))
     app.include_router(dsort_router(gw))
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
+    app.include_router(s3_router(gw, KeyStore(s3_keys)))  # /s3/..., /v1/s3/keys
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

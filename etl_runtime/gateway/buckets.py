@@ -112,14 +112,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
     router = APIRouter()
 
     async def bucket_names() -> list[str]:
-        if gw.cmap is not None:
-            return sorted(gw.cmap.get().buckets)
-        names: set[str] = set()
-        for t, r in await gw.fanout("GET", "/v1/buckets"):
-            if not isinstance(r, httpx.Response) or r.status_code != 200:
-                raise unreachable(t, r)
-            names.update(r.json()["buckets"])
-        return sorted(names)
+        return await all_bucket_names(gw)
 
     @router.get("/v1/buckets", response_model=None)
     async def list_buckets(request: Request) -> dict[str, Any] | list[dict[str, Any]]:
@@ -166,7 +159,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         validate_bucket(bucket)
         gw.require_write(request)
         if gw.cmap is not None:
-            return await _map_delete_bucket(bucket)
+            return await map_delete_bucket(gw, bucket)
         found = False
         for t, r in await gw.fanout("DELETE", f"/v1/buckets/{bucket}"):
             if not isinstance(r, httpx.Response) or _unwell(r.status_code):
@@ -200,32 +193,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         return await list_page(bucket, prefix, start_after, limit)
 
     async def list_page(bucket: str, prefix: str, start_after: str, limit: int) -> dict[str, Any]:
-        if (remote := remote_gateway.remote_props(gw, bucket)) is not None:
-            return await remote_gateway.list_page(gw, bucket, remote, prefix, start_after, limit)
-        if gw.cmap is not None:
-            _check_listable(bucket)
-        params = {"prefix": prefix, "start_after": start_after, "limit": limit}
-        pages: list[list[dict[str, Any]]] = []
-        more = False
-        for t, r in await gw.fanout("GET", f"/v1/buckets/{bucket}", params=params):
-            if not isinstance(r, httpx.Response) or _unwell(r.status_code):
-                raise unreachable(t, r)
-            if r.status_code == 404:
-                continue  # e.g. a target that joined after the bucket was made
-            if r.status_code != 200:
-                raise _passthrough(r)
-            page = r.json()
-            pages.append(page["objects"])
-            more = more or page["next"] is not None
-        if not pages and gw.cmap is None:
-            raise _not_found(bucket)
-        merged: list[dict[str, Any]] = []
-        for obj in heapq.merge(*pages, key=lambda o: o["name"]):
-            if not merged or merged[-1]["name"] != obj["name"]:  # replicas, unmoved objects
-                merged.append(obj)
-        more = more or len(merged) > limit
-        objects = merged[:limit]
-        return {"objects": objects, "next": objects[-1]["name"] if more and objects else None}
+        return await list_bucket_page(gw, bucket, prefix, start_after, limit)
 
     # -- with a cluster map ----------------------------------------------------------
 
@@ -247,29 +215,74 @@ def bucket_router(gw: Gateway) -> APIRouter:
         await gw.fanout("POST", f"/v1/buckets/{bucket}", json={"action": "create-bck"})
         return {"bucket": bucket, "created": old is None, "props": props.to_dict()}
 
-    async def _map_delete_bucket(bucket: str) -> dict[str, Any]:
-        assert gw.cmap is not None
-        if bucket not in gw.cmap.get().buckets:
-            raise _not_found(bucket)
-        gw.cmap.update(lambda m: m.without_bucket(bucket))
-        # Live targets drop the objects now; one that is away drops them when it
-        # sees the map (a bucket dir that the map does not list is never served).
-        await gw.fanout("DELETE", f"/v1/buckets/{bucket}")
-        return {"bucket": bucket, "deleted": True}
-
-    def _check_listable(bucket: str) -> None:
-        assert gw.cmap is not None
-        cmap = gw.cmap.get()
-        if bucket not in cmap.buckets:
-            raise _not_found(bucket)
-        away = [t for t in cmap.members if t not in gw.alive_ids()]
-        if len(away) >= cmap.copies(bucket):
-            raise NoTargets(
-                f"cannot list bucket {bucket!r} completely: target(s) {', '.join(away)} "
-                f"not reachable right now; retry in {RETRY_AFTER_SECONDS}s",
-                retry_after=RETRY_AFTER_SECONDS,
-                bucket=bucket,
-                target=away[0],
-            )
-
     return router
+
+
+async def all_bucket_names(gw: Gateway) -> list[str]:
+    if gw.cmap is not None:
+        return sorted(gw.cmap.get().buckets)
+    names: set[str] = set()
+    for t, r in await gw.fanout("GET", "/v1/buckets"):
+        if not isinstance(r, httpx.Response) or r.status_code != 200:
+            raise unreachable(t, r)
+        names.update(r.json()["buckets"])
+    return sorted(names)
+
+
+async def list_bucket_page(
+    gw: Gateway, bucket: str, prefix: str, start_after: str, limit: int
+) -> dict[str, Any]:
+    """One page of a bucket's listing: the merge of every reachable target's page."""
+    if (remote := remote_gateway.remote_props(gw, bucket)) is not None:
+        return await remote_gateway.list_page(gw, bucket, remote, prefix, start_after, limit)
+    if gw.cmap is not None:
+        _check_listable(gw, bucket)
+    params = {"prefix": prefix, "start_after": start_after, "limit": limit}
+    pages: list[list[dict[str, Any]]] = []
+    more = False
+    for t, r in await gw.fanout("GET", f"/v1/buckets/{bucket}", params=params):
+        if not isinstance(r, httpx.Response) or _unwell(r.status_code):
+            raise unreachable(t, r)
+        if r.status_code == 404:
+            continue  # e.g. a target that joined after the bucket was made
+        if r.status_code != 200:
+            raise _passthrough(r)
+        page = r.json()
+        pages.append(page["objects"])
+        more = more or page["next"] is not None
+    if not pages and gw.cmap is None:
+        raise _not_found(bucket)
+    merged: list[dict[str, Any]] = []
+    for obj in heapq.merge(*pages, key=lambda o: o["name"]):
+        if not merged or merged[-1]["name"] != obj["name"]:  # replicas, unmoved objects
+            merged.append(obj)
+    more = more or len(merged) > limit
+    objects = merged[:limit]
+    return {"objects": objects, "next": objects[-1]["name"] if more and objects else None}
+
+
+async def map_delete_bucket(gw: Gateway, bucket: str) -> dict[str, Any]:
+    assert gw.cmap is not None
+    if bucket not in gw.cmap.get().buckets:
+        raise _not_found(bucket)
+    gw.cmap.update(lambda m: m.without_bucket(bucket))
+    # Live targets drop the objects now; one that is away drops them when it
+    # sees the map (a bucket dir that the map does not list is never served).
+    await gw.fanout("DELETE", f"/v1/buckets/{bucket}")
+    return {"bucket": bucket, "deleted": True}
+
+
+def _check_listable(gw: Gateway, bucket: str) -> None:
+    assert gw.cmap is not None
+    cmap = gw.cmap.get()
+    if bucket not in cmap.buckets:
+        raise _not_found(bucket)
+    away = [t for t in cmap.members if t not in gw.alive_ids()]
+    if len(away) >= cmap.copies(bucket):
+        raise NoTargets(
+            f"cannot list bucket {bucket!r} completely: target(s) {', '.join(away)} "
+            f"not reachable right now; retry in {RETRY_AFTER_SECONDS}s",
+            retry_after=RETRY_AFTER_SECONDS,
+            bucket=bucket,
+            target=away[0],
+        )

@@ -34,11 +34,13 @@ class LocalCluster:
         token: str | None = None,
         host: str = "127.0.0.1",
         start_timeout: float = 180.0,
+        read_token: str | None = None,
     ) -> None:
         self.data_dir = Path(data_dir)
         self.targets = targets
         self.port = port
         self.token = token
+        self.read_token = read_token
         self.host = host
         self.start_timeout = start_timeout
         self.process: subprocess.Popen[str] | None = None
@@ -74,6 +76,9 @@ class LocalCluster:
         env.pop("SLUICE_TOKEN", None)
         if self.token:
             argv += ["--token", self.token]
+        if self.read_token:
+            argv += ["--read-token", self.read_token]
+        env.pop("SLUICE_READ_TOKEN", None)
         self._up.clear()
         self._lines = []
         self.process = subprocess.Popen(

@@ -1,0 +1,107 @@
+"""The S3 API's cost: S3 GET ÷ native GET through the same gateway, 16 KiB and 1 MiB.
+
+Starts a real local cluster (``sluice up``, 2 targets), stores N objects of
+each size, then reads them round-robin with one client thread, in one run:
+
+* **native** — ``httpx`` GET ``/v1/objects/b/o``, following the gateway's 307
+  to the owner (what the SDK and curl do: two requests, bytes straight from
+  the target);
+* **s3 (httpx)** — ``httpx`` GET ``/s3/b/o`` unsigned (reads are open): the
+  gateway proxies the owner's answer; same client library as native, so the
+  difference is the server side of the S3 path;
+* **s3 (boto3)** — ``get_object`` signed with SigV4 (verified on the gateway):
+  what an S3 user sees, boto3's own client cost included.
+
+Printed per size: requests/s, ms per request, client CPU ms per request
+(``time.process_time``), and each S3 column ÷ native (requests/s). Sequential
+requests, so the figures are per-request latency, not cluster throughput.
+
+    .venv/bin/python bench/s3.py [--objects 32] [--seconds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+from botocore.config import Config
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from etl_runtime.local.api import LocalCluster  # noqa: E402
+
+SIZES = {"16 KiB": 16 << 10, "1 MiB": 1 << 20}
+
+
+def measure(get: Callable[[str], bytes], names: list[str], size: int, seconds: float) -> dict:
+    for n in names[:4]:  # warm connections and page cache
+        assert len(get(n)) == size
+    count, wall0, cpu0 = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - wall0 < seconds:
+        assert len(get(names[count % len(names)])) == size
+        count += 1
+    wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+    return {"rps": count / wall, "ms": 1000 * wall / count, "cpu_ms": 1000 * cpu / count}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--objects", type=int, default=32)
+    p.add_argument("--seconds", type=float, default=4.0)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp) / "d", targets=2) as c:
+        ep = c.endpoint.rstrip("/")
+        key = httpx.post(f"{ep}/v1/s3/keys", json={"permission": "write"}).json()
+        s3: Any = boto3.client(
+            "s3",
+            endpoint_url=f"{ep}/s3",
+            aws_access_key_id=key["access_key"],
+            aws_secret_access_key=key["secret_key"],
+            region_name="us-east-1",
+            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+        )
+        s3.create_bucket(Bucket="bench")
+        http = httpx.Client(follow_redirects=True, timeout=30)
+        print(f"cores: {os.cpu_count()}, objects per size: {args.objects}, {args.seconds:g} s each")
+        head = ("size", "path", "req/s", "ms/req", "client CPU ms/req", "÷ native")
+        print(f"{head[0]:>7} {head[1]:<12} {head[2]:>8} {head[3]:>8} {head[4]:>18} {head[5]:>9}")
+        for label, size in SIZES.items():
+            names = [f"{size}/o{i:03d}" for i in range(args.objects)]
+            for n in names:
+                s3.put_object(Bucket="bench", Key=n, Body=os.urandom(size))
+            runs = {
+                "native": measure(
+                    lambda n: http.get(f"{ep}/v1/objects/bench/{n}").content,
+                    names,
+                    size,
+                    args.seconds,
+                ),
+                "s3 (httpx)": measure(
+                    lambda n: http.get(f"{ep}/s3/bench/{n}").content, names, size, args.seconds
+                ),
+                "s3 (boto3)": measure(
+                    lambda n: s3.get_object(Bucket="bench", Key=n)["Body"].read(),
+                    names,
+                    size,
+                    args.seconds,
+                ),
+            }
+            base = runs["native"]["rps"]
+            for path, r in runs.items():
+                print(
+                    f"{label:>7} {path:<12} {r['rps']:>8.0f} {r['ms']:>8.2f} "
+                    f"{r['cpu_ms']:>18.2f} {r['rps'] / base:>9.2f}"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+"""The S3 API of the gateway (issue 22): path-style under ``/s3``, SigV4, multipart.
+
+``s3_router(gw, keys)`` is mounted by ``gateway/app.py``; modules:
+``routes`` (which call a request is; buckets, listings, DeleteObjects),
+``objects`` (the object data path, proxied to the owner: why, in its
+docstring), ``multipart``, ``auth`` and ``sigv4`` (who may call),
+``keys`` (the S3 keys and ``/v1/s3/keys``), ``xml`` and ``errors``.
+See docs/architecture.md, "S3 API".
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from etl_runtime.gateway.context import Gateway
+from etl_runtime.gateway.s3.keys import KeyStore, keys_router
+from etl_runtime.gateway.s3.routes import s3_router as _routes
+
+__all__ = ["KeyStore", "s3_router"]
+
+
+def s3_router(gw: Gateway, keys: KeyStore) -> APIRouter:
+    """The S3 routes under ``/s3`` and the key routes under ``/v1/s3/keys``."""
+    router = APIRouter()
+    router.include_router(keys_router(gw, keys))
+    router.include_router(_routes(gw, keys))
+    return router

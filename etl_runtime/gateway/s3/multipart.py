@@ -1,0 +1,214 @@
+"""S3 multipart uploads, kept as hidden objects of the bucket until they are completed.
+
+An upload ``ID`` (random, 32 hex digits) is the objects
+``BUCKET/.s3-multipart/ID/upload`` (JSON: the key it was made for) and
+``BUCKET/.s3-multipart/ID/part-NNNNN``, one per part, each placed on its own
+HRW owner like any object. They are ordinary objects for the rest of Sluice
+(copies, rebalance, the native listing shows them); the S3 API hides them
+from its listings and refuses keys under ``.s3-multipart/``.
+
+* CreateMultipartUpload writes the ``upload`` object;
+* UploadPart streams the part into ``part-NNNNN`` (checked like PutObject);
+  its ETag is the part's MD5;
+* CompleteMultipartUpload checks the listed parts (ascending numbers, ETags
+  that match, every part but the last at least 5 MiB, as S3 wants), streams
+  them one after the other into a normal PUT of the key at its owner (one
+  part's chunk in memory at a time), then deletes the upload's objects. Its
+  ETag is S3's multipart form, ``MD5(MD5(part 1) + ... + MD5(part N))-N``. The
+  stored object keeps the MD5 of its bytes, which later GETs and HEADs show
+  as its ETag (the store keeps one ETag per object);
+* AbortMultipartUpload deletes them; ListParts lists them.
+
+ListMultipartUploads is not supported (501). An abandoned upload stays
+until aborted (no lifecycle rules); deleting the bucket removes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import Request
+from fastapi.responses import Response
+
+from etl_runtime.core.errors import InvalidName, S3Error
+from etl_runtime.core.names import validate_names
+from etl_runtime.gateway import buckets as native
+from etl_runtime.gateway.context import Gateway
+from etl_runtime.gateway.s3 import objects, xml
+
+HIDDEN = ".s3-multipart/"
+MIN_PART = 5 << 20
+MAX_PARTS = 10_000
+_UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
+
+
+def refuse_hidden(key: str) -> None:
+    if key.startswith(HIDDEN) or key == HIDDEN.rstrip("/"):
+        raise InvalidName(f"keys under {HIDDEN!r} are reserved for multipart uploads", object=key)
+
+
+async def checked_xml(request: Request, sha256: str | None) -> bytes:
+    body = b""
+    async for chunk in objects.checked_body(request, sha256, request.headers.get("content-md5")):
+        body += chunk
+        if len(body) > xml.MAX_XML_BODY:
+            raise S3Error("MalformedXML", 400, "the XML body is too large")
+    return body
+
+
+def _no_upload(upload_id: str) -> S3Error:
+    return S3Error(
+        "NoSuchUpload",
+        404,
+        f"the upload {upload_id!r} does not exist: it was completed, aborted, or never made",
+    )
+
+
+def _upload_dir(upload_id: str) -> str:
+    if not _UPLOAD_ID.match(upload_id):
+        raise _no_upload(upload_id)
+    return f"{HIDDEN}{upload_id}/"
+
+
+def _part_name(upload_id: str, number: int) -> str:
+    return f"{_upload_dir(upload_id)}part-{number:05d}"
+
+
+async def _one(data: bytes) -> AsyncIterator[bytes]:
+    yield data
+
+
+async def _check_upload(gw: Gateway, bucket: str, key: str, upload_id: str) -> None:
+    name = _upload_dir(upload_id) + "upload"
+    try:
+        raw = b"".join([c async for c in objects.read_parts(gw, [(bucket, name)])])
+    except S3Error as e:
+        if e.code == "NoSuchKey":
+            raise _no_upload(upload_id) from None
+        raise
+    if json.loads(raw).get("key") != key:
+        raise _no_upload(upload_id)
+
+
+async def _parts(gw: Gateway, bucket: str, upload_id: str) -> list[dict[str, Any]]:
+    """The stored parts, by number: ``{"number", "name", "size", "etag", "mtime"}``."""
+    prefix, after, found = _upload_dir(upload_id) + "part-", "", []
+    while True:
+        page = await native.list_bucket_page(gw, bucket, prefix, after, 1000)
+        for o in page["objects"]:
+            found.append({**o, "number": int(o["name"].rsplit("-", 1)[1])})
+        if page["next"] is None:
+            return found
+        after = page["next"]
+
+
+async def create(gw: Gateway, bucket: str, key: str) -> Response:
+    validate_names(bucket, key)
+    upload_id = secrets.token_hex(16)
+    meta = json.dumps({"key": key, "created": time.time()}).encode()
+    name = _upload_dir(upload_id) + "upload"
+    await objects.put_stream(gw, bucket, name, _one(meta), str(len(meta)))
+    return Response(xml.initiate_upload(bucket, key, upload_id), media_type="application/xml")
+
+
+def _part_number(request: Request) -> int:
+    raw = request.query_params.get("partNumber", "")
+    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PARTS:
+        raise S3Error("InvalidArgument", 400, f"partNumber must be 1..{MAX_PARTS}, got {raw!r}")
+    return int(raw)
+
+
+async def upload_part(
+    gw: Gateway, request: Request, bucket: str, key: str, upload_id: str, sha256: str | None
+) -> Response:
+    number = _part_number(request)
+    if "x-amz-copy-source" in request.headers:
+        raise S3Error("NotImplemented", 501, "UploadPartCopy is not supported")
+    await _check_upload(gw, bucket, key, upload_id)
+    body = objects.checked_body(request, sha256, request.headers.get("content-md5"))
+    length = request.headers.get("content-length")
+    stored = await objects.put_stream(gw, bucket, _part_name(upload_id, number), body, length)
+    return Response(headers={"ETag": f'"{stored["etag"]}"'})
+
+
+async def complete(
+    gw: Gateway, request: Request, bucket: str, key: str, upload_id: str, sha256: str | None
+) -> Response:
+    root = xml.parse(await checked_xml(request, sha256), "CompleteMultipartUpload")
+    await _check_upload(gw, bucket, key, upload_id)
+    asked: list[tuple[int, str]] = []
+    for p in xml.children(root, "Part"):
+        number = (xml.text(p, "PartNumber") or "").strip()
+        if not number.isdigit():
+            raise S3Error("MalformedXML", 400, f"bad PartNumber {number!r}")
+        asked.append((int(number), (xml.text(p, "ETag") or "").strip().strip('"')))
+    if not asked:
+        raise S3Error("MalformedXML", 400, "CompleteMultipartUpload lists no parts")
+    numbers = [n for n, _ in asked]
+    if numbers != sorted(set(numbers)):
+        raise S3Error("InvalidPartOrder", 400, "parts must be listed in ascending order, once")
+    stored = {p["number"]: p for p in await _parts(gw, bucket, upload_id)}
+    for i, (n, etag) in enumerate(asked):
+        part = stored.get(n)
+        if part is None or part["etag"] != etag:
+            raise S3Error("InvalidPart", 400, f"part {n} was not uploaded, or its ETag differs")
+        if i < len(asked) - 1 and part["size"] < MIN_PART:
+            raise S3Error("EntityTooSmall", 400, f"part {n} is smaller than 5 MiB")
+    chosen = [stored[n] for n in numbers]
+    length = sum(p["size"] for p in chosen)
+    body = objects.read_parts(gw, [(bucket, p["name"]) for p in chosen])
+    await objects.put_stream(gw, bucket, key, body, str(length))
+    md5s = b"".join(bytes.fromhex(p["etag"]) for p in chosen)
+    etag = f'"{hashlib.md5(md5s).hexdigest()}-{len(chosen)}"'
+    await _remove(gw, bucket, upload_id, list(stored.values()))
+    body_xml = xml.complete_upload(f"/{bucket}/{key}", bucket, key, etag)
+    return Response(body_xml, media_type="application/xml")
+
+
+async def _remove(gw: Gateway, bucket: str, upload_id: str, parts: list[dict[str, Any]]) -> None:
+    names = [p["name"] for p in parts] + [_upload_dir(upload_id) + "upload"]
+    limit = asyncio.Semaphore(16)
+
+    async def one(name: str) -> None:
+        async with limit:
+            await objects.delete(gw, bucket, name)
+
+    await asyncio.gather(*(one(n) for n in names))
+
+
+async def abort(gw: Gateway, bucket: str, key: str, upload_id: str) -> Response:
+    await _check_upload(gw, bucket, key, upload_id)
+    await _remove(gw, bucket, upload_id, await _parts(gw, bucket, upload_id))
+    return Response(status_code=204)
+
+
+async def list_parts(gw: Gateway, bucket: str, key: str, upload_id: str) -> Response:
+    await _check_upload(gw, bucket, key, upload_id)
+    parts = await _parts(gw, bucket, upload_id)
+    return Response(xml.list_parts(bucket, key, upload_id, parts), media_type="application/xml")
+
+
+async def dispatch(
+    gw: Gateway, request: Request, bucket: str, key: str, sha256: str | None
+) -> Response:
+    """The call a request with ``?uploads`` or ``?uploadId=`` is."""
+    method, q = request.method, request.query_params
+    if "uploads" in q and method == "POST":
+        return await create(gw, bucket, key)
+    upload_id = q.get("uploadId", "")
+    if method == "PUT":
+        return await upload_part(gw, request, bucket, key, upload_id, sha256)
+    if method == "POST":
+        return await complete(gw, request, bucket, key, upload_id, sha256)
+    if method == "DELETE":
+        return await abort(gw, bucket, key, upload_id)
+    if method == "GET":
+        return await list_parts(gw, bucket, key, upload_id)
+    raise S3Error("NotImplemented", 501, f"{method} on a multipart upload is not supported")

@@ -1,0 +1,203 @@
+"""The S3 object data path: the gateway streams object bytes between client and owner.
+
+Why proxy, when the native API answers object calls with a 307 to the owner:
+
+* botocore does not follow redirects. Its HTTP layer sends with urllib3's
+  ``redirect=False``; a 3xx reaches only its ``S3RegionRedirector``, which
+  re-sends to another *region's* endpoint when the answer names one, and
+  otherwise hands the 3xx to the caller as an error. Measured with boto3
+  1.44.8 against the native ``/v1/objects`` 307: ``get_object`` raises
+  ``ClientError`` (``307``); there is nothing to follow for a ``PUT`` either.
+* SigV4 signs the ``Host`` header and the path: a target could not verify the
+  client's signature of a redirected call (other host, other path), so the
+  gateway would have to re-sign for it anyway.
+
+So every S3 object call is verified on the gateway and proxied to the owner
+(``placement.route``, the same HRW choice as the 307) with the gateway's own
+credentials (``gw.target_headers()``). Bodies are streamed both ways in
+chunks (``httpx`` ``stream=True`` / ``request.stream()``), never buffered
+whole. The price is one more loopback hop per call: ``bench/s3.py`` measures
+S3 GET against native GET (``docs/benchmarks.md``, "S3 API").
+
+The store keeps bytes, size, MD5 and mtime, nothing else: ``Content-Type``
+is always ``application/octet-stream`` on reads, and ``x-amz-meta-*`` is
+accepted on writes but not kept (a ``HEAD`` returns none).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+from starlette.background import BackgroundTask
+from starlette.requests import ClientDisconnect
+
+from etl_runtime.core.access import object_url
+from etl_runtime.core.errors import InvalidRequest, NoTargets, S3Error
+from etl_runtime.core.names import validate_names
+from etl_runtime.gateway.context import Gateway
+from etl_runtime.gateway.placement import route
+from etl_runtime.gateway.s3.errors import from_target
+
+UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # per read/write, not for the whole body
+READ_HEADERS = (
+    "range",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-range",
+)
+INLINE_MAX = 1 << 20  # answers up to this size are read whole, bigger ones streamed
+ANSWER_HEADERS = ("content-length", "content-range", "etag", "last-modified", "accept-ranges")
+
+
+def owner_url(gw: Gateway, method: str, bucket: str, key: str) -> str:
+    validate_names(bucket, key)
+    return object_url(route(gw, method, bucket, key).url, bucket, key)
+
+
+def _unreachable(key: str, e: httpx.HTTPError) -> NoTargets:
+    return NoTargets(
+        f"the owner of {key} did not answer ({type(e).__name__}: {e}); retry", object=key
+    )
+
+
+async def get(gw: Gateway, request: Request, bucket: str, key: str, head: bool = False) -> Response:
+    """GetObject / HeadObject: the owner's answer, streamed, its validators kept."""
+    method = "HEAD" if head else "GET"
+    url = owner_url(gw, method, bucket, key)
+    headers = {**gw.target_headers()}
+    headers.update({k: v for k, v in request.headers.items() if k in READ_HEADERS})
+    try:
+        r = await gw.http.send(gw.http.build_request(method, url, headers=headers), stream=True)
+    except httpx.HTTPError as e:
+        raise _unreachable(f"{bucket}/{key}", e) from None
+    kept = {k: v for k, v in r.headers.items() if k in ANSWER_HEADERS}
+    if r.status_code >= 400 or r.status_code == 304 or head:
+        body = await r.aread()
+        await r.aclose()
+        if r.status_code >= 400:
+            raise from_target(r, body)
+        if r.status_code == 304:
+            kept.pop("content-length", None)
+        return Response(status_code=r.status_code, headers=kept, media_type=_media(r))
+    if int(r.headers.get("content-length", INLINE_MAX + 1)) <= INLINE_MAX:  # one read, no task
+        body = await r.aread()
+        await r.aclose()
+        return Response(body, r.status_code, headers=kept, media_type=_media(r))
+    return StreamingResponse(
+        r.aiter_raw(),
+        r.status_code,
+        headers=kept,
+        media_type=_media(r),
+        background=BackgroundTask(r.aclose),
+    )
+
+
+def _media(r: httpx.Response) -> str:
+    return "application/octet-stream"
+
+
+async def checked_body(
+    request: Request, sha256_hex: str | None, md5_b64: str | None = None
+) -> AsyncIterator[bytes]:
+    """The request body, chunk by chunk, checked against its signed hash and ``Content-MD5``.
+
+    With either to check, the last chunk is held back until both match:
+    the owner has not received the whole body when one is found wrong, so
+    the upload is cut short and nothing is stored.
+    """
+    sha = hashlib.sha256() if sha256_hex else None
+    md5 = hashlib.md5() if md5_b64 else None
+    held = b""
+    try:
+        async for chunk in request.stream():
+            if not chunk:
+                continue
+            if sha is not None:
+                sha.update(chunk)
+            if md5 is not None:
+                md5.update(chunk)
+            if held:
+                yield held
+            held = chunk
+    except ClientDisconnect:
+        raise InvalidRequest("the client went away during the upload") from None
+    if sha is not None and sha.hexdigest() != sha256_hex:
+        raise S3Error(
+            "XAmzContentSHA256Mismatch",
+            400,
+            "the body does not match its x-amz-content-sha256; nothing was stored",
+        )
+    if md5 is not None and base64.b64encode(md5.digest()).decode() != md5_b64:
+        raise S3Error("BadDigest", 400, "the body does not match its Content-MD5; not stored")
+    if held:
+        yield held
+
+
+async def put_stream(
+    gw: Gateway, bucket: str, key: str, body: AsyncIterator[bytes], length: str | None
+) -> dict[str, Any]:
+    """Stream ``body`` into the object's owner as a normal PUT; the owner's JSON answer."""
+    url = owner_url(gw, "PUT", bucket, key)
+    headers = {**gw.target_headers(), "content-type": "application/octet-stream"}
+    if length is not None:
+        headers["content-length"] = length
+    upload = gw.http.build_request(
+        "PUT", url, content=body, headers=headers, timeout=UPLOAD_TIMEOUT
+    )
+    try:
+        r = await gw.http.send(upload)
+    except S3Error:
+        raise
+    except httpx.HTTPError as e:
+        cause = e.__cause__ or e.__context__
+        if isinstance(cause, S3Error | InvalidRequest):  # raised by our body, inside httpx
+            raise cause from None
+        raise _unreachable(f"{bucket}/{key}", e) from None
+    if r.status_code >= 400:
+        raise from_target(r, r.content)
+    answer: dict[str, Any] = r.json()
+    return answer
+
+
+async def put(gw: Gateway, request: Request, bucket: str, key: str, sha256: str | None) -> Response:
+    """PutObject: the body streamed to the owner; ``ETag`` is the MD5 of the bytes stored."""
+    if "x-amz-copy-source" in request.headers:
+        raise S3Error("NotImplemented", 501, "CopyObject is not supported")
+    body = checked_body(request, sha256, request.headers.get("content-md5"))
+    stored = await put_stream(gw, bucket, key, body, request.headers.get("content-length"))
+    return Response(headers={"ETag": f'"{stored["etag"]}"'})
+
+
+async def delete(gw: Gateway, bucket: str, key: str) -> None:
+    """DeleteObject: S3 answers 204 whether or not the key existed; so do we."""
+    url = owner_url(gw, "DELETE", bucket, key)
+    try:
+        r = await gw.http.delete(url, headers=gw.target_headers())
+    except httpx.HTTPError as e:
+        raise _unreachable(f"{bucket}/{key}", e) from None
+    if r.status_code >= 400:
+        err = from_target(r, r.content)
+        if err.code != "NoSuchKey":
+            raise err
+
+
+async def read_parts(gw: Gateway, parts: list[tuple[str, str]]) -> AsyncIterator[bytes]:
+    """The bytes of several objects ``(bucket, key)``, one after the other, streamed."""
+    for bucket, key in parts:
+        url = owner_url(gw, "GET", bucket, key)
+        try:
+            async with gw.http.stream("GET", url, headers=gw.target_headers()) as r:
+                if r.status_code != 200:
+                    raise from_target(r, await r.aread())
+                async for chunk in r.aiter_raw():
+                    yield chunk
+        except httpx.HTTPError as e:
+            raise _unreachable(f"{bucket}/{key}", e) from None

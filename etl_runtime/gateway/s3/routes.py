@@ -1,0 +1,272 @@
+"""The S3 API's routes: path-style, under ``/s3`` (``http://GATEWAY/s3/BUCKET/KEY``).
+
+boto3 keeps the path of its ``endpoint_url`` (``endpoint_url=GATEWAY/s3``
+sends ``GET /s3/b/k``, and ``ListBuckets`` as ``GET /s3``), and a SigV4
+signature covers that whole path, prefix included.
+
+Which call a request is, as S3 decides it: the method, whether a key is in
+the path, and the query's sub-resource (``?uploads``, ``?uploadId=``,
+``?delete``, ``?location``, ``list-type=2``). Sub-resources Sluice has no
+counterpart for (ACLs, policies, versioning, tagging, ...) answer 501
+``NotImplemented``. Who may call: ``auth.authorize`` (a ``read`` or ``write``
+key, or no signature where reads are open).
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import time
+from typing import Any
+from urllib.parse import quote
+
+import httpx
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from etl_runtime.cluster.clustermap import BucketProps
+from etl_runtime.core.errors import BucketNotFound, S3Error, bucket_not_found
+from etl_runtime.core.names import validate_bucket
+from etl_runtime.gateway import buckets as native
+from etl_runtime.gateway.context import Gateway, unreachable
+from etl_runtime.gateway.s3 import multipart, objects, xml
+from etl_runtime.gateway.s3.auth import authorize
+from etl_runtime.gateway.s3.errors import S3Route
+from etl_runtime.gateway.s3.keys import KeyStore
+
+XML = "application/xml"
+MAX_KEYS = 1000
+LAST = "\U0010ffff"  # sorts after every character a name can hold: skips a common prefix
+UNSUPPORTED = (
+    "acl",
+    "policy",
+    "versioning",
+    "versions",
+    "tagging",
+    "cors",
+    "lifecycle",
+    "website",
+    "replication",
+    "encryption",
+    "object-lock",
+    "notification",
+    "logging",
+    "accelerate",
+    "requestPayment",
+    "analytics",
+    "metrics",
+    "inventory",
+    "ownershipControls",
+    "publicAccessBlock",
+    "retention",
+    "legal-hold",
+    "torrent",
+    "restore",
+    "select",
+    "attributes",
+)
+
+
+def _xml(body: bytes, status: int = 200) -> Response:
+    return Response(body, status, media_type=XML)
+
+
+def _refuse_unsupported(request: Request) -> None:
+    for name in UNSUPPORTED:
+        if name in request.query_params:
+            raise S3Error("NotImplemented", 501, f"the ?{name} sub-resource is not supported")
+
+
+def _token(cursor: str) -> str:
+    return base64.urlsafe_b64encode(cursor.encode()).decode()
+
+
+def _cursor(token: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(token.encode()).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise S3Error("InvalidArgument", 400, "the continuation token is not valid") from None
+
+
+async def list_objects(gw: Gateway, bucket: str, params: dict[str, str]) -> bytes:
+    """ListObjectsV2 (and V1's ``marker``) over the merged listing of the targets.
+
+    Names under ``multipart.HIDDEN`` (parts of uploads in progress) are never
+    shown. With a delimiter, names under one common prefix are skipped in one
+    step (the next page starts after ``prefix + U+10FFFF``).
+    """
+    v1 = params.get("list-type") != "2"
+    prefix, delimiter = params.get("prefix", ""), params.get("delimiter", "")
+    try:
+        max_keys = max(0, min(MAX_KEYS, int(params.get("max-keys", MAX_KEYS))))
+    except ValueError:
+        raise S3Error("InvalidArgument", 400, "max-keys must be an integer") from None
+    params["max-keys"] = str(max_keys)
+    if v1:
+        cursor = params.get("marker", "")
+    elif params.get("continuation-token"):
+        cursor = _cursor(params["continuation-token"])
+    else:
+        cursor = params.get("start-after", "")
+    contents: list[dict[str, Any]] = []
+    prefixes: list[str] = []
+    truncated = False
+    while not truncated:
+        page = await native.list_bucket_page(gw, bucket, prefix, cursor, MAX_KEYS)
+        for o in page["objects"]:
+            name = o["name"]
+            if name <= cursor:  # under a common prefix skipped below
+                continue
+            if name.startswith(multipart.HIDDEN):
+                cursor = name
+                continue
+            cut = name.find(delimiter, len(prefix)) if delimiter else -1
+            item = name[: cut + len(delimiter)] if cut >= 0 else None
+            if len(contents) + len(prefixes) == max_keys:
+                truncated = True
+                break
+            if item is not None:
+                prefixes.append(item)
+                cursor = item + LAST
+            else:
+                contents.append(o)
+                cursor = name
+        if page["next"] is None:
+            break
+    encode = (lambda s: quote(s, safe="/")) if params.get("encoding-type") == "url" else str
+    if v1:
+        return xml.list_objects_v1(bucket, params, contents, prefixes, truncated, cursor, encode)
+    token = _token(cursor) if truncated else None
+    return xml.list_objects_v2(bucket, params, contents, prefixes, token, encode)
+
+
+async def create_bucket(gw: Gateway, bucket: str) -> None:
+    if gw.cmap is not None:
+        if bucket in gw.cmap.get().buckets:
+            raise S3Error("BucketAlreadyOwnedByYou", 409, f"bucket {bucket!r} exists")
+        props = BucketProps(copies=1, created=time.time())
+        gw.cmap.update(lambda m: m.with_bucket(bucket, props))
+        await gw.fanout("POST", f"/v1/buckets/{bucket}", json={"action": "create-bck"})
+        return
+    created = False
+    for t, r in await gw.fanout("POST", f"/v1/buckets/{bucket}", json={"action": "create-bck"}):
+        if not isinstance(r, httpx.Response) or r.status_code >= 500:
+            raise unreachable(t, r)
+        created = created or bool(r.json().get("created"))
+    if not created:
+        raise S3Error("BucketAlreadyOwnedByYou", 409, f"bucket {bucket!r} exists")
+
+
+async def delete_bucket(gw: Gateway, bucket: str) -> None:
+    """S3's DeleteBucket: only an empty bucket (uploads in progress do not count)."""
+    page = await native.list_bucket_page(gw, bucket, "", "", 1)
+    if page["objects"] and not page["objects"][0]["name"].startswith(multipart.HIDDEN):
+        raise S3Error("BucketNotEmpty", 409, f"bucket {bucket!r} is not empty", bucket=bucket)
+    after = await native.list_bucket_page(gw, bucket, "", multipart.HIDDEN + LAST, 1)
+    if after["objects"]:
+        raise S3Error("BucketNotEmpty", 409, f"bucket {bucket!r} is not empty", bucket=bucket)
+    if gw.cmap is not None:
+        await native.map_delete_bucket(gw, bucket)
+        return
+    found = False
+    for t, r in await gw.fanout("DELETE", f"/v1/buckets/{bucket}"):
+        if not isinstance(r, httpx.Response) or r.status_code >= 500:
+            raise unreachable(t, r)
+        found = found or r.status_code == 200
+    if not found:
+        raise bucket_not_found(bucket)
+
+
+async def bucket_exists(gw: Gateway, bucket: str) -> bool:
+    return bucket in await native.all_bucket_names(gw)
+
+
+async def delete_objects(gw: Gateway, request: Request, bucket: str, sha256: str | None) -> bytes:
+    """DeleteObjects: up to 1000 keys, each deleted at its owner; per-key errors in the body."""
+    root = xml.parse(await multipart.checked_xml(request, sha256), "Delete")
+    keys = [xml.text(o, "Key") or "" for o in xml.children(root, "Object")]
+    if len(keys) > MAX_KEYS:
+        raise S3Error("MalformedXML", 400, f"at most {MAX_KEYS} keys per DeleteObjects")
+    if not await bucket_exists(gw, bucket):
+        raise bucket_not_found(bucket)
+    deleted: list[str] = []
+    failed: list[tuple[str, str, str]] = []
+    for key in keys:  # sequential: small calls on pooled connections, in key order
+        try:
+            multipart.refuse_hidden(key)
+            await objects.delete(gw, bucket, key)
+            deleted.append(key)
+        except S3Error as e:
+            failed.append((key, e.code, e.message))
+        except BucketNotFound as e:
+            failed.append((key, "NoSuchBucket", e.message))
+        except Exception as e:  # noqa: BLE001 - reported per key, as S3 does
+            failed.append((key, "InternalError", str(e)))
+    quiet = (xml.text(root, "Quiet") or "").strip().lower() == "true"
+    return xml.delete_result(deleted, failed, quiet)
+
+
+def s3_router(gw: Gateway, keys: KeyStore) -> APIRouter:
+    router = APIRouter(route_class=S3Route)
+
+    @router.get("/s3")
+    @router.get("/s3/")
+    async def list_buckets(request: Request) -> Response:
+        await authorize(gw, keys, request, write=False)
+        names = await native.all_bucket_names(gw)
+        cmap = gw.cmap.get() if gw.cmap is not None else None
+        created = {n: p.created for n, p in cmap.buckets.items()} if cmap else {}
+        return _xml(xml.list_buckets(names, created))
+
+    @router.api_route("/s3/{bucket}", methods=["GET", "HEAD", "PUT", "DELETE", "POST"])
+    @router.api_route("/s3/{bucket}/", methods=["GET", "HEAD", "PUT", "DELETE", "POST"])
+    async def bucket_call(bucket: str, request: Request) -> Response:
+        method, q = request.method, request.query_params
+        signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
+        _refuse_unsupported(request)
+        validate_bucket(bucket)
+        if method == "HEAD":
+            if not await bucket_exists(gw, bucket):
+                raise bucket_not_found(bucket)
+            return Response(headers={"x-amz-bucket-region": "us-east-1"})
+        if method == "GET":
+            if "location" in q:
+                if not await bucket_exists(gw, bucket):
+                    raise bucket_not_found(bucket)
+                return _xml(xml.location("us-east-1"))
+            if "uploads" in q:
+                raise S3Error("NotImplemented", 501, "ListMultipartUploads is not supported")
+            return _xml(await list_objects(gw, bucket, dict(q)))
+        if method == "PUT":
+            await request.body()  # CreateBucketConfiguration: one region here, ignored
+            await create_bucket(gw, bucket)
+            return Response(headers={"Location": f"/{bucket}"})
+        if method == "DELETE":
+            await delete_bucket(gw, bucket)
+            return Response(status_code=204)
+        if "delete" in q:
+            sha = signed.body_sha256 if signed else None
+            return _xml(await delete_objects(gw, request, bucket, sha))
+        raise S3Error("NotImplemented", 501, "this bucket POST is not supported")
+
+    @router.api_route("/s3/{bucket}/{key:path}", methods=["GET", "HEAD", "PUT", "DELETE", "POST"])
+    async def object_call(bucket: str, key: str, request: Request) -> Response:
+        method, q = request.method, request.query_params
+        signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
+        _refuse_unsupported(request)
+        multipart.refuse_hidden(key)
+        sha = signed.body_sha256 if signed else None
+        if "uploadId" in q or "uploads" in q:
+            return await multipart.dispatch(gw, request, bucket, key, sha)
+        if method in ("GET", "HEAD"):
+            if "partNumber" in q:
+                raise S3Error("NotImplemented", 501, "GET by partNumber is not supported")
+            return await objects.get(gw, request, bucket, key, head=method == "HEAD")
+        if method == "PUT":
+            return await objects.put(gw, request, bucket, key, sha)
+        if method == "DELETE":
+            await objects.delete(gw, bucket, key)
+            return Response(status_code=204)
+        raise S3Error("NotImplemented", 501, "this object POST is not supported")
+
+    return router

@@ -1,0 +1,174 @@
+"""S3's XML bodies: written with escaping by hand (small, fixed shapes), read with ElementTree."""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable
+from typing import Any
+from xml.etree import ElementTree
+from xml.sax.saxutils import escape
+
+from etl_runtime.core.errors import S3Error
+
+NS = "http://s3.amazonaws.com/doc/2006-03-01/"
+HEAD = '<?xml version="1.0" encoding="UTF-8"?>\n'
+MAX_XML_BODY = 2 << 20  # DeleteObjects of 1000 long keys fits
+
+
+def iso(t: float) -> str:
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+
+
+def _el(tag: str, value: Any) -> str:
+    return f"<{tag}>{escape(str(value))}</{tag}>"
+
+
+def document(root: str, inner: Iterable[str]) -> bytes:
+    return (HEAD + f'<{root} xmlns="{NS}">' + "".join(inner) + f"</{root}>").encode()
+
+
+def error(code: str, message: str, resource: str, request_id: str) -> bytes:
+    inner = _el("Code", code) + _el("Message", message) + _el("Resource", resource)
+    return (HEAD + "<Error>" + inner + _el("RequestId", request_id) + "</Error>").encode()
+
+
+def list_buckets(names: list[str], created: dict[str, float]) -> bytes:
+    buckets = "".join(
+        "<Bucket>" + _el("Name", n) + _el("CreationDate", iso(created.get(n, 0))) + "</Bucket>"
+        for n in names
+    )
+    owner = "<Owner>" + _el("ID", "sluice") + _el("DisplayName", "sluice") + "</Owner>"
+    return document("ListAllMyBucketsResult", [owner, f"<Buckets>{buckets}</Buckets>"])
+
+
+def list_objects_v2(
+    bucket: str,
+    params: dict[str, str],
+    contents: list[dict[str, Any]],
+    prefixes: list[str],
+    next_token: str | None,
+    encode: Any,
+) -> bytes:
+    """``encode``: the ``encoding-type=url`` quoting of names, or the identity."""
+    inner = [_el("Name", bucket), _el("Prefix", encode(params.get("prefix", "")))]
+    if params.get("delimiter"):
+        inner.append(_el("Delimiter", encode(params["delimiter"])))
+    inner += [_el("MaxKeys", params["max-keys"]), _el("KeyCount", len(contents) + len(prefixes))]
+    inner.append(_el("IsTruncated", "true" if next_token else "false"))
+    if params.get("continuation-token"):
+        inner.append(_el("ContinuationToken", params["continuation-token"]))
+    if next_token:
+        inner.append(_el("NextContinuationToken", next_token))
+    if params.get("start-after"):
+        inner.append(_el("StartAfter", encode(params["start-after"])))
+    if params.get("encoding-type"):
+        inner.append(_el("EncodingType", params["encoding-type"]))
+    inner += _contents(contents, prefixes, encode)
+    return document("ListBucketResult", inner)
+
+
+def list_objects_v1(
+    bucket: str,
+    params: dict[str, str],
+    contents: list[dict[str, Any]],
+    prefixes: list[str],
+    truncated: bool,
+    cursor: str,
+    encode: Any,
+) -> bytes:
+    """ListObjects (V1): ``Marker``/``NextMarker`` instead of continuation tokens."""
+    inner = [_el("Name", bucket), _el("Prefix", encode(params.get("prefix", "")))]
+    inner.append(_el("Marker", encode(params.get("marker", ""))))
+    if params.get("delimiter"):
+        inner.append(_el("Delimiter", encode(params["delimiter"])))
+    inner += [_el("MaxKeys", params["max-keys"])]
+    inner.append(_el("IsTruncated", "true" if truncated else "false"))
+    if truncated:
+        inner.append(_el("NextMarker", encode(cursor)))
+    if params.get("encoding-type"):
+        inner.append(_el("EncodingType", params["encoding-type"]))
+    inner += _contents(contents, prefixes, encode)
+    return document("ListBucketResult", inner)
+
+
+def _contents(contents: list[dict[str, Any]], prefixes: list[str], encode: Any) -> list[str]:
+    inner = [
+        "<Contents>"
+        + _el("Key", encode(o["name"]))
+        + _el("LastModified", iso(o["mtime"]))
+        + _el("ETag", f'"{o["etag"]}"')
+        + _el("Size", o["size"])
+        + _el("StorageClass", "STANDARD")
+        + "</Contents>"
+        for o in contents
+    ]
+    inner += ["<CommonPrefixes>" + _el("Prefix", encode(p)) + "</CommonPrefixes>" for p in prefixes]
+    return inner
+
+
+def delete_result(deleted: list[str], errors: list[tuple[str, str, str]], quiet: bool) -> bytes:
+    inner = [] if quiet else ["<Deleted>" + _el("Key", k) + "</Deleted>" for k in deleted]
+    inner += [
+        "<Error>" + _el("Key", k) + _el("Code", c) + _el("Message", m) + "</Error>"
+        for k, c, m in errors
+    ]
+    return document("DeleteResult", inner)
+
+
+def initiate_upload(bucket: str, key: str, upload_id: str) -> bytes:
+    return document(
+        "InitiateMultipartUploadResult",
+        [_el("Bucket", bucket), _el("Key", key), _el("UploadId", upload_id)],
+    )
+
+
+def complete_upload(location: str, bucket: str, key: str, etag: str) -> bytes:
+    return document(
+        "CompleteMultipartUploadResult",
+        [_el("Location", location), _el("Bucket", bucket), _el("Key", key), _el("ETag", etag)],
+    )
+
+
+def list_parts(bucket: str, key: str, upload_id: str, parts: list[dict[str, Any]]) -> bytes:
+    inner = [_el("Bucket", bucket), _el("Key", key), _el("UploadId", upload_id)]
+    inner += [_el("IsTruncated", "false"), _el("MaxParts", 10000)]
+    for p in parts:
+        inner.append(
+            "<Part>"
+            + _el("PartNumber", p["number"])
+            + _el("LastModified", iso(p["mtime"]))
+            + _el("ETag", f'"{p["etag"]}"')
+            + _el("Size", p["size"])
+            + "</Part>"
+        )
+    return document("ListPartsResult", inner)
+
+
+def location(region: str) -> bytes:
+    return document("LocationConstraint", [escape(region)] if region != "us-east-1" else [])
+
+
+def parse(body: bytes, root: str) -> ElementTree.Element:
+    """The body's root element, which must be ``root`` (any namespace)."""
+    if len(body) > MAX_XML_BODY:
+        raise S3Error("MalformedXML", 400, f"the XML body is larger than {MAX_XML_BODY} bytes")
+    try:
+        el = ElementTree.fromstring(body)
+    except ElementTree.ParseError as e:
+        raise S3Error("MalformedXML", 400, f"the XML body does not parse: {e}") from None
+    if local(el.tag) != root:
+        raise S3Error("MalformedXML", 400, f"expected <{root}>, got <{local(el.tag)}>")
+    return el
+
+
+def local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def children(el: ElementTree.Element, tag: str) -> list[ElementTree.Element]:
+    return [c for c in el if local(c.tag) == tag]
+
+
+def text(el: ElementTree.Element, tag: str) -> str | None:
+    found = children(el, tag)
+    return (found[0].text or "") if found else None
