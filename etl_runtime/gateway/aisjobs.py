@@ -103,7 +103,7 @@ def status(view: dict[str, Any]) -> dict[str, Any]:
         "uuid": view["id"],
         "kind": ais_kind(view["kind"]),
         "err": (view.get("reason") or view["state"].lower()) if failed else "",
-        "end_time": int((view.get("ended") or 0) * 1e9) if _ended(view) else 0,
+        "end_time": round((view.get("ended") or 0) * 1e6) * 1000 if _ended(view) else 0,  # ns
         "aborted": failed,
     }
 
@@ -116,9 +116,9 @@ def snaps(gw: Gateway, view: dict[str, Any], only: str = "") -> dict[str, dict[s
     for tid, part in view["targets"].items():
         if only and tid != only:
             continue
-        state = part["state"]
+        state, reason = part["state"], part.get("reason")
         if state not in (RUNNING, *TERMINAL):  # Unreachable: the job's state stands for it
-            state = view["state"]
+            state, reason = view["state"], view.get("reason")
         failed = state in (FAILED, ABORTED)
         ended = part.get("ended") or view.get("ended")
         progress = part.get("progress") or {}
@@ -140,7 +140,7 @@ def snaps(gw: Gateway, view: dict[str, Any], only: str = "") -> dict[str, dict[s
             },
             "aborted": failed,
             "is_idle": state in TERMINAL,
-            "abort-err": (part.get("reason") or view.get("reason") or "") if failed else "",
+            "abort-err": (reason or view.get("reason") or state.lower()) if failed else "",
             "glob.id": str((int(workers or 0) & 0x3FF) << WORKER_COUNT_SHIFT),
         }
     return out
