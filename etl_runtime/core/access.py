@@ -18,6 +18,9 @@ from etl_runtime.core import auth
 from etl_runtime.core.errors import Unauthorized
 
 SIGNATURE_PARAMS = ("sluice_exp", "sluice_sig")
+# Set by a target that redirects a read it does not own to the owner (once: see
+# storage/copies.py, Placement.read_owner).
+REDIRECTED_FROM = "sluice_from"
 
 
 def object_path(bucket: str, name: str) -> str:

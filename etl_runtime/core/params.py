@@ -4,7 +4,8 @@ A parameter that is silently ignored gives a wrong answer that looks right:
 ``?etl_pipline=a,b`` (a typo) would return the object through one ETL only,
 as a success. So the gateway (before it redirects) and the targets refuse what they
 do not know. ``provider=ais`` and ``props`` are what the aistore SDK sends;
-``sluice_exp``/``sluice_sig`` are the gateway's redirect signature.
+``sluice_exp``/``sluice_sig`` are the gateway's redirect signature, and
+``sluice_from`` marks a read a target redirected to the object's owner.
 
 The same goes for a parameter given twice: ``request.query_params.get`` (and
 FastAPI's scalar ``Query``) keeps the last value and drops the others, so
@@ -24,12 +25,14 @@ from typing import Any
 
 from fastapi import Request
 
-from etl_runtime.core.access import SIGNATURE_PARAMS
+from etl_runtime.core.access import REDIRECTED_FROM, SIGNATURE_PARAMS
 from etl_runtime.core.errors import InvalidRequest
 
 OBJECT_PARAMS: dict[str, frozenset[str]] = {
-    "GET": frozenset({"etl_name", "etl_pipeline", "etl_args", "provider", "props"}),
-    "HEAD": frozenset({"provider", "props"}),
+    "GET": frozenset(
+        {"etl_name", "etl_pipeline", "etl_args", "provider", "props", REDIRECTED_FROM}
+    ),
+    "HEAD": frozenset({"provider", "props", REDIRECTED_FROM}),
     "PUT": frozenset({"provider"}),
     "DELETE": frozenset({"provider"}),
 }
@@ -83,3 +86,13 @@ def refuse_unknown_object_params(request: Request, bucket: str, name: str) -> No
     refuse_unknown(
         request, OBJECT_PARAMS.get(request.method, frozenset()), bucket=bucket, object=name
     )
+
+
+def refuse_what(request: Request, supported: tuple[str, ...]) -> None:
+    """400 naming a ``what=`` value (AIStore's query selector) this route does not answer."""
+    what = request.query_params.get("what")
+    if what not in supported:
+        got = f"what={what!r} is not supported" if what else "what= is required"
+        raise InvalidRequest(
+            f"GET {request.url.path}: {got}; supported: {', '.join(supported)}", what=what
+        )

@@ -11,24 +11,22 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
 from etl_runtime.core.metrics import TargetStateCollector, install_metrics
+from etl_runtime.core.params import refuse_unknown
+from etl_runtime.gateway.aisjobs import cluster_router
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.dsort import dsort_router
 from etl_runtime.gateway.etl_api import etl_router
 from etl_runtime.gateway.jobs import jobs_router
-from etl_runtime.gateway.membership import (
-    MembershipSource,
-    RebalanceMonitor,
-    cluster_view,
-    join,
-)
+from etl_runtime.gateway.membership import MembershipSource, RebalanceMonitor, join
 from etl_runtime.gateway.redirect import redirect_router
 from etl_runtime.gateway.s3 import KeyStore, s3_router
+from etl_runtime.gateway.smap import check_ready, daemon_router
 from etl_runtime.gateway.ui import ui_router
 from etl_runtime.wire.http_errors import install_error_handlers
 
@@ -91,13 +89,14 @@ def create_gateway_app(
     app.include_router(dsort_router(gw))
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
     app.include_router(s3_router(gw, KeyStore(s3_keys)))  # /s3/..., /v1/s3/keys
+    app.include_router(cluster_router(gw))  # /v1/cluster: Sluice's view, AIStore's job queries
+    app.include_router(daemon_router(gw))  # /v1/daemon?what=smap: AIStore's cluster map
 
     @app.get("/v1/health")
-    async def health() -> dict[str, Any]:
+    async def health(request: Request) -> dict[str, Any]:
+        refuse_unknown(request, ("prr",))
+        if request.query_params.get("prr", "").lower() == "true":  # aistore SDK: is_ready()
+            check_ready(gw)
         return {"status": "ok", "role": "gateway", "targets": len(discovery.targets())}
-
-    @app.get("/v1/cluster")
-    async def cluster() -> dict[str, Any]:
-        return await cluster_view(gw)
 
     return app

@@ -41,6 +41,7 @@ class Gateway:
     members: list[str] | None = None  # configured members; default: every known target
     membership: MembershipSource | None = None  # Kubernetes: members from the StatefulSet
     rebalance_monitor: Any = field(default=None, repr=False)  # membership.RebalanceMonitor
+    job_views: Any = field(default=None, repr=False)  # jobs.JobViews (jobs.job_views)
     _http: httpx.AsyncClient | None = field(default=None, repr=False)
 
     async def start(self) -> None:

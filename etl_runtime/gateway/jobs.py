@@ -169,6 +169,8 @@ def aggregate(parts: dict[str, dict[str, Any]], away: dict[str, str]) -> dict[st
                 {
                     "state": parts[t]["state"],
                     "reason": parts[t].get("reason"),
+                    "started": parts[t].get("started"),
+                    "ended": parts[t].get("ended"),
                     "progress": parts[t]["progress"],
                     "error_count": parts[t].get("error_count", 0),
                     "phases": parts[t].get("phases", []),
@@ -183,15 +185,22 @@ def aggregate(parts: dict[str, dict[str, Any]], away: dict[str, str]) -> dict[st
     }
 
 
-def jobs_router(gw: Gateway) -> APIRouter:
-    router = APIRouter()
-    load_kinds()
-    away_since: dict[tuple[str, str], float] = {}
-    timeout = target_timeout_from_env()
+class JobViews:
+    """Jobs as the gateway sees them: each target's part, aggregated (one per gateway).
+
+    A member that has not answered for the target timeout while the job runs
+    fails the job everywhere (``view``), whichever route asked.
+    """
+
+    def __init__(self, gw: Gateway) -> None:
+        self.gw = gw
+        self.away_since: dict[tuple[str, str], float] = {}
+        self.timeout = target_timeout_from_env()
 
     async def collect(
-        path: str, params: dict[str, str] | None = None
+        self, path: str, params: dict[str, str] | None = None
     ) -> tuple[list[tuple[TargetInfo, dict[str, Any]]], dict[str, str]]:
+        gw = self.gw
         targets = gw.known_targets()
         headers = _headers(gw)
 
@@ -211,8 +220,20 @@ def jobs_router(gw: Gateway) -> APIRouter:
         failed = {t.id: a for t, a in zip(targets, answers, strict=True) if isinstance(a, str)}
         return found, failed
 
-    async def job_view(job_id: str) -> dict[str, Any]:
-        found, failed = await collect(f"/v1/_jobs/{quote(job_id)}")
+    async def all(self, kind: str | None = None) -> tuple[list[dict[str, Any]], dict[str, str]]:
+        """Every job (of ``kind``), newest first, and the targets that did not answer."""
+        found, failed = await self.collect("/v1/_jobs", {"kind": kind} if kind else None)
+        by_job: dict[str, dict[str, dict[str, Any]]] = {}
+        for t, answer in found:
+            for part in answer.get("jobs", []):
+                by_job.setdefault(part["id"], {})[t.id] = part
+        jobs = [aggregate(parts, failed) for parts in by_job.values()]
+        jobs.sort(key=lambda j: j["started"], reverse=True)
+        return jobs, failed
+
+    async def view(self, job_id: str) -> dict[str, Any]:
+        gw, away_since, timeout = self.gw, self.away_since, self.timeout
+        found, failed = await self.collect(f"/v1/_jobs/{quote(job_id)}")
         if not found:
             if failed:
                 t = sorted(failed)[0]
@@ -241,7 +262,7 @@ def jobs_router(gw: Gateway) -> APIRouter:
                     reason = f"target {t!r} {why} for more than {timeout:.0f}s"
                     urls = [info.url for info, _ in found]
                     await _end_everywhere(gw, job_id, urls, FAILED, reason)
-                    found, failed = await collect(f"/v1/_jobs/{quote(job_id)}")
+                    found, failed = await self.collect(f"/v1/_jobs/{quote(job_id)}")
                     parts = {i.id: p for i, p in found}
                     for i in view["targets"]:
                         if i not in parts:
@@ -251,6 +272,28 @@ def jobs_router(gw: Gateway) -> APIRouter:
                         view.update(state=FAILED, reason=reason)
                     break
         return view
+
+    async def abort(self, job_id: str) -> dict[str, Any]:
+        view = await self.view(job_id)
+        if view["state"] == RUNNING:
+            urls = [t.url for t in self.gw.known_targets()]
+            await _end_everywhere(self.gw, job_id, urls, ABORTED, "aborted by request")
+            view = await self.view(job_id)
+        return view
+
+
+def job_views(gw: Gateway) -> JobViews:
+    """The gateway's one ``JobViews`` (the away-timers are shared by every route)."""
+    if gw.job_views is None:
+        gw.job_views = JobViews(gw)
+    assert isinstance(gw.job_views, JobViews)
+    return gw.job_views
+
+
+def jobs_router(gw: Gateway) -> APIRouter:
+    router = APIRouter()
+    load_kinds()
+    views = job_views(gw)
 
     @router.post("/v1/jobs")
     async def start(request: Request) -> dict[str, Any]:
@@ -277,14 +320,8 @@ def jobs_router(gw: Gateway) -> APIRouter:
         state = request.query_params.get("state")
         if state and state not in STATES:
             raise InvalidRequest(f"state must be one of {', '.join(STATES)}, got {state!r}")
-        found, failed = await collect("/v1/_jobs", {"kind": kind} if kind else None)
-        by_job: dict[str, dict[str, dict[str, Any]]] = {}
-        for t, answer in found:
-            for part in answer.get("jobs", []):
-                by_job.setdefault(part["id"], {})[t.id] = part
-        jobs = [aggregate(parts, failed) for parts in by_job.values()]
+        jobs, failed = await views.all(kind)
         jobs = [j for j in jobs if not state or j["state"] == state]
-        jobs.sort(key=lambda j: j["started"], reverse=True)
         for j in jobs:
             j.pop("errors")
             j.pop("spec")
@@ -294,17 +331,12 @@ def jobs_router(gw: Gateway) -> APIRouter:
     async def get_job(job_id: str, request: Request) -> dict[str, Any]:
         gw.require_read(request)
         refuse_unknown(request, ())
-        return await job_view(job_id)
+        return await views.view(job_id)
 
     @router.post("/v1/jobs/{job_id}/abort")
     async def abort(job_id: str, request: Request) -> dict[str, Any]:
         gw.require_write(request)
         refuse_unknown(request, ())
-        view = await job_view(job_id)
-        if view["state"] == RUNNING:
-            urls = [t.url for t in gw.known_targets()]
-            await _end_everywhere(gw, job_id, urls, ABORTED, "aborted by request")
-            view = await job_view(job_id)
-        return view
+        return await views.abort(job_id)
 
     return router

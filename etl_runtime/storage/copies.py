@@ -13,6 +13,9 @@ every object (the HRW top ``copies`` members):
   here;
 * a delete is applied at the other owners, and while a rebalance runs also at
   the previous owners (else the rebalance would bring the object back);
+* a read of an object this target does not own (a client that placed it by
+  itself: the aistore SDK's direct reads) is a 307 to its first owner
+  (``read_owner``), once;
 * a read that misses here while a rebalance runs, or in a bucket with copies,
   looks for the object at the previous owners and the other owners, stores it
   here (it belongs here) and serves it: get-from-neighbor.
@@ -70,15 +73,41 @@ class Placement:
             return []
         owners = cmap.owners(bucket, name)
         if self.self_id not in owners:
-            raise Misdirected(
-                f"target {self.self_id!r} does not own {bucket}/{name} under cluster map "
-                f"v{cmap.version} (owner: {owners[0]!r}); send it through the gateway",
-                retry_after=1,
-                bucket=bucket,
-                object=name,
-                target=self.self_id,
-            )
+            raise self._misdirected(bucket, name, cmap.version, owners[0])
         return [t for t in owners if t != self.self_id]
+
+    def _misdirected(self, bucket: str, name: str, version: int, owner: str) -> Misdirected:
+        return Misdirected(
+            f"target {self.self_id!r} does not own {bucket}/{name} under cluster map "
+            f"v{version} (owner: {owner!r}); send it through the gateway",
+            retry_after=1,
+            bucket=bucket,
+            object=name,
+            target=self.self_id,
+        )
+
+    def read_owner(self, bucket: str, name: str, redirected: bool) -> str | None:
+        """Where a read of ``bucket/name`` belongs if this target is not one of its owners.
+
+        None: serve it here (an owner, or no map yet). Else the URL of the first
+        owner: a client that placed the object itself (the aistore SDK's direct
+        reads use AIStore's HRW, not Sluice's) gets a 307 there. A call that a
+        target already redirected (``redirected``) and that still lands on a
+        non-owner means the maps disagree for a moment: 503 ``Misdirected``
+        (the client retries), never a second hop.
+        """
+        if self.cmap is None:
+            return None
+        cmap = self.cmap.get()
+        if cmap.version == 0 or not cmap.members or bucket not in cmap.buckets:
+            return None
+        owners = cmap.owners(bucket, name)
+        if self.self_id in owners:
+            return None
+        url = cmap.urls.get(owners[0])
+        if redirected or not url:
+            raise self._misdirected(bucket, name, cmap.version, owners[0])
+        return url
 
     def write_through(self, bucket: str, name: str, others: list[str]) -> BeforePublish | None:
         if not others or self.peers is None:

@@ -18,8 +18,10 @@ from prometheus_client.registry import Collector
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlRegistry
+from etl_runtime.cluster.smap import smap_doc
 from etl_runtime.core.access import require_read
 from etl_runtime.core.metrics import RemoteCacheCollector, StorageCollector, install_metrics
+from etl_runtime.core.params import refuse_unknown, refuse_what
 from etl_runtime.etl.forward import EtlForwarder
 from etl_runtime.providers.cache import RemoteCache
 from etl_runtime.storage.copies import Placement
@@ -103,6 +105,16 @@ def create_target_app(
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
         return {"status": "ok", "role": "target", "id": target_id}
+
+    @app.get("/v1/daemon")
+    async def daemon(request: Request) -> dict[str, Any]:
+        """AIStore's Smap from this target's map (the aistore SDK asks again after a 404)."""
+        refuse_unknown(request, ("what",))
+        refuse_what(request, ("smap",))
+        if cluster_map is None:
+            return smap_doc([(target_id, str(request.base_url), 0)], None, 0)
+        m = cluster_map.get()
+        return smap_doc([(t, m.urls[t], 0) for t in m.members if t in m.urls], None, m.version)
 
     def require_token(request: Request) -> None:
         """ETL stats and logs can carry user data (error messages): the token's holders only."""

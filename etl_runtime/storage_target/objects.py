@@ -11,12 +11,21 @@ from __future__ import annotations
 import email.utils
 from collections.abc import Iterator
 from typing import IO, Any
+from urllib.parse import parse_qsl, urlencode
 
 import anyio.to_thread
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response, StreamingResponse
 
-from etl_runtime.core.access import object_path, require_read, require_write
+from etl_runtime.core import auth
+from etl_runtime.core.access import (
+    REDIRECTED_FROM,
+    SIGNATURE_PARAMS,
+    object_path,
+    object_url,
+    require_read,
+    require_write,
+)
 from etl_runtime.core.errors import InvalidName, InvalidRequest, ObjectNotFound
 from etl_runtime.core.names import read_bucket_action, validate_bucket, validate_names
 from etl_runtime.core.params import (
@@ -65,6 +74,32 @@ def _not_modified(headers: dict[str, str]) -> Response:
     return Response(
         status_code=304, headers={k: v for k, v in headers.items() if k != "Content-Length"}
     )
+
+
+def owner_redirect(target: Target, request: Request, bucket: str, name: str) -> Response | None:
+    """A 307 to the owner for a read of an object this target does not own, else None.
+
+    The aistore SDK's direct reads pick a target by AIStore's HRW, not Sluice's
+    (``gateway/smap.py``). The query is kept; a caller that showed a token gets
+    the redirect signed (clients drop ``Authorization`` when the port changes).
+    """
+    if target.placement is None:
+        return None
+    url = target.placement.read_owner(bucket, name, REDIRECTED_FROM in request.query_params)
+    if url is None:
+        return None
+    query = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True)]
+    header = request.headers.get("authorization")
+    if (
+        target.read_token
+        and target.cluster_key
+        and auth.read_ok(header, target.read_token, target.token)
+    ):
+        signed = auth.sign_redirect(target.cluster_key, request.method, object_path(bucket, name))
+        query = [(k, v) for k, v in query if k not in SIGNATURE_PARAMS] + list(signed.items())
+    query.append((REDIRECTED_FROM, target.id))
+    location = f"{object_url(url, bucket, name)}?{urlencode(query)}"
+    return Response(status_code=307, headers={"Location": location})
 
 
 def object_router(target: Target) -> APIRouter:
@@ -157,6 +192,8 @@ def object_router(target: Target) -> APIRouter:
                 object=name,
                 etl=etl_name,
             )
+        if (moved := owner_redirect(target, request, bucket, name)) is not None:
+            return moved
         cold = await remote.get(
             target.remote, target.forwarder, request, bucket, name, etl_name, etl_args
         )
@@ -206,6 +243,8 @@ def object_router(target: Target) -> APIRouter:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
         may_read(request, object_path(bucket, name))
+        if (moved := owner_redirect(target, request, bucket, name)) is not None:
+            return moved
         if (cold := await remote.head(target.remote, bucket, name)) is not None:
             return cold
         if placement:

@@ -50,9 +50,14 @@ class MapCluster:
     servers: dict[str, contextlib.ExitStack] = field(default_factory=dict)
     _gateway: contextlib.ExitStack | None = None
 
-    def add_target(self, tid: str) -> TargetInfo:
+    def add_target(self, tid: str, read_token: str | None = None) -> TargetInfo:
         app = create_target_app(
-            tid, self.tmp / tid, self.registry, cluster_key=CLUSTER_KEY, cluster_map=self.cmap
+            tid,
+            self.tmp / tid,
+            self.registry,
+            cluster_key=CLUSTER_KEY,
+            cluster_map=self.cmap,
+            read_token=read_token,
         )
         own = contextlib.ExitStack()
         info = TargetInfo(id=tid, url=own.enter_context(serve_in_thread(app)))
@@ -66,7 +71,7 @@ class MapCluster:
         self.servers.pop(tid).close()
         self.live.down.add(tid)
 
-    def start_gateway(self, members: list[str] | None = None) -> str:
+    def start_gateway(self, members: list[str] | None = None, read_token: str | None = None) -> str:
         if self._gateway is not None:
             self._gateway.close()
         self._gateway = contextlib.ExitStack()
@@ -76,6 +81,7 @@ class MapCluster:
             cluster_key=CLUSTER_KEY,
             cluster_map=self.cmap,
             members=members,
+            read_token=read_token,
         )
         self.url = self._gateway.enter_context(serve_in_thread(app))
         return self.url
