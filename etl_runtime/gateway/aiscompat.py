@@ -28,8 +28,8 @@ from fastapi.responses import JSONResponse, Response
 
 from etl_runtime.cluster.records import EtlRecord
 from etl_runtime.core.errors import InvalidRequest
-from etl_runtime.core.spec import runtime_python_version
 from etl_runtime.core.jsonbody import read_json
+from etl_runtime.core.spec import runtime_python_version
 
 MSGPACK = "application/msgpack"
 AIS_USER_AGENT = "ais/python"
