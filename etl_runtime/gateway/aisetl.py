@@ -234,7 +234,7 @@ def to_spec(body: dict[str, Any], platform: str = "local") -> tuple[str, EtlSpec
         )
         if v is not None
     }
-    spec = {
+    spec: dict[str, Any] = {
         "mode": "object",
         "code": {"aisClass": payload, "pythonVersion": version.group(1)},
         "dependencies": [p.strip() for p in packages.split(",") if p.strip()],

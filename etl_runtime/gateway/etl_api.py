@@ -155,9 +155,9 @@ def etl_router(gw: Gateway) -> APIRouter:
         if not isinstance(body, dict):
             raise InvalidSpec('body must be a JSON object: {"name": ..., "spec": {...}}')
         if aisetl.is_ais_message(body):  # the official aistore SDK's init / init_class
-            name, spec = aisetl.to_spec(body, getattr(backend, "platform", "local"))
-            await backend.init(name, spec)
-            record = await aisetl.wait_running(backend, name, aisetl.init_wait(spec))
+            ais_name, ais_spec = aisetl.to_spec(body, getattr(backend, "platform", "local"))
+            await backend.init(ais_name, ais_spec)
+            record = await aisetl.wait_running(backend, ais_name, aisetl.init_wait(ais_spec))
             return PlainTextResponse(record.uid)  # AIStore answers the job id as text
         name = body.get("name")
         try:
