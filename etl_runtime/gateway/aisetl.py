@@ -62,9 +62,11 @@ OLD_FIELDS = ("code", "spec", "timeout", "chunk_size", "dependencies", "arg_type
 CLASS_ENV, PACKAGES_ENV, OS_PACKAGES_ENV = "ETL_CLASS_PAYLOAD", "PACKAGES", "OS_PACKAGES"
 WORKERS_ENV, DIRECT_FQN_ENV = "NUM_WORKERS", "ETL_DIRECT_FQN"
 RUNTIME_IMAGE = re.compile(r"(?:^|/)runtime_python:(\d+\.\d+)(?![0-9])")
-DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
+DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h|d)")
 ANY_DURATION = re.compile(rf"(?:{DURATION.pattern})+")
+# "d" is not Go's, but the SDK's own convert_to_seconds takes it
 UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
+UNITS["d"] = 86400
 TRUE = ("true", "1", "yes", "y", "on")
 POLL_SECONDS = 0.25
 ANSWER_MARGIN = 5.0  # answer before the SDK's own request timeout (= init_timeout)
@@ -97,7 +99,8 @@ def _bad(field: str, why: str, name: str | None) -> InvalidSpec:
 
 
 def _seconds(body: dict[str, Any], field: str, name: str | None) -> float | None:
-    """A Go duration ("5m", "45s", "1m30s") in seconds; None when absent."""
+    """A Go duration ("5m", "45s", "1m30s") in seconds; None when absent. A bare
+    number is refused: seconds to the SDK, nanoseconds to Go."""
     value = body.get(field)
     if value is None or value == "":
         return None
