@@ -3,15 +3,19 @@ bodies the official aistore SDK really sends, and the 400s naming the field."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
 import cloudpickle
 import pytest
 
-from etl_runtime.core.errors import InvalidSpec
+from etl_runtime.cluster.records import EtlRecord
+from etl_runtime.core.errors import EtlInitFailed, InvalidSpec
 from etl_runtime.core.spec import EtlSpec, runtime_python_version
+from etl_runtime.gateway import aisetl
 from etl_runtime.gateway.aisetl import is_ais_message, to_spec
+from tests.gateway.conftest import Cluster
 
 aistore = pytest.importorskip("aistore")
 from aistore.sdk.etl.etl import Etl  # noqa: E402
@@ -154,3 +158,39 @@ def test_class_payload_settings_are_checked() -> None:
     body["name"] = "Not_A_Name"
     with pytest.raises(InvalidSpec, match="invalid ETL name"):
         to_spec(body)
+
+
+class Phases:
+    """An ``EtlBackend`` whose record goes through the given phases, one per get."""
+
+    def __init__(self, *phases: str) -> None:
+        self.phases = list(phases)
+        self.spec = to_spec(sdk_body())[1]
+
+    async def get(self, name: str) -> EtlRecord | None:
+        phase = self.phases.pop(0) if len(self.phases) > 1 else self.phases[0]
+        return EtlRecord(name=name, uid="u", spec=self.spec, phase=phase, message="why not")
+
+
+def test_the_init_waits_until_running_or_says_why_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(aisetl, "POLL_SECONDS", 0.01)
+    backend: Any = Phases("Initializing", "Initializing", "Running")
+    assert asyncio.run(aisetl.wait_running(backend, "md5-etl", 5)).phase == "Running"
+    with pytest.raises(EtlInitFailed, match="ETL 'md5-etl' failed to start: why not"):
+        asyncio.run(aisetl.wait_running(Phases("Initializing", "Error"), "md5-etl", 5))  # type: ignore[arg-type]
+    with pytest.raises(EtlInitFailed, match="is not running after 1s: phase Initializing"):
+        asyncio.run(aisetl.wait_running(Phases("Initializing"), "md5-etl", 1))  # type: ignore[arg-type]
+    # a start: the record may still say Stopped until the controller sees the change
+    started = Phases("Stopped", "Running")
+    assert asyncio.run(aisetl.wait_running(started, "md5-etl", 5)).phase == "Running"  # type: ignore[arg-type]
+
+
+def test_put_v1_etl_takes_the_message_and_answers_as_aistore(cluster: Cluster) -> None:
+    body = {**sdk_body(), "init_timeout": "6s"}  # waits 1 s: this backend never runs it
+    r = cluster.client.put("/v1/etl", json=body)
+    assert r.status_code == 400 and r.json()["kind"] == "EtlInitFailed"
+    assert r.json()["etl"] == "md5-etl" and "not running after 1s" in r.json()["error"]
+    shown = cluster.client.get("/v1/etl/md5-etl").json()
+    assert shown["spec"]["code"]["aisClass"].startswith("<")  # created, and kept
+    r = cluster.client.put("/v1/etl", json=sdk_body(os_packages=["ffmpeg"]))
+    assert r.status_code == 400 and "os_packages" in r.json()["error"]
