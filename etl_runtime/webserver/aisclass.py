@@ -112,8 +112,8 @@ def load_class(code: CodeSpec) -> AisClassHandler:
     except ModuleNotFoundError as e:
         raise CodeLoadError(
             f"the ETL class needs the module {e.name!r}, which this transformer runtime "
-            f"does not have: add its package to dependencies (init_class(dependencies="
-            f"[...])) or use a runtime image that has it"
+            "does not have: add its package to dependencies (init_class(dependencies="
+            "[...])) or use a runtime image that has it"
         ) from e
     except Exception as e:
         why = f"{type(e).__name__}: {e}"
