@@ -9,7 +9,8 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
 
     SluiceError (500, kind InternalError)
     ├── BadRequest (400)            InvalidName, InvalidRequest, InvalidSpec,
-    │                               InvalidDsortSpec, NotATar, DecodeError
+    │                               InvalidDsortSpec, NotATar, DecodeError,
+    │                               EtlInitFailed (AIStore's synchronous init)
     ├── Unauthorized (401)          missing or wrong bearer token
     ├── BackendUnauthorized (401)   remote bucket: no credentials, or rejected
     ├── BackendForbidden (403)      remote bucket: the credentials may not do this
@@ -152,6 +153,13 @@ class InvalidDsortSpec(BadRequest):
     def __init__(self, field: str, message: str, **context: Any) -> None:
         super().__init__(f"dsort spec: {field}: {message}", field=field, **context)
         self.field = field
+
+
+class EtlInitFailed(BadRequest):
+    """An ETL created with AIStore's init message (which waits, as AIStore's does)
+    went to phase Error (its class does not load, another Python, a dependency
+    that does not install) or was not running in time; names the ETL. Not a
+    503/504: the official SDK retries those, and each retry would wait again."""
 
 
 class NotATar(BadRequest):

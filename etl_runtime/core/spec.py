@@ -75,19 +75,28 @@ def _env(value: Any) -> tuple[tuple[str, str], ...]:
     return tuple(sorted((str(k), str(v)) for k, v in value.items()))
 
 
+CODE_KINDS = ("pickled", "source", "aisClass")
+
+
 @dataclass(frozen=True)
 class CodeSpec:
-    """User code: a cloudpickled callable (base64) or Python source + entrypoint."""
+    """User code: a cloudpickled callable (base64), Python source + entrypoint, or
+    ``aisClass``: a cloudpickled AIStore ``ETLServer`` subclass (base64), as the
+    official aistore SDK's ``init_class`` sends it (``gateway/aisetl.py``)."""
 
     pickled: str | None = None
     python_version: str | None = None
     source: str | None = None
     entrypoint: str = "transform"
+    ais_class: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"entrypoint": self.entrypoint}
         if self.pickled is not None:
             out["pickled"] = self.pickled
+        if self.ais_class is not None:
+            out["aisClass"] = self.ais_class
+        if self.pickled is not None or self.ais_class is not None:
             out["pythonVersion"] = self.python_version
         if self.source is not None:
             out["source"] = self.source
@@ -124,6 +133,7 @@ class EtlSpec:
             python_version=_typed(code_d, "pythonVersion", str, "spec.code"),
             source=_typed(code_d, "source", str, "spec.code"),
             entrypoint=_typed(code_d, "entrypoint", str, "spec.code") or "transform",
+            ais_class=_typed(code_d, "aisClass", str, "spec.code"),
         )
         timeouts = _typed(d, "timeouts", dict, "spec") or {}
         deps = _typed(d, "dependencies", list, "spec") or ()
@@ -156,11 +166,24 @@ class EtlSpec:
             raise InvalidSpec(f"spec.onError must be one of {ON_ERROR}, got {self.on_error!r}")
         if self.arg_type not in ARG_TYPES:
             raise InvalidSpec(f"spec.argType must be one of {ARG_TYPES}, got {self.arg_type!r}")
-        has_pickle, has_source = self.code.pickled is not None, self.code.source is not None
-        if has_pickle == has_source:
-            raise InvalidSpec("spec.code needs exactly one of 'pickled' or 'source'")
-        if has_pickle and not self.code.python_version:
-            raise InvalidSpec("spec.code.pythonVersion is required with spec.code.pickled")
+        code = self.code
+        kinds = [
+            k
+            for k, v in zip(CODE_KINDS, (code.pickled, code.source, code.ais_class), strict=True)
+            if v is not None
+        ]
+        if len(kinds) != 1:
+            got = f"; got {' and '.join(kinds)}" if kinds else ""
+            raise InvalidSpec(
+                "spec.code needs exactly one of 'pickled' or 'source' "
+                f"(or 'aisClass', an AIStore ETL class){got}"
+            )
+        if kinds[0] != "source" and not code.python_version:
+            raise InvalidSpec(f"spec.code.pythonVersion is required with spec.code.{kinds[0]}")
+        if code.ais_class is not None and self.mode != "object":
+            raise InvalidSpec(
+                "spec.code.aisClass (an AIStore ETL class) runs in mode 'object' only"
+            )
         bad_workers = not isinstance(self.workers, int) or isinstance(self.workers, bool)
         if self.workers is not None and (bad_workers or not 1 <= self.workers <= 1024):
             raise InvalidSpec(f"spec.workers must be a positive integer, got {self.workers!r}")

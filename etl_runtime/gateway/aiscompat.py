@@ -29,6 +29,7 @@ from fastapi.responses import JSONResponse, Response
 from etl_runtime.cluster.records import EtlRecord
 from etl_runtime.core.errors import InvalidRequest
 from etl_runtime.core.jsonbody import read_json
+from etl_runtime.core.spec import runtime_python_version
 
 MSGPACK = "application/msgpack"
 AIS_USER_AGENT = "ais/python"
@@ -121,18 +122,28 @@ def etl_info(record: EtlRecord, stats: dict[str, Any]) -> dict[str, Any]:
 
 
 def etl_details(record: EtlRecord, last_errors: list[dict[str, Any]]) -> dict[str, Any]:
-    code = record.spec.to_dict().get("code") or {}
-    source = code.get("source") if isinstance(code, dict) else None
+    spec = record.spec
     init_msg: dict[str, Any] = {
         "name": record.name,
         "communication": "hpush://",
-        "init_timeout": None,
-        "obj_timeout": None,
+        "init_timeout": f"{spec.init_timeout_seconds:g}s",
+        "obj_timeout": f"{spec.request_timeout_seconds:g}s",
         "chunk_size": 0,
-        "runtime": "python3.11",
+        "runtime": f"python{runtime_python_version()}",
     }
-    if isinstance(source, str):
-        init_msg["code"] = base64.b64encode(source.encode()).decode()
+    if spec.code.source is not None:
+        init_msg["code"] = base64.b64encode(spec.code.source.encode()).decode()
+    if spec.code.ais_class is not None:  # created by init_class: its runtime, as sent
+        env = [{"name": k, "value": v} for k, v in spec.env]
+        env.append(
+            {"name": "ETL_CLASS_PAYLOAD", "value": f"<{len(spec.code.ais_class)} characters>"}
+        )
+        if spec.dependencies:
+            env.append({"name": "PACKAGES", "value": ",".join(spec.dependencies)})
+        if spec.workers is not None:
+            env.append({"name": "NUM_WORKERS", "value": str(spec.workers)})
+        image = f"aistorage/runtime_python:{spec.code.python_version}"
+        init_msg["runtime"] = {"image": image, "env": env}
     return {
         "init_msg": init_msg,
         "obj_errors": [

@@ -1,5 +1,9 @@
 """The ``/v1/etl`` API: init, list, details, stop/start, delete, logs.
 
+``PUT /v1/etl`` also takes AIStore's init message (the official SDK's
+``init_class``), translated by ``aisetl`` and answered as AIStore does: once
+the ETL runs, with its job id as text.
+
 Writes go to the injected ``EtlBackend`` (local controller or ETL custom
 resources); the gateway adds what only the data plane knows — transform counts
 and recent errors, gathered from every target's internal
@@ -14,6 +18,7 @@ from typing import Any
 
 import httpx
 from fastapi import APIRouter, Depends, Query, Request
+from fastapi.responses import PlainTextResponse
 
 from etl_runtime.cluster.records import EtlRecord
 from etl_runtime.core import auth
@@ -22,7 +27,7 @@ from etl_runtime.core.errors import EtlNotFound, InvalidRequest, InvalidSpec, Un
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.forward import STAT_FIELDS
-from etl_runtime.gateway import aiscompat
+from etl_runtime.gateway import aiscompat, aisetl
 from etl_runtime.gateway.context import Gateway
 
 LAST_ERRORS = 20
@@ -36,7 +41,7 @@ def public_spec(spec: etl_spec.EtlSpec) -> dict[str, Any]:
     """The spec without code bodies (they can be large and are nobody's business)."""
     d = spec.to_dict()
     code = dict(d.get("code") or {})
-    for body in ("pickled", "source"):
+    for body in ("pickled", "source", "aisClass"):
         if body in code:
             code[body] = f"<{len(code[body])} characters>"
     d["code"] = code
@@ -140,8 +145,8 @@ def etl_router(gw: Gateway) -> APIRouter:
             raise _not_found(name)
         return record
 
-    @router.put("/v1/etl")
-    async def init(request: Request) -> dict[str, Any]:
+    @router.put("/v1/etl", response_model=None)
+    async def init(request: Request) -> dict[str, Any] | PlainTextResponse:
         gw.require_write(request)
         try:
             body = await read_json(request, 'the body {"name": ..., "spec": {...}}')
@@ -149,6 +154,11 @@ def etl_router(gw: Gateway) -> APIRouter:
             raise InvalidSpec(e.message) from None
         if not isinstance(body, dict):
             raise InvalidSpec('body must be a JSON object: {"name": ..., "spec": {...}}')
+        if aisetl.is_ais_message(body):  # the official aistore SDK's init / init_class
+            ais_name, ais_spec = aisetl.to_spec(body, getattr(backend, "platform", "local"))
+            await backend.init(ais_name, ais_spec)
+            record = await aisetl.wait_running(backend, ais_name, aisetl.init_wait(ais_spec))
+            return PlainTextResponse(record.uid)  # AIStore answers the job id as text
         name = body.get("name")
         try:
             etl_spec.validate_name(name)  # type: ignore[arg-type]
@@ -185,6 +195,9 @@ def etl_router(gw: Gateway) -> APIRouter:
             record = await backend.set_stopped(name, stopped)
         except KeyError:
             raise _not_found(name) from None
+        if not stopped and aiscompat.from_ais_sdk(request):  # AIStore's start waits
+            wait = min(aisetl.START_WAIT, record.spec.init_timeout_seconds)
+            record = await aisetl.wait_running(backend, name, wait)
         return await details(gw, record)
 
     @router.post("/v1/etl/{name}/stop")

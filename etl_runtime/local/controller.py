@@ -75,6 +75,8 @@ def backoff_after(p: TransformerProcess) -> float:
 class LocalEtlBackend:
     """``EtlBackend`` that runs transformers as local child processes."""
 
+    platform = "local"  # what the gateway's refusals say (gateway/aisetl.py)
+
     def __init__(
         self,
         state_dir: Path | str,

@@ -2,8 +2,11 @@
 for both places that call it, the worker processes (``worker``) and ``--inline``
 server threads (``inline``).
 
-- ``read_fqn``: the object by path (``etl_fqn``), a missing file is a 404 and an
-  unreadable one a 400, each naming the path;
+- ``read_fqn`` / ``open_fqn``: the object by path (``etl_fqn``), a missing file
+  is a 404 and an unreadable one a 400, each naming the path;
+- ``object_result``: one object through the user's code: a function gets the
+  bytes (``call``), an ``ObjectHandler`` (an AIStore ETL class, ``aisclass``)
+  the bytes or the path and the object's name;
 - ``call``: the function with or without ``etl_args``; what it raises becomes a
   ``TransformError`` with the traceback's tail;
 - ``result_of`` / ``chunk_of``: a result is bytes or str (one body), or an
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable
-from typing import Any
+from typing import Any, BinaryIO
 
 from etl_runtime.core.errors import (
     BadRequest,
@@ -30,13 +33,48 @@ Chunk = bytes | bytearray | memoryview
 
 
 def read_fqn(fqn: str) -> bytes:
-    try:
-        with open(fqn, "rb") as f:
+    with open_fqn(fqn) as f:
+        try:
             return f.read()
+        except OSError as e:
+            raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from None
+
+
+def open_fqn(fqn: str) -> BinaryIO:
+    try:
+        return open(fqn, "rb")
     except FileNotFoundError:
         raise ObjectNotFound(f"etl_fqn {fqn!r}: no such file") from None
     except OSError as e:
         raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from None
+
+
+class ObjectHandler:
+    """User code that wants more than the bytes: the object's name, and the file
+    itself when the target sent its path (``etl_fqn``) rather than its bytes."""
+
+    def handle(self, data: bytes | None, fqn: str | None, obj: str, args: str | None) -> Any:
+        """The result for one object: ``data`` is its bytes, or None with ``fqn``."""
+        raise NotImplementedError
+
+    def __call__(self, data: bytes, args: str | None = None) -> Any:
+        return self.handle(data, None, "", args)
+
+
+def object_result(
+    fn: Callable[..., Any],
+    with_args: bool,
+    data: bytes | None,
+    fqn: str | None,
+    obj: str,
+    args: str | None,
+) -> Chunk | Any:
+    """``result_of`` the user's code on one object (its bytes, or its file ``fqn``)."""
+    if isinstance(fn, ObjectHandler):
+        return result_of(fn.handle(data, fqn, obj, args))
+    if data is None:
+        data = read_fqn(fqn or "")
+    return result_of(call(fn, with_args, data, args))
 
 
 def raised(e: BaseException) -> TransformError:

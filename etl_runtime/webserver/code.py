@@ -1,4 +1,5 @@
-"""Turning ``spec.code`` and ``spec.dependencies`` into a callable.
+"""Turning ``spec.code`` and ``spec.dependencies`` into a callable (an AIStore ETL
+class, ``spec.code.aisClass``, into an ``aisclass.AisClassHandler``).
 
 Runs in every worker process (``load_transform``) and once in the server before
 the workers start (``check_code`` for a fast, clear refusal of a Python version
@@ -21,6 +22,7 @@ import cloudpickle
 
 from etl_runtime.core.errors import CodeLoadError, DependencyError, PythonVersionMismatch
 from etl_runtime.core.spec import EtlSpec, runtime_python_version
+from etl_runtime.webserver.aisclass import load_class
 
 USER_MODULE = "sluice_user_code"
 
@@ -28,7 +30,16 @@ USER_MODULE = "sluice_user_code"
 def check_code(spec: EtlSpec) -> None:
     """Refuse code this runtime cannot load, before any worker starts."""
     code = spec.code
-    if code.pickled is not None and code.python_version != runtime_python_version():
+    runs = runtime_python_version()
+    if code.ais_class is not None and code.python_version != runs:
+        raise PythonVersionMismatch(
+            f"the ETL class was pickled with Python {code.python_version} (init_class asked "
+            f"for aistorage/runtime_python:{code.python_version}) but this transformer runs "
+            f"Python {runs}; a pickled class only loads on the Python that pickled it: call "
+            f"init_class from Python {runs}, or run Sluice's runtime image built for "
+            f"Python {code.python_version}"
+        )
+    if code.pickled is not None and code.python_version != runs:
         raise PythonVersionMismatch(
             f"code was pickled with Python {code.python_version} but this transformer "
             f"runs Python {runtime_python_version()}; send the code as source "
@@ -41,6 +52,8 @@ def load_transform(spec: EtlSpec) -> Callable[..., Any]:
     """The user's callable, unpickled or taken from its executed source."""
     check_code(spec)
     code = spec.code
+    if code.ais_class is not None:
+        return load_class(code)
     if code.pickled is not None:
         try:
             fn = cloudpickle.loads(base64.b64decode(code.pickled))

@@ -30,6 +30,7 @@ futures and a timeout context: about twice the CPU per call.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import queue
@@ -106,14 +107,19 @@ class InlineRunner:
 
     # -- in the pool's threads --------------------------------------------------
 
-    def _call(self, data: bytes | None, fqn: str | None, args: str | None) -> tuple[Any, int]:
+    def _call(
+        self, data: bytes | None, fqn: str | None, obj: str, args: str | None
+    ) -> tuple[Any, int]:
         """The result (bytes-like, or an iterator of chunks) and the size of the file read."""
         size = 0
-        if fqn is not None:
-            data = calls.read_fqn(fqn)
+        assert self.fn is not None
+        if fqn is not None and not isinstance(self.fn, calls.ObjectHandler):
+            data, fqn = calls.read_fqn(fqn), None
             size = len(data)
-        assert self.fn is not None and data is not None
-        result = calls.result_of(calls.call(self.fn, self.with_args, data, args))
+        elif fqn is not None:  # the class reads the file itself
+            with contextlib.suppress(OSError):
+                size = os.path.getsize(fqn)
+        result = calls.object_result(self.fn, self.with_args, data, fqn, obj, args)
         return (result if isinstance(result, calls.Chunk) else iter(result)), size
 
     @staticmethod
@@ -149,7 +155,7 @@ class InlineRunner:
             if fqn is None:
                 data = await _body(request)
                 stats.bytes_in += len(data)
-            result, read = await self._in_pool(self._call, data, fqn, args)
+            result, read = await self._in_pool(self._call, data, fqn, obj, args)
             stats.bytes_in += read
             first = None
             if isinstance(result, Iterator):

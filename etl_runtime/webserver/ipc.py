@@ -9,7 +9,7 @@ free: a worker producing chunks faster than the client reads blocks in
 
 Server → worker::
 
-    OBJECT  pickle((etl_args, fqn))   then, when fqn is None:
+    OBJECT  pickle((etl_args, fqn, obj)) obj = "bucket/object"; when fqn is None:
     DATA*   raw object bytes          streamed as the request body arrives
     DATA_END
     SAMPLE  pickle(sample dict)       one WebDataset sample

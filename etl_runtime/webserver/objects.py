@@ -54,7 +54,7 @@ async def transform_object(
     task = await pool.acquire(OBJECT_TASK)
     started = time.perf_counter()
     try:
-        await _send_input(task, stats, request, fqn)
+        await _send_input(task, stats, request, obj, fqn)
         kind, first = await _first_frame(task, request)
         length = None
         if kind == ipc.SIZE:  # a bytes result: its length is known up front
@@ -121,11 +121,13 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
-async def _send_input(task: Task, stats: Stats, request: Request, fqn: str | None) -> None:
+async def _send_input(
+    task: Task, stats: Stats, request: Request, obj: str, fqn: str | None
+) -> None:
     """OBJECT, then the body as it arrives: each piece of it as a DATA frame, the
     last with DATA_END, sent together with the frames before it (one write for
     a small object)."""
-    head = (ipc.OBJECT, pickle.dumps((request.query_params.get("etl_args"), fqn)))
+    head = (ipc.OBJECT, pickle.dumps((request.query_params.get("etl_args"), fqn, obj)))
     try:
         if fqn is not None:
             await task.send(head)

@@ -115,7 +115,8 @@ def _send_error(frames: ipc.FrameSocket, err: SluiceError) -> None:
 def _object_task(
     frames: ipc.FrameSocket, fn: Callable[..., Any], with_args: bool, payload: bytes
 ) -> None:
-    args, fqn = pickle.loads(payload)
+    args, fqn, obj = pickle.loads(payload)
+    data = None
     if fqn is None:
         parts = []
         while True:
@@ -125,13 +126,8 @@ def _object_task(
             parts.append(chunk)
         data = b"".join(parts)
         del parts
-    else:
-        try:
-            data = calls.read_fqn(fqn)
-        except SluiceError as e:
-            return _send_error(frames, e)
     try:
-        result = calls.result_of(calls.call(fn, with_args, data, args))
+        result = calls.object_result(fn, with_args, data, fqn, obj, args)
         del data
         if isinstance(result, calls.Chunk):
             view = memoryview(result).cast("B")

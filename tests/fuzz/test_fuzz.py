@@ -103,6 +103,20 @@ SPEC_BODIES = [
     {"name": "e\n", "spec": {"code": {"source": "x"}}},
     {"name": 5, "spec": []},
     {"name": "e", "spec": {"code": {"source": "x"}, "mode": ["object"]}},
+    # AIStore's init message (gateway/aisetl.py), with the wrong types
+    {"name": "e", "runtime": 7},
+    {"name": "e", "runtime": {"image": 5, "env": "A=1"}},
+    {"name": "e", "runtime": {"image": "i"}, "env": [{"name": 1}], "init_timeout": 5},
+    {"name": "e", "spec": "cG9k", "communication": ["hpush://"]},
+    {"name": "e", "spec": {}, "runtime": {}},
+    {
+        "name": "e",
+        "init_timeout": "1s",
+        "runtime": {
+            "image": "aistorage/runtime_python:3.11",
+            "env": [{"name": "ETL_CLASS_PAYLOAD", "value": "bm90IGEgcGlja2xl"}],
+        },
+    },
 ]
 
 

@@ -41,4 +41,6 @@ def test_spec_fields_match_what_etlspec_reads():
         "timeouts", "stopped", "image", "resources", "targetSelector",
     }  # fmt: skip
     assert spec["mode"]["enum"] == ["object", "wds"]
-    assert set(spec["code"]["properties"]) == {"pickled", "pythonVersion", "source", "entrypoint"}
+    assert set(spec["code"]["properties"]) == {
+        "pickled", "pythonVersion", "source", "entrypoint", "aisClass"
+    }  # fmt: skip

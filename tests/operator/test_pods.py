@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 from etl_operator import pods
@@ -123,6 +124,34 @@ def test_fqn_mounts_target_volumes_read_only():
     assert all(m["mountPath"] != "/scratch" for m in mounts)
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "target-data")
     assert vol["persistentVolumeClaim"] == {"claimName": "data-target-0", "readOnly": True}
+
+
+def test_an_aistore_class_etl_runs_in_the_runtime_with_the_targets_files():
+    """What the gateway makes of init_class(direct_file_access=True): the runtime
+    image (never an AIStore one), the class in SLUICE_ETL_SPEC, the data mounted."""
+    spec = EtlSpec.from_dict(
+        {
+            "code": {"aisClass": "Y2xhc3M=", "pythonVersion": "3.11"},
+            "argType": "fqn",
+            "env": {"ETL_DIRECT_FQN": "true"},
+            "workers": 2,
+        }
+    )
+    target_pod = {
+        "spec": {
+            "volumes": [{"name": "data", "persistentVolumeClaim": {"claimName": "d-0"}}],
+            "containers": [{"volumeMounts": [{"name": "data", "mountPath": "/data"}]}],
+        }
+    }
+    pod = build(spec, target_pod=target_pod)
+    (container,) = pod["spec"]["containers"]
+    assert container["image"] == "img:1"
+    env = env_of(pod)
+    assert EtlSpec.from_dict(json.loads(env["SLUICE_ETL_SPEC"]["value"])) == spec
+    assert env["ETL_DIRECT_FQN"]["value"] == "true"
+    assert {"name": "target-data", "mountPath": "/data", "readOnly": True} in (
+        container["volumeMounts"]
+    )
 
 
 def test_token_secret_is_owned_and_round_trips():

@@ -37,6 +37,8 @@ class KubeEtlBackend:
     RBAC: ``etls`` get, list, create, update, patch, delete.
     """
 
+    platform = "kubernetes"  # what the gateway's refusals say (gateway/aisetl.py)
+
     def __init__(self, namespace: str | None = None, api: client.ApiClient | None = None) -> None:
         self.namespace = namespace or default_namespace()
         self._api = api or api_client()
