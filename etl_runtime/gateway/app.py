@@ -15,6 +15,7 @@ from fastapi import FastAPI
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
 from etl_runtime.core.metrics import TargetStateCollector, install_metrics
+from etl_runtime.gateway.batch.routes import batch_router
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.dsort import dsort_router
@@ -83,6 +84,7 @@ def create_gateway_app(
     app.include_router(etl_router(gw))
     app.include_router(jobs_router(gw))
     app.include_router(dsort_router(gw))
+    app.include_router(batch_router(gw))  # GetBatch: GET /v1/ml/moss
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
 
     @app.get("/v1/health")
