@@ -15,12 +15,14 @@ false, ``multipart/mixed``: a ``metadata`` part (``{"uuid", "out":
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from etl_runtime.core.errors import SluiceError
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
@@ -29,15 +31,34 @@ from etl_runtime.gateway.batch.assemble import Assembler, multipart
 from etl_runtime.gateway.batch.request import parse_request
 from etl_runtime.gateway.context import Gateway
 
+log = logging.getLogger(__name__)
+
 QUERY = ("provider", "coloc", "etl_name", "etl_args", "etl_pipeline")
 
 
 class BatchResponse(StreamingResponse):
-    """Stops the batch's items in flight however the answer ends (a client gone early too)."""
+    """Stops the batch's items in flight however the answer ends (a client gone early too).
+
+    A batch that fails after its answer started returns without the final
+    empty chunk: the server then closes the connection (uvicorn logs one line,
+    "ASGI callable returned without completing response"), and the client's
+    HTTP library sees a chunked body that never ended.
+    """
 
     def __init__(self, content: AsyncIterator[bytes], asm: Assembler, media_type: str) -> None:
         super().__init__(content, media_type=media_type)
         self._asm = asm
+
+    async def stream_response(self, send: Send) -> None:
+        start = {"type": "http.response.start", "status": self.status_code}
+        await send({**start, "headers": self.raw_headers})
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        except SluiceError as e:
+            log.warning("GetBatch answer broken off (the connection is dropped): %s", e.message)
+            return
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
