@@ -131,16 +131,24 @@ class ShardReader:
         self._buf = bytearray()
         self._gz: zlib._Decompress | None = None
         self._started = False
+        self._head = b""
 
     async def _more(self) -> bool:
         async for chunk in self._it:
-            if not self._started:
-                self._started = True
+            if not self._started:  # gzip or not: decided on the first two bytes
+                self._head += chunk
+                if len(self._head) < 2:
+                    continue
+                chunk, self._head, self._started = self._head, b"", True
                 if chunk[:2] == b"\x1f\x8b":
                     self._gz = zlib.decompressobj(31)
             if self._gz is not None:
                 chunk = self._gz.decompress(chunk)
             self._buf += chunk
+            return True
+        if self._head:  # a one-byte stream
+            self._buf += self._head
+            self._head = b""
             return True
         return False
 
