@@ -29,6 +29,7 @@ from etl_runtime.gateway.membership import (
 )
 from etl_runtime.gateway.redirect import redirect_router
 from etl_runtime.gateway.ui import ui_router
+from etl_runtime.wire.duplex import DuplexClient
 from etl_runtime.wire.http_errors import install_error_handlers
 
 
@@ -54,6 +55,7 @@ def create_gateway_app(
         read_token=read_token or None,
     )
     monitor = RebalanceMonitor(gw)
+    batch_http = DuplexClient()  # GetBatch reads items with it: pooled per target, no scans
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -68,6 +70,7 @@ def create_gateway_app(
             await monitor.stop()
             if membership is not None:
                 await membership.stop()
+            await batch_http.aclose()
             await gw.stop()
 
     app = FastAPI(title="Sluice gateway", lifespan=lifespan)
@@ -84,7 +87,7 @@ def create_gateway_app(
     app.include_router(etl_router(gw))
     app.include_router(jobs_router(gw))
     app.include_router(dsort_router(gw))
-    app.include_router(batch_router(gw))  # GetBatch: GET /v1/ml/moss
+    app.include_router(batch_router(gw, batch_http))  # GetBatch: GET /v1/ml/moss
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
 
     @app.get("/v1/health")

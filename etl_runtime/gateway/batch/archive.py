@@ -40,11 +40,11 @@ class ArchiveWriter:
 
     def __init__(self, fmt: str) -> None:
         self._gz = zlib.compressobj(6, zlib.DEFLATED, 31) if fmt == ".tgz" else None
-        self._out: list[bytes] = []
+        self._out: list[bytes | bytearray] = []
         self.pending = 0  # bytes waiting in the buffer
         self._mtime = int(time.time())
 
-    def _put(self, data: bytes) -> None:
+    def _put(self, data: bytes | bytearray) -> None:
         if self._gz is not None:
             data = self._gz.compress(data)
         if data:
@@ -56,7 +56,7 @@ class ArchiveWriter:
         info.size, info.mtime, info.mode = size, self._mtime, 0o644
         self._put(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
 
-    def data(self, chunk: bytes) -> None:
+    def data(self, chunk: bytes | bytearray) -> None:
         self._put(chunk)
 
     def pad(self, size: int) -> None:
@@ -125,7 +125,7 @@ def _same(name: str, archpath: str) -> bool:
 class ShardReader:
     """Reads a tar (or tar.gz) shard from a byte stream, forward only."""
 
-    def __init__(self, chunks: AsyncIterator[bytes], what: str) -> None:
+    def __init__(self, chunks: AsyncIterator[bytes | bytearray], what: str) -> None:
         self._it = chunks
         self._what = what  # ais://bucket/object, for errors
         self._buf = bytearray()
@@ -139,7 +139,7 @@ class ShardReader:
                 self._head += chunk
                 if len(self._head) < 2:
                     continue
-                chunk, self._head, self._started = self._head, b"", True
+                chunk, self._head, self._started = bytes(self._head), b"", True
                 if chunk[:2] == b"\x1f\x8b":
                     self._gz = zlib.decompressobj(31)
             if self._gz is not None:

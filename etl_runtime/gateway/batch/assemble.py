@@ -38,6 +38,7 @@ from etl_runtime.gateway.batch.archive import ArchiveWriter
 from etl_runtime.gateway.batch.items import Failed, Slot, Spool
 from etl_runtime.gateway.batch.request import BatchRequest, Item
 from etl_runtime.gateway.context import Gateway
+from etl_runtime.wire.duplex import DuplexClient
 
 WINDOW = 16  # items in flight per batch
 FLUSH_BYTES = 256 << 10
@@ -61,8 +62,10 @@ def moss_out(item: Item, size: int, err: str | None = None) -> dict[str, Any]:
 
 
 class Assembler:
-    def __init__(self, gw: Gateway, req: BatchRequest, window: int = WINDOW) -> None:
-        self._gw, self._req, self._window = gw, req, max(1, window)
+    def __init__(
+        self, gw: Gateway, http: DuplexClient, req: BatchRequest, window: int = WINDOW
+    ) -> None:
+        self._gw, self._http, self._req, self._window = gw, http, req, max(1, window)
         self._slots: deque[Slot] = deque()
         self._started = 0
         self.out: list[dict[str, Any]] = []  # MossOut per item written
@@ -71,7 +74,7 @@ class Assembler:
     def _fill(self) -> None:
         items = self._req.items
         while len(self._slots) < self._window and self._started < len(items):
-            self._slots.append(Slot(self._gw, self._req, items[self._started]))
+            self._slots.append(Slot(self._gw, self._http, self._req, items[self._started]))
             self._started += 1
 
     def _stop(self) -> None:

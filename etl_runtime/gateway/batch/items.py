@@ -28,27 +28,35 @@ import asyncio
 import json
 import logging
 import tempfile
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import IO, Any
 
 import anyio.to_thread
-import httpx
 
 from etl_runtime.core.access import object_url
-from etl_runtime.core.errors import NoTargets, ObjectNotFound, RangeNotSatisfiable, SluiceError
+from etl_runtime.core.errors import (
+    DuplexError,
+    NoTargets,
+    ObjectNotFound,
+    RangeNotSatisfiable,
+    SluiceError,
+)
 from etl_runtime.gateway.batch.archive import ShardReader
 from etl_runtime.gateway.batch.request import BatchRequest, Item
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
+from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
 
 log = logging.getLogger(__name__)
 
-QUEUE_CHUNKS = 8  # chunks (<= 64 KiB each from httpx) buffered per item in flight
+ITEM_BUFFER = 1 << 20  # bytes read ahead per item in flight (plus one piece of <= 1 MiB)
 SPOOL_MEMORY = 1 << 20  # an answer of unknown length: this much in memory, the rest on disk
 SPOOL_WRITE = 1 << 20
 ERROR_BODY_MAX = 64 << 10
-ITEM_TIMEOUT = httpx.Timeout(120.0, connect=10.0, pool=120.0)
+ITEM_TIMEOUT = 120.0  # seconds without progress on one item's answer
+MAX_REDIRECTS = 3  # an ETL GET: the target's 307 to its transformer
 PER_ITEM_STATUSES = (404, 422)  # what coer goes past (but for the kinds below)
 BATCH_KINDS = ("BucketNotFound", "EtlNotFound")  # a 404 of these ends the batch
 
@@ -137,21 +145,45 @@ def relayed(status: int, payload: dict[str, Any], item: Item, retry_after: str |
 class Slot:
     """One item in flight: ``head`` (size or ``Failed``), then its bytes from ``next()``."""
 
-    def __init__(self, gw: Gateway, req: BatchRequest, item: Item) -> None:
+    def __init__(self, gw: Gateway, http: DuplexClient, req: BatchRequest, item: Item) -> None:
         self.item = item
         self.head: asyncio.Future[int | Failed] = asyncio.get_running_loop().create_future()
         self.broken: SluiceError | None = None  # after head: the stream broke off
-        self._queue: asyncio.Queue[bytes | None] = asyncio.Queue(QUEUE_CHUNKS)
-        self._gw, self._req = gw, req
+        self._chunks: deque[bytes | bytearray] = deque()
+        self._buffered = 0
+        self._ended = False
+        self._data = asyncio.Event()  # a chunk or the end arrived
+        self._room = asyncio.Event()  # the reader took a chunk
+        self._gw, self._http, self._req = gw, http, req
         self.task = asyncio.create_task(self._run())
 
     def ready(self) -> bool:
-        """``next()`` will not wait (for the head: ``head.done()``)."""
-        return not self._queue.empty()
+        """``next()`` will not wait."""
+        return bool(self._chunks) or self._ended
 
-    async def next(self) -> bytes | None:
-        """The next chunk; None at the end (check ``broken``)."""
-        return await self._queue.get()
+    async def next(self) -> bytes | bytearray | None:
+        """The next chunk; None at the end (then check ``broken``)."""
+        while not self._chunks:
+            if self._ended:
+                return None
+            self._data.clear()
+            await self._data.wait()
+        chunk = self._chunks.popleft()
+        self._buffered -= len(chunk)
+        self._room.set()
+        return chunk
+
+    async def _put(self, chunk: bytes | bytearray) -> None:
+        while self._buffered >= ITEM_BUFFER:  # the assembler is behind: stop reading
+            self._room.clear()
+            await self._room.wait()
+        self._chunks.append(chunk)
+        self._buffered += len(chunk)
+        self._data.set()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._data.set()
 
     def cancel(self) -> None:
         self.task.cancel()
@@ -162,34 +194,35 @@ class Slot:
         except asyncio.CancelledError:
             raise
         except SluiceError as e:
-            await self._fail(Failed(e, per_item=False))
-        except httpx.HTTPError as e:
+            self._fail(Failed(e, per_item=False))
+        except (DuplexError, OSError) as e:
             err = NoTargets(
                 f"in[{self.item.index}] {self.item.cname()}: its target did not answer "
                 f"({type(e).__name__}: {e}); retry",
                 bucket=self.item.bucket,
                 object=self.item.name,
             )
-            await self._fail(Failed(err, per_item=False))
+            self._fail(Failed(err, per_item=False))
         except Exception as e:  # a bug: end the batch, never a silent hole
             log.exception("GetBatch item %s failed", self.item.cname())
-            await self._fail(Failed(SluiceError(f"internal error: {e!r}"), per_item=False))
+            self._fail(Failed(SluiceError(f"internal error: {e!r}"), per_item=False))
 
-    async def _fail(self, failed: Failed) -> None:
+    def _fail(self, failed: Failed) -> None:
         if not self.head.done():
             self.head.set_result(failed)
         else:
             self.broken = failed.error
-            await self._queue.put(None)
+            self._end()
 
-    async def _start(self, size: int, chunks: AsyncIterator[bytes]) -> None:
+    async def _start(self, size: int, chunks: AsyncIterator[bytes | bytearray]) -> None:
         self.head.set_result(size)
         async for chunk in chunks:
             if chunk:
-                await self._queue.put(chunk)
-        await self._queue.put(None)
+                await self._put(chunk)
+        self._end()
 
-    def _request(self) -> httpx.Request:
+    async def _send(self) -> DuplexResponse:
+        """The item's GET to its owner (and on to the transformer, for an ETL)."""
         item, req, gw = self.item, self._req, self._gw
         target = route(gw, "GET", item.bucket, item.name)  # 404 bucket, 503 owner away
         params: dict[str, str] = {}
@@ -206,20 +239,26 @@ class Slot:
             end = "" if item.length == -1 else str(item.start + item.length - 1)
             headers["Range"] = f"bytes={item.start}-{end}"
         url = object_url(target.url, item.bucket, item.name)
-        return gw.http.build_request(
+        response = await self._http.request(
             "GET", url, params=params, headers=headers, timeout=ITEM_TIMEOUT
         )
+        for _ in range(MAX_REDIRECTS):
+            location = response.headers.get("location")
+            if response.status_code != 307 or not location:
+                break
+            await response.read(ERROR_BODY_MAX)  # empty: keeps the connection
+            # signed for this object alone: no Authorization to the transformer
+            response = await self._http.request("GET", location, timeout=ITEM_TIMEOUT)
+        return response
 
     async def _fetch(self) -> None:
         item = self.item
-        response = await self._gw.http.send(
-            self._request(), stream=True, follow_redirects=bool(self._req.etl_name)
-        )
+        response = await self._send()
         try:
             if response.status_code not in (200, 206):
-                await self._fail(await _error_of(response, item))
+                self._fail(await _error_of(response, item))
                 return
-            body = response.aiter_raw()
+            body = response.aiter_bytes()
             if item.archpath:
                 await self._from_shard(body)
                 return
@@ -230,7 +269,7 @@ class Slot:
             spool = Spool()
             try:
                 async for chunk in body:
-                    await spool.write(chunk)
+                    await spool.write(bytes(chunk))
             except BaseException:
                 spool.close()
                 raise
@@ -238,7 +277,7 @@ class Slot:
         finally:
             await response.aclose()
 
-    async def _from_shard(self, body: AsyncIterator[bytes]) -> None:
+    async def _from_shard(self, body: AsyncIterator[bytes | bytearray]) -> None:
         item = self.item
         reader = ShardReader(body, f"{item.provider or 'ais'}://{item.bucket}/{item.name}")
         size = await reader.find(item.archpath)
@@ -250,7 +289,7 @@ class Slot:
                 bucket=item.bucket,
                 object=item.name,
             )
-            await self._fail(Failed(err, per_item=True))
+            self._fail(Failed(err, per_item=True))
             return
         start, n = 0, size
         if item.ranged:
@@ -261,19 +300,15 @@ class Slot:
                     bucket=item.bucket,
                     object=item.name,
                 )
-                await self._fail(Failed(err, per_item=False))
+                self._fail(Failed(err, per_item=False))
                 return
             start = item.start
             n = size - start if item.length == -1 else min(item.length, size - start)
         await self._start(n, reader.member(n, start))
 
 
-async def _error_of(response: httpx.Response, item: Item) -> Failed:
-    raw = b""
-    async for chunk in response.aiter_raw():
-        raw += chunk
-        if len(raw) > ERROR_BODY_MAX:
-            break
+async def _error_of(response: DuplexResponse, item: Item) -> Failed:
+    raw = bytes(await response.read(ERROR_BODY_MAX))
     try:
         payload = json.loads(raw)
     except ValueError:

@@ -30,6 +30,7 @@ from etl_runtime.etl.pipeline import check_chain_async, parse_chain
 from etl_runtime.gateway.batch.assemble import Assembler, multipart
 from etl_runtime.gateway.batch.request import parse_request
 from etl_runtime.gateway.context import Gateway
+from etl_runtime.wire.duplex import DuplexClient
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,9 @@ class BatchResponse(StreamingResponse):
             self._asm.close()
 
 
-async def get_batch(gw: Gateway, request: Request, bucket: str | None) -> Response:
+async def get_batch(
+    gw: Gateway, http: DuplexClient, request: Request, bucket: str | None
+) -> Response:
     refuse_unknown(request, QUERY, bucket=bucket)
     if bucket is not None:
         validate_bucket(bucket)
@@ -86,7 +89,7 @@ async def get_batch(gw: Gateway, request: Request, bucket: str | None) -> Respon
         etl_args=q.get("etl_args"),
         etl_pipeline=q.get("etl_pipeline"),
     )
-    asm = Assembler(gw, req)
+    asm = Assembler(gw, http, req)
     if not req.streaming:
         boundary, body_iter = await multipart(asm, req.fmt)
         return BatchResponse(body_iter, asm, f"multipart/mixed; boundary={boundary}")
@@ -94,15 +97,16 @@ async def get_batch(gw: Gateway, request: Request, bucket: str | None) -> Respon
     return BatchResponse(asm.archive(), asm, req.content_type)
 
 
-def batch_router(gw: Gateway) -> APIRouter:
+def batch_router(gw: Gateway, http: DuplexClient) -> APIRouter:
+    """``http``: the client items are read with (the app closes it at shutdown)."""
     router = APIRouter()
 
     @router.get("/v1/ml/moss")
     async def get_batch_any(request: Request) -> Response:
-        return await get_batch(gw, request, None)
+        return await get_batch(gw, http, request, None)
 
     @router.get("/v1/ml/moss/{bucket}")
     async def get_batch_bucket(bucket: str, request: Request) -> Response:
-        return await get_batch(gw, request, bucket)
+        return await get_batch(gw, http, request, bucket)
 
     return router
