@@ -195,6 +195,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--clients-kinds", default="raw,sdk", help="raw, sdk or both")
+    ap.add_argument("--sizes", default=",".join(SIZES), help="of " + ", ".join(SIZES))
     args = ap.parse_args()
     kinds = [k for k in args.clients_kinds.split(",") if k]
     counts = {"10KiB": args.small_count, "1MiB": args.large_count}
@@ -211,7 +212,8 @@ def main() -> None:
         httpx.post(f"{url}/v1/buckets/{BUCKET}", json={"action": "create-bck"}).raise_for_status()
         header = f"{'size':6} {'client':6} {'mode':6} {'items/s':>9} {'MB/s':>8} "
         print(header + f"{'client ms':>10} {'gateway ms':>11} {'targets ms':>11}  per item")
-        for label, size in SIZES.items():
+        for label in args.sizes.split(","):
+            size = SIZES[label]
             names = [f"{label}/{i:05d}" for i in range(counts[label])]
             upload(url, names, size)
             for kind in kinds:

@@ -88,9 +88,9 @@ def test_order_across_three_targets_and_two_buckets(cluster: tuple[str, Path]) -
     for streaming in (True, False):
         batch = ais.batch(bucket=ais.bucket("one"), streaming_get=streaming, cont_on_err=False)
         for b, i in wanted:
-            batch.add(f"obj-{i:03d}", bck=b, provider="ais")
-        got = [(m.bucket, m.obj_name, data) for m, data in batch.get()]
-        assert got == [(b, f"obj-{i:03d}", payload(b, i)) for b, i in wanted]
+            batch.add(f"obj-{i:03d}", bck=b, provider="ais", opaque=f"{b}:{i}".encode())
+        got = [(m.bucket, m.obj_name, m.opaque, data) for m, data in batch.get()]
+        assert got == [(b, f"obj-{i:03d}", f"{b}:{i}".encode(), payload(b, i)) for b, i in wanted]
 
     # the raw archive: names <bucket>/<object>, or <object> with only_obj_name
     batch = ais.batch(["obj-001", "obj-000"], bucket=ais.bucket("two"), only_obj_name=True)

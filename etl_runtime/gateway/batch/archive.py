@@ -82,13 +82,15 @@ class ArchiveWriter:
                 self._out.append(tail)
                 self.pending += len(tail)
 
-    def take(self) -> bytes:
-        """Everything written so far (a gzip stream is sync-flushed: readable now)."""
+    def take(self) -> bytes | bytearray:
+        """Everything written so far (a gzip stream is sync-flushed: readable now).
+
+        One piece is handed on as it is: a big chunk written alone is not copied."""
         if self._gz is not None:
             tail = self._gz.flush(zlib.Z_SYNC_FLUSH)
             if tail:
                 self._out.append(tail)
-        out = b"".join(self._out)
+        out = self._out[0] if len(self._out) == 1 else b"".join(self._out)
         self._out.clear()
         self.pending = 0
         return out

@@ -104,7 +104,7 @@ class Assembler:
             self._stop()
             raise
 
-    async def archive(self) -> AsyncIterator[bytes]:
+    async def archive(self) -> AsyncIterator[bytes | bytearray]:
         """The answer's archive, chunk by chunk; raises (after a broken entry) to abort."""
         req, w = self._req, ArchiveWriter(self._req.fmt)
         try:
@@ -131,6 +131,8 @@ class Assembler:
                         chunk = await slot.next()
                         if chunk is None:
                             break
+                        if len(chunk) >= FLUSH_BYTES and w.pending:
+                            yield w.take()  # then the big chunk goes on uncopied
                         w.data(chunk)
                         sent += len(chunk)
                         if w.pending >= FLUSH_BYTES:
@@ -151,7 +153,7 @@ class Assembler:
             self._stop()
 
 
-async def multipart(asm: Assembler, fmt: str) -> tuple[str, AsyncIterator[bytes]]:
+async def multipart(asm: Assembler, fmt: str) -> tuple[str, AsyncIterator[bytes | bytearray]]:
     """(boundary, body) of the buffered answer; every error is raised before it starts."""
     spool = asm.spool = Spool()
     try:
@@ -169,7 +171,7 @@ async def multipart(asm: Assembler, fmt: str) -> tuple[str, AsyncIterator[bytes]
         f'filename="batch{fmt}"\r\nContent-Type: application/octet-stream\r\n\r\n'.encode()
     )
 
-    async def body() -> AsyncIterator[bytes]:
+    async def body() -> AsyncIterator[bytes | bytearray]:
         yield head
         async for chunk in spool.chunks():
             yield chunk

@@ -73,13 +73,13 @@ class Spool:
 
     def __init__(self, memory: int = SPOOL_MEMORY) -> None:
         self._memory = memory
-        self._mem: list[bytes] = []
-        self._pending: list[bytes] = []
+        self._mem: list[bytes | bytearray] = []
+        self._pending: list[bytes | bytearray] = []
         self._pending_size = 0
         self._file: IO[bytes] | None = None
         self.size = 0
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes | bytearray) -> None:
         if not data:
             return
         self.size += len(data)
@@ -100,7 +100,7 @@ class Spool:
         self._pending, self._pending_size = [], 0
         await anyio.to_thread.run_sync(self._file.write, data)
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncIterator[bytes | bytearray]:
         """Everything written, once, in order; the file is closed after it."""
         try:
             for chunk in self._mem:
@@ -269,7 +269,7 @@ class Slot:
             spool = Spool()
             try:
                 async for chunk in body:
-                    await spool.write(bytes(chunk))
+                    await spool.write(chunk)
             except BaseException:
                 spool.close()
                 raise

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import cast
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
@@ -46,8 +47,11 @@ class BatchResponse(StreamingResponse):
     HTTP library sees a chunked body that never ended.
     """
 
-    def __init__(self, content: AsyncIterator[bytes], asm: Assembler, media_type: str) -> None:
-        super().__init__(content, media_type=media_type)
+    def __init__(
+        self, content: AsyncIterator[bytes | bytearray], asm: Assembler, media_type: str
+    ) -> None:
+        # bytearray pieces too: the server writes any bytes-like body as is
+        super().__init__(cast(AsyncIterator[bytes], content), media_type=media_type)
         self._asm = asm
 
     async def stream_response(self, send: Send) -> None:
