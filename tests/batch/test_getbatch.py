@@ -26,13 +26,19 @@ aistore = pytest.importorskip("aistore")
 pytest.importorskip("aistore.sdk.batch.batch", reason="this aistore SDK has no GetBatch")
 from aistore.sdk import Client  # noqa: E402
 from aistore.sdk.batch.batch import Batch  # noqa: E402
-from aistore.sdk.errors import ErrObjNotFound  # noqa: E402
+from aistore.sdk.errors import AISError, ErrObjNotFound  # noqa: E402
 
 N = 30  # objects per bucket: more than one window (16) of items in flight
 
 
 def upper(data: bytes) -> bytes:
     return data.upper()
+
+
+def picky(data: bytes) -> bytes:
+    if data.startswith(b"one-007;"):
+        raise ValueError("refusing object 7")
+    return data
 
 
 def payload(bucket: str, i: int) -> bytes:
@@ -62,6 +68,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
     data = tmp_path_factory.mktemp("batch") / "data"
     with LocalCluster(data, targets=3) as c:
         SluiceClient(c.endpoint).etl("upcase").init_code(transform=upper)
+        SluiceClient(c.endpoint).etl("picky1").init_code(transform=picky)
         ais = Client(c.endpoint)
         for name in ("one", "two"):
             bck = ais.bucket(name)
@@ -235,6 +242,35 @@ def test_every_item_through_an_object_etl(cluster: tuple[str, Path]) -> None:
         f"{url}/v1/ml/moss/one?etl_name=no-such-etl", json={"in": [{"objname": "obj-000"}]}
     )
     assert r.status_code == 404 and r.json()["kind"] == "EtlNotFound"
+
+    # an item the ETL refuses (422: it would fail the same way again) is an item's failure
+    for coer in (True, False):
+        batch = Batch(
+            WithEtl(ais._request_client, "picky1"), bucket=ais.bucket("one"), cont_on_err=coer
+        )
+        batch.add("obj-006").add("obj-007").add("obj-008")
+        if coer:
+            got = [(m.obj_name, m.err_msg, data) for m, data in batch.get()]
+            assert got == [
+                ("obj-006", None, payload("one", 6)),
+                ("obj-007", "Batch entry failed on the server", b""),
+                ("obj-008", None, payload("one", 8)),
+            ]
+        else:
+            with pytest.raises(AISError, match="refusing object 7"):
+                list(batch.get())
+
+
+def test_a_client_that_leaves_early_frees_the_batch(cluster: tuple[str, Path]) -> None:
+    url, _ = cluster
+    body = {"in": [{"objname": f"obj-{i % N:03d}"} for i in range(200)], "strm": True}
+    for _ in range(5):
+        r = requests.get(f"{url}/v1/ml/moss/one", json=body, stream=True)
+        assert r.status_code == 200
+        next(r.iter_content(4096))
+        r.close()
+    r = requests.get(f"{url}/v1/ml/moss/two", json={**body, "in": body["in"][:3]})
+    assert r.status_code == 200 and r.headers["content-type"].startswith("application/x-tar")
 
 
 def test_bad_requests_name_what_is_wrong(cluster: tuple[str, Path]) -> None:
