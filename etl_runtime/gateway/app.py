@@ -18,6 +18,7 @@ from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
 from etl_runtime.core.metrics import TargetStateCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.aisjobs import cluster_router
+from etl_runtime.gateway.batch.routes import batch_router
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.dsort import dsort_router
@@ -28,6 +29,7 @@ from etl_runtime.gateway.redirect import redirect_router
 from etl_runtime.gateway.s3 import KeyStore, s3_router
 from etl_runtime.gateway.smap import check_ready, daemon_router
 from etl_runtime.gateway.ui import ui_router
+from etl_runtime.wire.duplex import DuplexClient
 from etl_runtime.wire.http_errors import install_error_handlers
 
 
@@ -57,6 +59,7 @@ def create_gateway_app(
         read_token=read_token or None,
     )
     monitor = RebalanceMonitor(gw)
+    batch_http = DuplexClient()  # GetBatch reads items with it: pooled per target, no scans
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -71,6 +74,7 @@ def create_gateway_app(
             await monitor.stop()
             if membership is not None:
                 await membership.stop()
+            await batch_http.aclose()
             await gw.stop()
 
     app = FastAPI(title="Sluice gateway", lifespan=lifespan)
@@ -87,6 +91,7 @@ def create_gateway_app(
     app.include_router(etl_router(gw))
     app.include_router(jobs_router(gw))
     app.include_router(dsort_router(gw))
+    app.include_router(batch_router(gw, batch_http))  # GetBatch: GET /v1/ml/moss
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
     app.include_router(s3_router(gw, KeyStore(s3_keys)))  # /s3/..., /v1/s3/keys
     app.include_router(cluster_router(gw))  # /v1/cluster: Sluice's view, AIStore's job queries

@@ -1,0 +1,249 @@
+"""GetBatch vs individual GETs of the same objects, at the same client concurrency.
+
+Starts ``sluice up`` (``LocalCluster``, ``--targets`` targets), stores
+``--small-count`` objects of 10 KiB and ``--large-count`` of 1 MiB, then for
+each size measures, alternating (``--rounds`` pairs, medians reported):
+
+* ``get``: ``--clients`` connections, each reading one object after another
+  (``GET /v1/objects/...`` to the gateway, then the target it redirects to);
+* ``batch``: ``--clients`` connections, each reading one GetBatch of
+  ``--batch`` objects after another (``GET /v1/ml/moss/...``, ``strm``, the
+  TAR stream read to its end).
+
+Two clients do the reading. ``raw``: ``bench/loadgen.py`` (processes x threads
+of plain sockets that follow the 307; the batch's TAR is read but not parsed),
+so the client is not the bottleneck and the servers' costs show. ``sdk``: the
+official ``aistore`` SDK in ``--clients`` forked processes, as a training job
+would read (``obj.get_reader().read_all()`` vs ``client.batch(...).get()``,
+every item extracted). For each it prints items/s, MB/s, the client's CPU per
+item and the servers' (gateway, targets: psutil over ``sluice up``'s
+processes, the warm-up share included) and the batch / get ratios.
+
+    .venv/bin/python bench/batch.py [--clients 8] [--batch 64] [--seconds 4] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import resource
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from aistore.sdk import Client  # noqa: E402  (before the clients fork: imported once)
+
+from etl_runtime.local import LocalCluster  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "bench"))
+from loadgen import Req, run_load  # noqa: E402
+
+SIZES = {"10KiB": 10 << 10, "1MiB": 1 << 20}
+BUCKET = "bench"
+
+
+def cpu_by_role() -> dict[str, float]:
+    out: dict[str, float] = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        role = (
+            "target"
+            if "etl_runtime.storage_target" in cmd
+            else "gateway"
+            if "etl_runtime.gateway" in cmd
+            else None
+        )
+        if role:
+            out[role] = out.get(role, 0.0) + t.user + t.system
+    return out
+
+
+def tar_size(sizes: list[int]) -> int:
+    return sum(512 + -(-s // 512) * 512 for s in sizes) + 1024
+
+
+def upload(url: str, names: list[str], size: int) -> None:
+    data = bytes(range(256)) * (size // 256)
+    with httpx.Client(base_url=url, timeout=120) as c, ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda n: c.put(f"/v1/objects/{BUCKET}/{n}", content=data), names))
+
+
+# -- the SDK client: forked processes, each timing its own CPU ----------------------
+
+
+def _sdk_proc(
+    url: str,
+    names: list[str],
+    mode: str,
+    args: argparse.Namespace,
+    first: int,
+    start: object,
+    q: object,
+) -> None:
+    ais = Client(url, timeout=(10, 120))
+    bck = ais.bucket(BUCKET)
+    start.wait()  # type: ignore[attr-defined]  # every client is up: the clock starts
+    t0 = time.perf_counter() + args.warmup
+    t1 = t0 + args.seconds
+    i, items, nbytes, cpu0 = first * args.batch, 0, 0, None
+    while (now := time.perf_counter()) < t1:
+        if cpu0 is None and now >= t0:
+            r = resource.getrusage(resource.RUSAGE_SELF)
+            cpu0, items, nbytes = r.ru_utime + r.ru_stime, 0, 0
+        if mode == "get":
+            data = bck.object(names[i % len(names)]).get_reader().read_all()
+            items, nbytes, i = items + 1, nbytes + len(data), i + 1
+        else:
+            b = ais.batch(bucket=bck, cont_on_err=False)
+            for k in range(args.batch):
+                b.add(names[(i + k) % len(names)])
+            for _, data in b.get():
+                items, nbytes = items + 1, nbytes + len(data)
+            i += args.batch
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    q.put((items, nbytes, r.ru_utime + r.ru_stime - (cpu0 or 0.0)))  # type: ignore[attr-defined]
+
+
+def run_sdk(
+    url: str, names: list[str], mode: str, args: argparse.Namespace
+) -> tuple[int, int, float]:
+    ctx = multiprocessing.get_context("fork")
+    q, start = ctx.Queue(), ctx.Barrier(args.clients)
+    procs = [
+        ctx.Process(target=_sdk_proc, args=(url, names, mode, args, k, start, q))
+        for k in range(args.clients)
+    ]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=args.seconds + args.warmup + 300) for _ in procs]
+    for p in procs:
+        p.join()
+    return sum(g[0] for g in got), sum(g[1] for g in got), sum(g[2] for g in got)
+
+
+# -- the raw client: bench/loadgen.py ------------------------------------------------
+
+
+def run_raw(
+    url: str, names: list[str], size: int, mode: str, args: argparse.Namespace
+) -> tuple[int, int, float]:
+    if mode == "get":
+        reqs = [Req("GET", f"{url}/v1/objects/{BUCKET}/{n}", expect_len=size) for n in names]
+        per = 1
+    else:
+        per = args.batch
+        reqs = []
+        for k in range(0, len(names) - per + 1, per):
+            body = json.dumps({"in": [{"objname": n} for n in names[k : k + per]], "strm": True})
+            reqs.append(
+                Req(
+                    "GET",
+                    f"{url}/v1/ml/moss/{BUCKET}",
+                    body=body.encode(),
+                    headers=(("Content-Type", "application/json"),),
+                    expect_len=tar_size([size] * per),
+                )
+            )
+    res = run_load(reqs, args.clients, args.seconds, args.client_procs, args.warmup)
+    if res.errors:
+        raise SystemExit(f"{mode}: {res.errors} errors, first: {res.first_error}")
+    return res.requests * per, res.nbytes, res.client_cpu
+
+
+def measure(
+    kind: str, url: str, names: list[str], size: int, mode: str, args: argparse.Namespace
+) -> dict[str, float]:
+    before = cpu_by_role()
+    if kind == "raw":
+        items, nbytes, client_cpu = run_raw(url, names, size, mode, args)
+    else:
+        items, nbytes, client_cpu = run_sdk(url, names, mode, args)
+    after = cpu_by_role()
+    n = max(1, items)
+    return {
+        "items/s": items / args.seconds,
+        "MB/s": nbytes / args.seconds / 1e6,
+        "client_ms": client_cpu * 1e3 / n,
+        **{f"{k}_ms": (after[k] - before.get(k, 0.0)) * 1e3 / n for k in after},
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--targets", type=int, default=3)
+    ap.add_argument("--clients", type=int, default=8, help="connections (or SDK processes)")
+    ap.add_argument("--client-procs", type=int, default=2, help="raw client processes")
+    ap.add_argument("--batch", type=int, default=64, help="objects per GetBatch")
+    ap.add_argument("--small-count", type=int, default=1024)
+    ap.add_argument("--large-count", type=int, default=256)
+    ap.add_argument("--seconds", type=float, default=4.0)
+    ap.add_argument("--warmup", type=float, default=1.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--clients-kinds", default="raw,sdk", help="raw, sdk or both")
+    ap.add_argument("--sizes", default=",".join(SIZES), help="of " + ", ".join(SIZES))
+    args = ap.parse_args()
+    kinds = [k for k in args.clients_kinds.split(",") if k]
+    counts = {"10KiB": args.small_count, "1MiB": args.large_count}
+    print(
+        f"# {psutil.cpu_count()} CPUs, {args.targets} targets, {args.clients} clients, "
+        f"batch {args.batch}, {args.seconds}s x {args.rounds} rounds",
+        flush=True,
+    )
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(Path(tmp) / "data", targets=args.targets) as cluster,
+    ):
+        url = cluster.endpoint.rstrip("/")
+        httpx.post(f"{url}/v1/buckets/{BUCKET}", json={"action": "create-bck"}).raise_for_status()
+        header = f"{'size':6} {'client':6} {'mode':6} {'items/s':>9} {'MB/s':>8} "
+        print(header + f"{'client ms':>10} {'gateway ms':>11} {'targets ms':>11}  per item")
+        for label in args.sizes.split(","):
+            size = SIZES[label]
+            names = [f"{label}/{i:05d}" for i in range(counts[label])]
+            upload(url, names, size)
+            for kind in kinds:
+                rows: dict[str, list[dict[str, float]]] = {"get": [], "batch": []}
+                for _ in range(args.rounds):
+                    for mode in ("get", "batch"):
+                        rows[mode].append(measure(kind, url, names, size, mode, args))
+                med = {
+                    m: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+                    for m, rs in rows.items()
+                }
+                for mode, r in med.items():
+                    print(
+                        f"{label:6} {kind:6} {mode:6} {r['items/s']:9.0f} {r['MB/s']:8.1f} "
+                        f"{r['client_ms']:10.3f} {r.get('gateway_ms', 0):11.3f} "
+                        f"{r.get('target_ms', 0):11.3f}",
+                        flush=True,
+                    )
+                g, b = med["get"], med["batch"]
+                servers_b = b.get("gateway_ms", 0) + b.get("target_ms", 0)
+                servers_g = g.get("gateway_ms", 0) + g.get("target_ms", 0)
+                print(
+                    f"{label:6} {kind:6} batch/get: items/s "
+                    f"{b['items/s'] / max(g['items/s'], 1e-9):.2f}, client CPU per item "
+                    f"{b['client_ms'] / max(g['client_ms'], 1e-9):.2f}, servers' CPU per item "
+                    f"{servers_b / max(servers_g, 1e-9):.2f}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    threading.excepthook = lambda a: None  # a client thread's error is reported by its count
+    main()

@@ -1,0 +1,180 @@
+"""Putting a GetBatch answer together: a window of items in flight, written in request order.
+
+``Assembler`` keeps at most ``WINDOW`` items in flight (``items.Slot``); the
+item at the head of the window is written out as soon as its size is known
+and its bytes arrive, and each item written makes room for the next one. Bytes
+are gathered into the archive writer's buffer and handed to the server
+whenever the next step would wait, or past ``FLUSH_BYTES``: small items leave
+in few large writes, and nothing sits in the buffer while a slow item is
+awaited.
+
+Errors, for a batch without ``coer`` (or one that ``coer`` does not cover):
+
+* ``prime()`` waits for the first window's heads before the answer starts,
+  so a missing item among the first ``WINDOW`` is a plain JSON error
+  (the status and kind of what the target said, naming the item);
+* later, the stream is made unmistakably broken: a header for the failing
+  item that declares bytes that never follow, then the connection is aborted
+  (the generator raises, and the server drops it without the final chunk).
+
+The multipart answer (``strm`` false, AIStore's buffered mode: a JSON part
+with one ``MossOut`` per item, then the archive) needs every item's outcome
+before its first byte; the archive goes into a ``Spool`` (1 MiB in memory,
+the rest in a temporary file) and is sent once complete, so any error is
+still a plain JSON error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from typing import Any
+
+from etl_runtime.core.errors import SluiceError
+from etl_runtime.gateway.batch.archive import ArchiveWriter
+from etl_runtime.gateway.batch.items import Failed, Slot, Spool
+from etl_runtime.gateway.batch.request import BatchRequest, Item
+from etl_runtime.gateway.context import Gateway
+from etl_runtime.wire.duplex import DuplexClient
+
+WINDOW = 16  # items in flight per batch
+FLUSH_BYTES = 256 << 10
+
+
+def moss_out(item: Item, size: int, err: str | None = None) -> dict[str, Any]:
+    """AIStore's ``apc.MossOut`` for one item."""
+    out: dict[str, Any] = {
+        "objname": item.name,
+        "bucket": item.bucket,
+        "provider": item.provider or "ais",
+        "size": size,
+    }
+    if item.archpath:
+        out["archpath"] = item.archpath
+    if item.opaque:
+        out["opaque"] = item.opaque
+    if err:
+        out["err_msg"] = err
+    return out
+
+
+class Assembler:
+    def __init__(
+        self, gw: Gateway, http: DuplexClient, req: BatchRequest, window: int = WINDOW
+    ) -> None:
+        self._gw, self._http, self._req, self._window = gw, http, req, max(1, window)
+        self._slots: deque[Slot] = deque()
+        self._started = 0
+        self.out: list[dict[str, Any]] = []  # MossOut per item written
+        self.spool: Spool | None = None  # the multipart answer's archive
+
+    def _fill(self) -> None:
+        items = self._req.items
+        while len(self._slots) < self._window and self._started < len(items):
+            self._slots.append(Slot(self._gw, self._http, self._req, items[self._started]))
+            self._started += 1
+
+    def _stop(self) -> None:
+        """Stop every item in flight (synchronous: safe while being cancelled)."""
+        while self._slots:
+            self._slots.popleft().cancel()
+
+    def close(self) -> None:
+        """The answer is over, however it ended: nothing in flight, no spool left."""
+        self._stop()
+        if self.spool is not None:
+            self.spool.close()
+
+    def _ends_batch(self, head: int | Failed) -> bool:
+        return isinstance(head, Failed) and not (head.per_item and self._req.cont_on_err)
+
+    async def prime(self) -> None:
+        """Wait for the first window's heads; raise a failure that would end the batch."""
+        self._fill()
+        try:
+            await asyncio.wait([s.head for s in self._slots])
+            for slot in self._slots:
+                head = slot.head.result()
+                if isinstance(head, Failed) and self._ends_batch(head):
+                    raise head.error
+        except BaseException:
+            self._stop()
+            raise
+
+    async def archive(self) -> AsyncIterator[bytes | bytearray]:
+        """The answer's archive, chunk by chunk; raises (after a broken entry) to abort."""
+        req, w = self._req, ArchiveWriter(self._req.fmt)
+        try:
+            for _ in req.items:
+                self._fill()
+                slot = self._slots[0]
+                item, name = slot.item, req.name_in_archive(slot.item)
+                if not slot.head.done() and w.pending:
+                    yield w.take()
+                head = await slot.head
+                if isinstance(head, Failed):
+                    if self._ends_batch(head):
+                        w.broken_entry(name, 1)
+                        yield w.take()
+                        raise head.error
+                    w.entry(req.missing_name(item, head.shard_missing))
+                    self.out.append(moss_out(item, 0, head.error.message))
+                else:
+                    w.header(name, head)
+                    sent = 0
+                    while True:
+                        if w.pending and not slot.ready():
+                            yield w.take()
+                        chunk = await slot.next()
+                        if chunk is None:
+                            break
+                        if len(chunk) >= FLUSH_BYTES and w.pending:
+                            yield w.take()  # then the big chunk goes on uncopied
+                        w.data(chunk)
+                        sent += len(chunk)
+                        if w.pending >= FLUSH_BYTES:
+                            yield w.take()
+                    if slot.broken is not None or sent != head:
+                        # the header declared ``head`` bytes: fewer follow, then the abort
+                        yield w.take()
+                        raise slot.broken or SluiceError(
+                            f"in[{item.index}] {item.cname()}: {sent} of the {head} bytes "
+                            "announced came"
+                        )
+                    w.pad(head)
+                    self.out.append(moss_out(item, head))
+                self._slots.popleft()
+            w.end()
+            yield w.take()
+        finally:
+            self._stop()
+
+
+async def multipart(asm: Assembler, fmt: str) -> tuple[str, AsyncIterator[bytes | bytearray]]:
+    """(boundary, body) of the buffered answer; every error is raised before it starts."""
+    spool = asm.spool = Spool()
+    try:
+        async for chunk in asm.archive():
+            await spool.write(chunk)
+    except BaseException:
+        spool.close()
+        raise
+    boundary = uuid.uuid4().hex
+    meta = json.dumps({"uuid": uuid.uuid4().hex, "out": asm.out}).encode() + b"\n"
+    head = (
+        f'--{boundary}\r\nContent-Disposition: form-data; name="metadata"\r\n\r\n'.encode()
+        + meta
+        + f'\r\n--{boundary}\r\nContent-Disposition: form-data; name="archive"; '
+        f'filename="batch{fmt}"\r\nContent-Type: application/octet-stream\r\n\r\n'.encode()
+    )
+
+    async def body() -> AsyncIterator[bytes | bytearray]:
+        yield head
+        async for chunk in spool.chunks():
+            yield chunk
+        yield f"\r\n--{boundary}--\r\n".encode()
+
+    return boundary, body()

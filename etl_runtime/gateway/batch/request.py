@@ -1,0 +1,233 @@
+"""A GetBatch request (AIStore's ``apc.MossReq``) read, checked and planned.
+
+Everything that can be refused is refused here, before any target is asked
+and before the first byte of the answer: unknown fields (top level and per
+item, each named), bad names, items without a bucket, buckets the cluster
+map does not list, a format Sluice does not write, byte ranges that make no
+sense or that an ETL cannot honour.
+
+Naming inside the answer's archive (AIStore's ``MossIn.NameInRespArch``):
+``<bucket>/<object>``, or ``<object>`` with ``onob``; a file from a shard
+adds ``/<archpath>``. A missing item (``coer`` set) is a zero-size entry
+under ``__404__/``: the whole name for a file missing from its shard, the
+name without the archpath when the shard itself is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from etl_runtime.cluster.clustermap import ClusterMap
+from etl_runtime.core.errors import InvalidRequest
+from etl_runtime.core.names import validate_bucket, validate_object
+from etl_runtime.gateway.placement import bucket_not_found
+
+MISSING_DIR = "__404__"
+MAX_ITEMS = 100_000
+REQUEST_FIELDS = frozenset({"in", "mime", "coer", "onob", "strm", "coloc"})
+ITEM_FIELDS = frozenset(
+    {"objname", "bucket", "provider", "uname", "archpath", "opaque", "start", "length"}
+)
+# "mime" as the SDK sends it ("" and the bare words too) -> (format, Content-Type)
+FORMATS = {
+    "": (".tar", "application/x-tar"),
+    ".tar": (".tar", "application/x-tar"),
+    ".tgz": (".tgz", "application/gzip"),
+    ".tar.gz": (".tgz", "application/gzip"),
+}
+FORMATS.update({k[1:]: v for k, v in list(FORMATS.items()) if k})
+PROVIDERS = {"": "", "ais": "ais", "aws": "aws", "s3": "aws"}
+
+
+@dataclass(frozen=True)
+class Item:
+    index: int
+    bucket: str
+    provider: str  # "" (ais) or "aws"
+    name: str
+    archpath: str = ""
+    start: int = 0
+    length: int = 0  # 0: the whole object (or file); -1: from start to the end
+    opaque: str | None = None  # base64 as sent; answered as is
+
+    @property
+    def ranged(self) -> bool:
+        return self.start != 0 or self.length != 0
+
+    def cname(self) -> str:
+        """``ais://b/o`` (what the aistore SDK parses a not-found error for), ``/archpath``."""
+        scheme = self.provider or "ais"
+        where = f"{scheme}://{self.bucket}/{self.name}"
+        return f"{where}/{self.archpath.lstrip('/')}" if self.archpath else where
+
+
+@dataclass(frozen=True)
+class BatchRequest:
+    items: list[Item]
+    fmt: str  # ".tar" or ".tgz"
+    content_type: str
+    cont_on_err: bool
+    only_obj_name: bool
+    streaming: bool
+    etl_name: str | None = None
+    etl_args: str | None = None
+    etl_pipeline: str | None = None
+
+    def name_in_archive(self, item: Item) -> str:
+        base = item.name if self.only_obj_name else f"{item.bucket}/{item.name}"
+        if not item.archpath:
+            return base
+        return base + item.archpath if item.archpath.startswith("/") else f"{base}/{item.archpath}"
+
+    def missing_name(self, item: Item, shard_missing: bool) -> str:
+        """``__404__/...``; without the archpath when the shard itself is missing."""
+        if shard_missing:
+            base = item.name if self.only_obj_name else f"{item.bucket}/{item.name}"
+            return f"{MISSING_DIR}/{base}"
+        return f"{MISSING_DIR}/{self.name_in_archive(item)}"
+
+
+def _refuse_unknown(got: dict[str, Any], known: frozenset[str], where: str) -> None:
+    unknown = sorted(set(got) - known)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s) {', '.join(repr(k) for k in unknown)} in {where}; "
+            f"known: {', '.join(sorted(known))}"
+        )
+
+
+def _flag(body: dict[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise InvalidRequest(f"GetBatch field {key!r} must be true or false, got {value!r}")
+    return value
+
+
+def _int(raw: dict[str, Any], key: str, i: int) -> int:
+    value = raw.get(key) or 0
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidRequest(f"in[{i}].{key} must be an integer, got {value!r}")
+    return value
+
+
+def _string(raw: dict[str, Any], key: str, i: int) -> str:
+    value = raw.get(key) or ""
+    if not isinstance(value, str):
+        raise InvalidRequest(f"in[{i}].{key} must be a string, got {value!r}")
+    return value
+
+
+def _archpath(value: str, i: int) -> str:
+    if "\x00" in value or any(seg in ("..",) for seg in value.split("/")):
+        raise InvalidRequest(f"in[{i}].archpath {value!r} is not a valid path inside a shard")
+    return value
+
+
+def _item(
+    raw: Any, i: int, default_bucket: str | None, default_provider: str, cmap: ClusterMap | None
+) -> Item:
+    if not isinstance(raw, dict):
+        raise InvalidRequest(f"in[{i}] must be an object with at least 'objname'")
+    _refuse_unknown(raw, ITEM_FIELDS, f"in[{i}]")
+    if raw.get("uname"):
+        raise InvalidRequest(f"in[{i}].uname is not supported by Sluice: give bucket and provider")
+    name = _string(raw, "objname", i)
+    bucket = _string(raw, "bucket", i) or default_bucket
+    provider_raw = _string(raw, "provider", i) or ("" if raw.get("bucket") else default_provider)
+    if not bucket:
+        raise InvalidRequest(
+            f"in[{i}] ({name!r}) names no bucket: give 'bucket' per item, or the default "
+            "bucket in the path (/v1/ml/moss/<bucket>)"
+        )
+    provider = PROVIDERS.get(provider_raw)
+    if provider is None:
+        raise InvalidRequest(
+            f"in[{i}].provider {provider_raw!r} is not supported: 'ais' or 'aws'", bucket=bucket
+        )
+    validate_bucket(bucket)
+    validate_object(bucket, name)
+    if cmap is not None:
+        props = cmap.buckets.get(bucket)
+        if props is None:
+            raise bucket_not_found(bucket)
+        if (provider or "ais") != props.provider:
+            raise InvalidRequest(
+                f"in[{i}]: bucket {bucket!r} is a {props.provider!r} bucket, not "
+                f"{provider or 'ais'!r}",
+                bucket=bucket,
+            )
+    start, length = _int(raw, "start", i), _int(raw, "length", i)
+    if start < 0 or length < -1 or (start and not length):
+        raise InvalidRequest(
+            f"in[{i}]: byte range start={start} length={length}: start >= 0, and length > 0 "
+            "or -1 (to the end); a non-zero start needs a length",
+            bucket=bucket,
+            object=name,
+        )
+    opaque = raw.get("opaque")
+    if opaque is not None and not isinstance(opaque, str):
+        raise InvalidRequest(f"in[{i}].opaque must be a base64 string")
+    return Item(
+        index=i,
+        bucket=bucket,
+        provider=provider if provider == "aws" else "",
+        name=name,
+        archpath=_archpath(_string(raw, "archpath", i), i),
+        start=start,
+        length=length,
+        opaque=opaque or None,
+    )
+
+
+def parse_request(
+    body: Any,
+    default_bucket: str | None,
+    default_provider: str,
+    cmap: ClusterMap | None,
+    etl_name: str | None = None,
+    etl_args: str | None = None,
+    etl_pipeline: str | None = None,
+) -> BatchRequest:
+    if not isinstance(body, dict):
+        raise InvalidRequest('a GetBatch body is a JSON object: {"in": [{"objname": ...}]}')
+    _refuse_unknown(body, REQUEST_FIELDS, "the GetBatch request")
+    raw_items = body.get("in")
+    if not isinstance(raw_items, list) or not raw_items:
+        raise InvalidRequest("GetBatch needs 'in': a non-empty list of items")
+    if len(raw_items) > MAX_ITEMS:
+        raise InvalidRequest(f"GetBatch takes at most {MAX_ITEMS} items, got {len(raw_items)}")
+    mime = body.get("mime") or ""
+    if not isinstance(mime, str) or mime.lower() not in FORMATS:
+        raise InvalidRequest(
+            f"output format (mime) {mime!r} is not supported by Sluice: '.tar' (default), "
+            "'.tgz' or '.tar.gz'"
+        )
+    coloc = body.get("coloc") or 0
+    if isinstance(coloc, bool) or not isinstance(coloc, int) or not 0 <= coloc <= 2:
+        raise InvalidRequest(f"coloc must be 0, 1 or 2, got {coloc!r}")
+    fmt, content_type = FORMATS[mime.lower()]
+    items = [_item(r, i, default_bucket, default_provider, cmap) for i, r in enumerate(raw_items)]
+    if etl_name:
+        for it in items:
+            if it.ranged:
+                raise InvalidRequest(
+                    f"in[{it.index}]: a byte range (start/length) cannot be combined with "
+                    f"etl_name={etl_name!r}: the transformed object has no known size",
+                    bucket=it.bucket,
+                    object=it.name,
+                    etl=etl_name,
+                )
+    return BatchRequest(
+        items=items,
+        fmt=fmt,
+        content_type=content_type,
+        cont_on_err=_flag(body, "coer"),
+        only_obj_name=_flag(body, "onob"),
+        streaming=_flag(body, "strm"),
+        etl_name=etl_name or None,
+        etl_args=etl_args,
+        etl_pipeline=etl_pipeline,
+    )
