@@ -12,8 +12,10 @@ owns the files under ``DATA/.etlcache/`` and what they add up to:
 * ``budget_from_env``: ``SLUICE_ETL_CACHE_BYTES``;
 * ``OutputCacheCollector``: ``sluice_etl_cache_*{target,etl}``.
 
-Every method that touches the index takes ``lock`` and runs in a thread
-(lookups, publishes and store writes already do), never on the event loop.
+Every method that changes the index takes ``lock`` and runs in a thread
+(publishes and store writes already do), never on the event loop. A hit, on
+the loop, only queues a ``touch``; touches are applied under the lock before
+the next change (and by the caller once many wait).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ CACHE_DIR = ".etlcache"
 FIELDS = ("cache_hits", "cache_misses", "cache_bytes", "cache_evictions")
 _SIZE = re.compile(r"(\d+)\s*([kmgt]?)(?:i?b)?")
 _SHIFT = {"": 0, "k": 10, "m": 20, "g": 30, "t": 40}
+TOUCH_BATCH = 4096  # hits queued before their caller should have them applied
 
 
 def budget_from_env(data_dir: Path | str, value: str | None = None) -> int:
@@ -103,6 +106,7 @@ class CacheIndex:
         self.lock = threading.Lock()
         self.total = 0
         self._lru: collections.OrderedDict[str, tuple[str, int]] = collections.OrderedDict()
+        self._touched: collections.deque[tuple[str, str, int]] = collections.deque()
         root.mkdir(exist_ok=True)
         self.gens = {  # the "etl/spec hash" directories: where drop() looks
             f"{etl.name}/{gen.name}"
@@ -119,7 +123,21 @@ class CacheIndex:
         c = self.counters.get(etl) or EtlCacheCounters()
         return dict(zip(FIELDS, (c.hits, c.misses, c.bytes, c.evictions), strict=True))
 
+    def touch(self, rel: str, etl: str, size: int) -> bool:
+        """A hit on ``rel`` (any thread, no lock); True once ``apply_touches`` is due."""
+        self._touched.append((rel, etl, size))
+        return len(self._touched) > TOUCH_BATCH
+
     # -- under self.lock -------------------------------------------------------
+
+    def apply_touches(self) -> None:
+        """The hits queued so far, in order: each entry hit is the last to go."""
+        while self._touched:
+            rel, etl, size = self._touched.popleft()
+            if rel in self._lru:
+                self._lru.move_to_end(rel)
+            elif (self.root / rel).is_file():  # not indexed yet (start), not gone meanwhile
+                self.add(rel, etl, size)
 
     def add(self, rel: str, etl: str, size: int) -> None:
         """``rel`` (``size`` bytes) was just used or written: the last to go."""
@@ -129,6 +147,7 @@ class CacheIndex:
 
     def evict(self) -> None:
         """Least recently used entries go until the rest fits the budget."""
+        self.apply_touches()
         while self.total > self.budget and self._lru:
             rel, (etl, size) = self._lru.popitem(last=False)
             self._account(etl, -size)
@@ -164,6 +183,7 @@ class CacheIndex:
             if name is None:
                 prefix = f"{gen}/{bucket}/"
                 with self.lock:
+                    self.apply_touches()
                     for rel in [r for r in self._lru if r.startswith(prefix)]:
                         self._forget(rel)
                     shutil.rmtree(self.root / prefix, ignore_errors=True)
@@ -174,6 +194,7 @@ class CacheIndex:
             except OSError:
                 continue
             with self.lock:
+                self.apply_touches()
                 for entry in entries:
                     self._forget(f"{here}/{entry}")
                     self._remove(self.root / here / entry)
@@ -190,6 +211,7 @@ class CacheIndex:
                 found.append((max(st.st_atime, st.st_mtime), rel, parts[0], st.st_size))
         found.sort()
         with self.lock:
+            self.apply_touches()
             newer, self._lru, self.total = self._lru, collections.OrderedDict(), 0
             for counters in self.counters.values():
                 counters.bytes = 0

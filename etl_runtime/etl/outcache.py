@@ -8,29 +8,35 @@ beside its objects and serves the next GET of it as it serves a plain GET.
 **Key.** An entry is the file ``DATA/.etlcache/<etl>/<spec hash>/<bucket>/
 <n[:2]>/<n>/<k>`` (``cacheindex.py``): ``n`` hashes the object name, ``k`` the
 object's ETag (its MD5) and size and ``etl_args`` (absent and empty apart).
-``DATA/.etlcache`` is never listed (objects live in ``DATA/buckets/``). A changed object, spec or
-argument is another path, so a lookup is one ``open`` and a failed one is a
-miss; entries of an old spec or an old object are garbage that nothing reads
-and eviction reclaims. Overwriting or deleting an object (by any writer of
-the store: PUTs, copies, rebalance, remote-bucket fills and evictions) drops
-its entries at once (``ObjectStore.on_change`` -> ``drop``: one ``listdir``
-per spec generation present).
+``DATA/.etlcache`` is never listed (objects live in ``DATA/buckets/``). A
+changed object, spec or argument is another path, so a lookup is one
+``open`` and a failed one is a miss; entries of an old spec or an old object
+are garbage that nothing reads and eviction reclaims. Overwriting or deleting
+an object (by any writer of the store: PUTs, copies, rebalance, remote-bucket
+fills and evictions) drops its entries at once (``ObjectStore.on_change`` ->
+``drop``: one ``listdir`` per spec generation present).
 
-**Hit.** The lookup runs in one thread hop, like a plain GET's open: it opens
-the object (for its ETag) and then the entry. A hit is a ``FileRangeResponse``
-(zero-copy, ``Content-Length``) with ``X-Sluice-Etl-Cache: hit``; callers in
-the process (offline transforms, pipelines) get the file as a stream.
+**Hit.** The lookup runs on the event loop, as the 307's stat and realpath
+do: it opens the object, reads its ETag from its extended attribute
+(``open_if_tagged``; without one, the lookup goes to a thread, where the
+store hashes the file) and opens the entry. A hit is a ``FileRangeResponse``
+(zero-copy, ``Content-Length``) with ``X-Sluice-Etl-Cache: hit``: no thread
+hop, so less work than a plain GET; callers in the process (offline
+transforms, pipelines) get the file as a stream. The hit only queues a
+``touch`` for the LRU order: the loop never waits for the index's lock.
 
 **Miss.** The answer is relayed, never redirected (its bytes must pass through
 the target), and teed into a temp file in ``DATA/.tmp``. The entry is
-published (fsync, rename) after the last byte went out, and only if the
-transformer's answer ended cleanly (an error or a break keeps nothing), the
-transformer runs the spec of the key (its answers carry ``X-Sluice-Spec-Hash``;
-during a rollover an old transformer may still answer) and the object is still
-the file the lookup opened (same inode, held open meanwhile: an object
-replaced during the transform leaves nothing). A client that leaves early
-leaves nothing either. The fsync keeps a power loss from leaving a torn entry;
-the directory is not fsynced (a lost entry is only a miss).
+published (fsync, rename) by the cache's own threads after the last byte went
+out, and only if the transformer's answer ended cleanly (an error or a break
+keeps nothing), the transformer runs the spec of the key (its answers carry
+``X-Sluice-Spec-Hash``; during a rollover an old transformer may still
+answer) and the object is still the file the lookup opened (same inode, held
+open meanwhile: an object replaced during the transform leaves nothing). A
+client that leaves early leaves nothing either. The fsync keeps a power loss
+from leaving a torn entry; the directory is not fsynced (a lost entry is only
+a miss). With ``BACKLOG`` answers waiting to be published, more misses are
+served but not kept (bounded memory and open files when the disk is slow).
 
 **Budget.** ``SLUICE_ETL_CACHE_BYTES`` (bytes with an optional K/M/G/T
 suffix, powers of 1024, or ``N%`` of the data filesystem; default ``10%``;
@@ -42,12 +48,13 @@ budget is not kept.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
+import threading
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -71,6 +78,8 @@ from etl_runtime.wire.zerocopy import FileRangeResponse
 log = logging.getLogger(__name__)
 
 CACHE_HEADER = "X-Sluice-Etl-Cache"
+PUBLISHERS = 2  # threads that fsync and rename entries
+BACKLOG = 64  # answers waiting for them; past it, misses are served but not kept
 
 
 @dataclass
@@ -111,7 +120,10 @@ class OutputCache:
         budget = budget_from_env(store.root) if budget is None else budget
         self.index = CacheIndex(target_id, self.root, budget)
         self._hashes: dict[str, tuple[EtlSpec, str]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # Publishing (fsync, rename) and eviction: off the loop, never awaited by it.
+        self._pool = ThreadPoolExecutor(PUBLISHERS, thread_name_prefix=f"etlcache-{target_id}")
+        self._busy_lock = threading.Lock()
+        self.busy = 0  # work submitted to the pool and not done yet
 
     @property
     def budget(self) -> int:
@@ -128,23 +140,25 @@ class OutputCache:
 
     async def start(self) -> None:
         """Index what a previous run left, in the background (hits work meanwhile)."""
-        self._spawn(anyio.to_thread.run_sync(self.index.load))
+        self._submit(self.index.load)
 
     async def stop(self) -> None:
         """Wait for the entries being published."""
-        while self._tasks:
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+        await anyio.to_thread.run_sync(self._pool.shutdown)
 
-    def _spawn(self, work: Awaitable[Any]) -> None:
-        async def run() -> None:
+    def _submit(self, fn: Callable[..., None], *args: Any) -> None:
+        def run() -> None:
             try:
-                await work
+                fn(*args)
             except Exception:
                 log.exception("ETL output cache of target %r", self.target_id)
+            finally:
+                with self._busy_lock:
+                    self.busy -= 1
 
-        task = asyncio.get_running_loop().create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        with self._busy_lock:
+            self.busy += 1
+        self._pool.submit(run)
 
     # -- the data path ---------------------------------------------------------
 
@@ -165,9 +179,13 @@ class OutputCache:
     ) -> Response:
         """The cached answer, or ``relay()``'s (the transformer's, relayed) teed into one."""
         gen = f"{record.name}/{self.spec_hash(record)}"
-        hit, pending = await anyio.to_thread.run_sync(
-            self._lookup, record.name, gen, bucket, name, etl_args
-        )
+        found = self._lookup(record.name, gen, bucket, name, etl_args, quick=True)
+        if found is None:  # no ETag beside the file, or it did not open: the store says why
+            found = await anyio.to_thread.run_sync(
+                self._lookup, record.name, gen, bucket, name, etl_args, False
+            )
+            assert found is not None
+        hit, pending = found
         counters = self.index.counters[record.name]
         if hit is not None:
             counters.hits += 1
@@ -185,14 +203,22 @@ class OutputCache:
         response.headers[CACHE_HEADER] = "miss"
         if isinstance(response, StreamingResponse):
             response.body_iterator = self._tee(response.body_iterator, pending)
-        else:  # read whole already: kept in the background while it goes out
-            self._spawn(anyio.to_thread.run_sync(self._keep_whole, pending, response.body))
+        elif self.busy < BACKLOG:  # read whole already: kept while it goes out
+            self._submit(self._keep_whole, pending, response.body)
+        else:
+            pending.discard()
         return response
 
     def _lookup(
-        self, etl: str, gen: str, bucket: str, name: str, args: str | None
-    ) -> tuple[Hit | None, Pending | None]:
-        obj, info = self.store.open_object(bucket, name)  # ObjectNotFound: 404
+        self, etl: str, gen: str, bucket: str, name: str, args: str | None, quick: bool
+    ) -> tuple[Hit | None, Pending | None] | None:
+        if quick:
+            opened = self.store.open_if_tagged(bucket, name)
+            if opened is None:
+                return None
+        else:
+            opened = self.store.open_object(bucket, name)  # ObjectNotFound: 404
+        obj, info = opened
         try:
             rel = entry_path(gen, bucket, name, info.etag, info.size, args)
             try:
@@ -205,9 +231,13 @@ class OutputCache:
             raise
         obj.close()
         size = os.fstat(f.fileno()).st_size
-        with self.index.lock:
-            self.index.add(rel, etl, size)
+        if self.index.touch(rel, etl, size):
+            self._submit(self._apply_touches)
         return Hit(f, size), None
+
+    def _apply_touches(self) -> None:
+        with self.index.lock:
+            self.index.apply_touches()
 
     def _hit(self, record: EtlRecord, gen: str, hit: Hit, zerocopy: bool) -> Response:
         headers = {
@@ -226,10 +256,11 @@ class OutputCache:
         chunks = aiter(body)
         complete = False
         try:
-            try:
-                p.f = open(p.tmp, "wb")  # noqa: SIM115 - closed by _publish or discard
-            except OSError as e:
-                log.warning("ETL output cache: cannot write %s: %s", p.tmp, e)
+            if self.busy < BACKLOG:
+                try:
+                    p.f = open(p.tmp, "wb")  # noqa: SIM115 - closed by _publish or discard
+                except OSError as e:
+                    log.warning("ETL output cache: cannot write %s: %s", p.tmp, e)
             async for chunk in chunks:
                 if p.f is not None:
                     self._write(p, chunk)
@@ -237,7 +268,7 @@ class OutputCache:
             complete = True
         finally:
             if complete and p.f is not None:
-                self._spawn(anyio.to_thread.run_sync(self._publish, p))
+                self._submit(self._publish, p)
             else:
                 p.discard()  # a break, an error, a client gone: nothing is kept
             if (aclose := getattr(chunks, "aclose", None)) is not None:
@@ -286,6 +317,7 @@ class OutputCache:
                 return  # the object was replaced while it was transformed
             dest = self.root / p.rel
             with self.index.lock:
+                self.index.apply_touches()
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 os.replace(p.tmp, dest)
                 self.index.gens.add("/".join(p.rel.split("/", 2)[:2]))

@@ -242,6 +242,22 @@ class ObjectStore:
             f.close()
             raise
 
+    def open_if_tagged(self, bucket: str, name: str) -> tuple[IO[bytes], ObjectInfo] | None:
+        """``open_object`` that never reads the file, for the event loop (an open, an
+        fstat, a getxattr): None if its ETag is not stored beside it (``open_object``
+        would hash the file) or it does not open (``open_object`` says why)."""
+        try:
+            f = open(self._object_path(bucket, name), "rb")  # noqa: SIM115 - the caller's
+        except OSError:
+            return None
+        try:
+            st = os.fstat(f.fileno())
+            etag = os.getxattr(f.fileno(), ETAG_XATTR).decode()
+        except OSError:
+            f.close()
+            return None
+        return f, ObjectInfo(name=name, size=st.st_size, etag=etag, mtime=st.st_mtime)
+
     def stat_object(self, bucket: str, name: str) -> ObjectInfo:
         f, info = self.open_object(bucket, name)
         f.close()

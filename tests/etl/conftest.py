@@ -121,7 +121,7 @@ class CacheTarget:
         """Wait until the answers served so far are kept (or dropped): that happens in
         the background, once their last byte went out."""
         deadline = time.monotonic() + timeout
-        while self.cache._tasks:
+        while self.cache.busy:
             assert time.monotonic() < deadline, "the output cache is still publishing"
             time.sleep(0.01)
 
