@@ -213,7 +213,7 @@ class CacheIndex:
         with self.lock:
             self.apply_touches()
             newer, self._lru, self.total = self._lru, collections.OrderedDict(), 0
-            for counters in self.counters.values():
+            for counters in list(self.counters.values()):  # the loop may add one
                 counters.bytes = 0
             for _time, rel, etl, size in found:
                 if rel not in newer:

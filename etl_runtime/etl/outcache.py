@@ -124,6 +124,7 @@ class OutputCache:
         self._pool = ThreadPoolExecutor(PUBLISHERS, thread_name_prefix=f"etlcache-{target_id}")
         self._busy_lock = threading.Lock()
         self.busy = 0  # work submitted to the pool and not done yet
+        self._touches_due = False
 
     @property
     def budget(self) -> int:
@@ -158,7 +159,10 @@ class OutputCache:
 
         with self._busy_lock:
             self.busy += 1
-        self._pool.submit(run)
+        try:
+            self._pool.submit(run)
+        except RuntimeError:  # shut down (the target is stopping): do it here
+            run()
 
     # -- the data path ---------------------------------------------------------
 
@@ -231,11 +235,13 @@ class OutputCache:
             raise
         obj.close()
         size = os.fstat(f.fileno()).st_size
-        if self.index.touch(rel, etl, size):
+        if self.index.touch(rel, etl, size) and not self._touches_due:
+            self._touches_due = True  # many hits and no publish: apply them once
             self._submit(self._apply_touches)
         return Hit(f, size), None
 
     def _apply_touches(self) -> None:
+        self._touches_due = False
         with self.index.lock:
             self.index.apply_touches()
 

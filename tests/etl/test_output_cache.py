@@ -317,3 +317,45 @@ def test_budget_shares_and_bad_values(tmp_path: os.PathLike[str]) -> None:
     for bad in ("ten", "-1", "150%", "1.5G", "x%"):
         with pytest.raises(ValueError, match="SLUICE_ETL_CACHE_BYTES"):
             budget_from_env(tmp_path, bad)
+
+
+def test_without_xattrs_the_lookup_goes_to_a_thread(
+    ctarget: CacheTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file system without extended attributes: the ETag is not stored with the
+    object, the store hashes the file (in a thread, never on the loop), hits still hit."""
+    ctarget.register("up", "v1")
+    ctarget.client.put("/v1/objects/b/o", content=b"no xattrs here")
+
+    def no_xattrs(*args: object) -> bytes:
+        raise OSError(95, "Operation not supported")
+
+    monkeypatch.setattr(os, "getxattr", no_xattrs)
+    assert ctarget.get("o", "up").headers[CACHE] == "miss"
+    ctarget.wait_entries(1)
+    before = ctarget.transformers.objects("v1")
+    r = ctarget.get("o", "up")
+    assert r.headers[CACHE] == "hit" and r.content == b"NO XATTRS HERE"
+    assert ctarget.transformers.objects("v1") == before
+
+
+def test_many_hits_without_a_publish_are_applied_in_the_background(
+    ctarget: CacheTarget, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from etl_runtime.etl import cacheindex
+
+    monkeypatch.setattr(cacheindex, "TOUCH_BATCH", 3)
+    ctarget.register("up", "v1")
+    for name in ("a", "b"):
+        ctarget.client.put(f"/v1/objects/b/{name}", content=name.encode())
+        ctarget.get(name, "up")
+    ctarget.wait_entries(2)
+    for _ in range(4):  # a, a, a, a: the 4th is over the batch
+        assert ctarget.get("a", "up").headers[CACHE] == "hit"
+    ctarget.settle()  # no publish since: the 4th hit had them applied
+    index = ctarget.cache.index
+    record = ctarget.registry.get("up")
+    assert record is not None
+    a = cacheindex.object_dir(f"up/{ctarget.cache.spec_hash(record)}", "b", "a")
+    assert not index._touched and list(index._lru)[-1].startswith(f"{a}/")  # a: used last
+    assert [ctarget.get(n, "up").headers[CACHE] for n in ("b", "a")] == ["hit", "hit"]
