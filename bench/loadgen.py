@@ -169,6 +169,36 @@ def _split(url: str) -> tuple[str, int, str]:
     return u.hostname or "127.0.0.1", u.port or 80, path
 
 
+def _fetch(
+    conns: dict[tuple[str, int], _Conn], req: Req, host: str, port: int, head: bytes
+) -> tuple[bool, int, str]:
+    """One request (following 307s) on the thread's connections: (ok, bytes, error)."""
+    status, got = 0, 0
+    try:
+        for _hop in range(3):
+            conn = conns.get((host, port))
+            if conn is None:
+                conn = conns[(host, port)] = _Conn(host, port)
+            try:
+                status, got, location, keep = conn.request(head, req.body)
+            except (ConnectionError, TimeoutError, OSError):
+                conn.close()
+                del conns[(host, port)]
+                raise
+            if not keep:
+                conn.close()
+                del conns[(host, port)]
+            if status == 307 and location:
+                host, port, path = _split(location)
+                head = _head(req, path, f"{host}:{port}")
+                continue
+            break
+        ok = status == 200 and (req.expect_len is None or got == req.expect_len) and got > 0
+    except OSError as e:
+        return False, 0, f"{type(e).__name__}: {e}"
+    return ok, got, "" if ok else f"status {status}, {got} bytes"
+
+
 def _thread(
     reqs: list[Req], offset: int, stride: int, t0: float, t1: float, out: dict[str, object]
 ) -> None:
@@ -189,33 +219,8 @@ def _thread(
         host, port, head = heads[i % len(reqs)]
         i += stride
         begin = now
-        try:
-            for _hop in range(3):
-                conn = conns.get((host, port))
-                if conn is None:
-                    conn = conns[(host, port)] = _Conn(host, port)
-                try:
-                    status, got, location, keep = conn.request(head, req.body)
-                except (ConnectionError, TimeoutError, OSError):
-                    conn.close()
-                    del conns[(host, port)]
-                    raise
-                if not keep:
-                    conn.close()
-                    del conns[(host, port)]
-                if status == 307 and location:
-                    host, port, path = _split(location)
-                    head = _head(req, path, f"{host}:{port}")
-                    continue
-                break
-            ok = status == 200 and (req.expect_len is None or got == req.expect_len) and got > 0
-        except OSError as e:
-            ok, got = False, 0
-            if not first_error:
-                first_error = f"{type(e).__name__}: {e}"
-        else:
-            if not ok and not first_error:
-                first_error = f"status {status}, {got} bytes"
+        ok, got, error = _fetch(conns, req, host, port, head)
+        first_error = first_error or error
         end = time.perf_counter()
         if begin >= t0:
             if ok:
@@ -287,3 +292,84 @@ def run_load(
 
 def median(xs: list[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
+
+
+def _once_thread(reqs: list[Req], t0: float, out: dict[str, object]) -> None:
+    conns: dict[tuple[str, int], _Conn] = {}
+    heads = []
+    for r in reqs:
+        host, port, path = _split(r.url)
+        heads.append((host, port, _head(r, path, f"{host}:{port}")))
+    if heads:  # connected before the clock starts, as a pooled client would be
+        conns[heads[0][:2]] = _Conn(*heads[0][:2])
+    lat: list[float] = []
+    count = errors = nbytes = 0
+    first_error = ""
+    time.sleep(max(0.0, t0 - time.perf_counter()))
+    for req, (host, port, head) in zip(reqs, heads, strict=True):
+        begin = time.perf_counter()
+        ok, got, error = _fetch(conns, req, host, port, head)
+        first_error = first_error or error
+        if ok:
+            count += 1
+            nbytes += got
+            lat.append(time.perf_counter() - begin)
+        else:
+            errors += 1
+    for c in conns.values():
+        c.close()
+    out.update(
+        count=count, errors=errors, nbytes=nbytes, lat=lat, first_error=first_error,
+        end=time.perf_counter(),
+    )  # fmt: skip
+
+
+def _once_process(parts: list[list[Req]], t0: float, queue: object) -> None:
+    outs: list[dict[str, object]] = [{} for _ in parts]
+    ts = [
+        threading.Thread(target=_once_thread, args=(part, t0, out))
+        for part, out in zip(parts, outs, strict=True)
+    ]
+    for t in ts:
+        t.start()
+    time.sleep(max(0.0, t0 - time.perf_counter()))
+    cpu0 = _cpu()
+    for t in ts:
+        t.join()
+    queue.put((outs, _cpu() - cpu0))  # type: ignore[attr-defined]
+
+
+def run_once(reqs: list[Req], concurrency: int, procs: int = 4) -> Result:
+    """Every request of ``reqs`` exactly once (an epoch), ``concurrency`` at a time.
+
+    Connection ``k`` sends ``reqs[k::concurrency]`` one after the other; the
+    connections are spread over ``procs`` processes. ``seconds`` is the time
+    from the common start to the last answer; client CPU is the processes'.
+    """
+    concurrency = max(1, min(concurrency, len(reqs)))
+    procs = max(1, min(procs, concurrency))
+    parts = [reqs[k::concurrency] for k in range(concurrency)]
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    t0 = time.perf_counter() + 0.3 + 0.02 * concurrency  # after the forks and connects
+    workers = [
+        ctx.Process(target=_once_process, args=(parts[p::procs], t0, queue)) for p in range(procs)
+    ]
+    for w in workers:
+        w.start()
+    result = Result()
+    end = t0
+    for _ in workers:
+        outs, cpu = queue.get(timeout=3600)
+        result.client_cpu += cpu
+        for o in outs:
+            result.requests += o["count"]
+            result.errors += o["errors"]
+            result.nbytes += o["nbytes"]
+            result.latencies.extend(o["lat"])
+            result.first_error = result.first_error or o["first_error"]
+            end = max(end, o["end"])
+    for w in workers:
+        w.join()
+    result.seconds = end - t0
+    return result

@@ -285,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--workers", type=int)
     e.add_argument("--arg-type", choices=["", "fqn"], default="")
     e.add_argument(
+        "--cache",
+        action="store_true",
+        help="init: keep transformed objects on the targets (deterministic transforms only)",
+    )
+    e.add_argument(
         "--wait",
         dest="timeout",
         type=float,

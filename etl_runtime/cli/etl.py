@@ -76,6 +76,7 @@ def cmd_etl(client: Client, args: argparse.Namespace) -> None:
             timeout=args.timeout,
             env=env,
             arg_type=args.arg_type,
+            cache=args.cache,
         )
         print(f"ETL {args.name!r} {details.phase} ({details.ready}/{details.total} ready)")
     elif args.action == "show":
@@ -118,6 +119,11 @@ def format_details(d: EtlDetails) -> str:
         f"counts:   objects {s.get('objects', 0)}, samples {s.get('samples', 0)}, "
         f"skipped {s.get('skipped', 0)}, errors {s.get('errors', 0)}"
     )
+    if d.spec.get("cache"):
+        lines.append(
+            f"cache:    hits {s.get('cache_hits', 0)}, misses {s.get('cache_misses', 0)}, "
+            f"bytes {s.get('cache_bytes', 0)}, evictions {s.get('cache_evictions', 0)}"
+        )
     lines.append("last errors:" + ("" if d.last_errors else " (none)"))
     for e in d.last_errors:
         where = e.get("object") or "-"

@@ -24,6 +24,9 @@ ARG_TYPES = ("", "fqn")
 # loader waits for (a DataLoader worker blocks on it), short enough that a hung
 # ETL frees its worker in minutes, not ten (issue 20 #8).
 REQUEST_SECONDS = 120.0
+# A transformer's answers carry the content_hash() of the spec it runs: a target's
+# output cache (etl/outcache.py) keeps an answer only under the generation that made it.
+SPEC_HASH_HEADER = "X-Sluice-Spec-Hash"
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?$")
 
 
@@ -116,6 +119,9 @@ class EtlSpec:
     init_timeout_seconds: float = 300.0
     request_timeout_seconds: float = REQUEST_SECONDS
     stopped: bool = False
+    # Keep transformed answers on the target (etl/outcache.py); the transform must be
+    # deterministic: same object, spec and etl_args -> same bytes.
+    cache: bool = False
     # Kubernetes-only knobs, carried through untouched by the local cluster.
     image: str | None = None
     resources: dict[str, Any] | None = None
@@ -152,6 +158,7 @@ class EtlSpec:
             init_timeout_seconds=_seconds(timeouts, "initSeconds", 300.0),
             request_timeout_seconds=_seconds(timeouts, "requestSeconds", REQUEST_SECONDS),
             stopped=bool(_typed(d, "stopped", bool, "spec")),
+            cache=bool(_typed(d, "cache", bool, "spec")),
             image=_typed(d, "image", str, "spec"),
             resources=_typed(d, "resources", dict, "spec"),
             target_selector=selector,
@@ -187,6 +194,8 @@ class EtlSpec:
         bad_workers = not isinstance(self.workers, int) or isinstance(self.workers, bool)
         if self.workers is not None and (bad_workers or not 1 <= self.workers <= 1024):
             raise InvalidSpec(f"spec.workers must be a positive integer, got {self.workers!r}")
+        if not isinstance(self.cache, bool):
+            raise InvalidSpec(f"spec.cache must be true/false, got {self.cache!r:.80}")
         if any(not isinstance(r, str) or not r.strip() for r in self.dependencies):
             raise InvalidSpec("spec.dependencies must be a list of pip requirement strings")
 
@@ -204,6 +213,8 @@ class EtlSpec:
             },
             "stopped": self.stopped,
         }
+        if self.cache:  # absent when off: specs written before it read the same
+            out["cache"] = True
         for key, value in (
             ("decode", self.decode),
             ("workers", self.workers),
@@ -219,8 +230,10 @@ class EtlSpec:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
 
     def content_hash(self) -> str:
-        """Hash of everything that shapes a running transformer (not ``stopped``)."""
+        """Hash of everything that shapes a running transformer (not ``stopped``, nor
+        ``cache``, which only the targets read: turning it on or off rolls nothing)."""
         d = self.to_dict()
         d.pop("stopped", None)
+        d.pop("cache", None)
         blob = json.dumps(d, sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(blob).hexdigest()[:16]

@@ -19,7 +19,8 @@ transformer, signed for that one object, and the transformer answers the
 client (``webserver/direct.py``; why and the measurements:
 docs/architecture.md, "Transformer data path"). ``SLUICE_ETL_REDIRECT_BYTES=N``
 keeps objects under N bytes on the relay, ``off`` relays every answer (for
-clients that cannot reach transformers).
+clients that cannot reach transformers). An ETL with ``cache: true`` goes to
+``self.cache`` instead (``outcache.py``): hits from disk, misses relayed and kept.
 
 The PUT goes through ``duplex.DuplexClient``, which reads the answer while it
 still sends the object: a WebDataset transformer streams its output while it
@@ -57,7 +58,9 @@ from etl_runtime.core.errors import (
     SluiceError,
     TransformerFailed,
 )
-from etl_runtime.storage.store import READ_CHUNK, ObjectStore
+from etl_runtime.core.spec import SPEC_HASH_HEADER
+from etl_runtime.etl.outcache import OutputCache, file_chunks
+from etl_runtime.storage.store import ObjectStore
 from etl_runtime.wire import tarbreak
 from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
 
@@ -74,14 +77,6 @@ STAT_FIELDS = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out
 
 class TransformerStreamBroken(Exception):
     """The transformer's answer broke off after we started relaying it."""
-
-
-async def _file_chunks(f: IO[bytes]) -> AsyncIterator[bytes]:
-    try:
-        while chunk := await anyio.to_thread.run_sync(f.read, READ_CHUNK):
-            yield chunk
-    finally:
-        f.close()
 
 
 def redirect_bytes_from_env(value: str | None = None) -> int | None:
@@ -122,6 +117,7 @@ class EtlForwarder:
         self._duplex: DuplexClient | None = None
         self._failures: dict[str, int] = collections.Counter()
         self._last_errors: dict[str, collections.deque[dict[str, Any]]] = {}
+        self.cache: OutputCache | None = None  # set by the app when it has a budget
 
     async def start(self) -> None:
         self._http = httpx.AsyncClient(
@@ -240,13 +236,19 @@ class EtlForwarder:
         etl_args: str | None,
         source: AsyncIterator[bytes] | None = None,
         client: bool = False,
+        zerocopy: bool = False,
+        cached: bool = True,
     ) -> Response:
         """``source``: the object's bytes as they arrive (a remote bucket's cold object)
         instead of the stored file; not for ``fqn`` ETLs. ``client``: the caller is an
-        HTTP client that follows redirects (a GET), so a big object may get the 307."""
+        HTTP client that follows redirects (a GET), so a big object may get the 307.
+        ``zerocopy``: its server sends files (a cache hit); ``cached=False``: skip the cache."""
         # Refuse unknown/stopped/not-ready ETLs before touching the disk.
         record = self.record(etl_name)
         tf = self.transformer(record)
+        if cached and record.spec.cache and source is None and self.cache is not None:
+            relay = lambda: self.transform(bucket, name, etl_name, etl_args, cached=False)  # noqa: E731
+            return await self.cache.answer(record, bucket, name, etl_args, zerocopy, relay)
         # By path when the transformer can read our files: no object bytes travel
         # to it; its worker reads the file itself. Not for a cold remote object that
         # is still arriving (``source``): its file is not complete yet.
@@ -282,7 +284,7 @@ class EtlForwarder:
             elif inline is not None:
                 content = inline
             else:
-                content = _file_chunks(f)  # closes f
+                content = file_chunks(f)  # closes f
         except BaseException:
             if f is not None:
                 f.close()
@@ -291,6 +293,9 @@ class EtlForwarder:
         if response.status_code != 200:
             raise await self._transformer_error(response, etl_name, bucket, name)
         media_type = response.headers.get("content-type", "application/octet-stream")
+        headers = {"X-Sluice-Etl": etl_name}
+        if generation := response.headers.get(SPEC_HASH_HEADER.lower()):
+            headers[SPEC_HASH_HEADER] = generation  # what a cache keys on (outcache.py)
         length = response.headers.get("content-length", "")
         if length.isdigit() and int(length) <= INLINE_BODY_MAX:
             # Known, small: read it whole and answer with Content-Length, one write.
@@ -306,13 +311,11 @@ class EtlForwarder:
                 ) from None
             # memoryview: uvicorn's transport then buffers what the socket does not
             # take at once without slicing a copy of it first.
-            return Response(
-                memoryview(body), media_type=media_type, headers={"X-Sluice-Etl": etl_name}
-            )
+            return Response(memoryview(body), media_type=media_type, headers=headers)
         return StreamingResponse(
             self._relay(response, etl_name, obj, tar=record.spec.mode == "wds"),
             media_type=media_type,
-            headers={"X-Sluice-Etl": etl_name},
+            headers=headers,
         )
 
     def _redirect(
@@ -410,6 +413,8 @@ class EtlForwarder:
             out["message"] = f"no transformer on target {self.target_id!r}"
         out["forward_errors"] = self._failures[etl_name]
         out["errors"] += self._failures[etl_name]
+        if self.cache is not None and record.spec.cache:
+            out.update(self.cache.stats(etl_name))
         last.extend(self._last_errors.get(etl_name, ()))
         out["last_errors"] = last[-LAST_ERRORS:]
         return out

@@ -26,6 +26,7 @@ from etl_runtime.core import spec as etl_spec
 from etl_runtime.core.errors import EtlNotFound, InvalidRequest, InvalidSpec, Unauthorized
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
+from etl_runtime.etl.cacheindex import FIELDS as CACHE_FIELDS
 from etl_runtime.etl.forward import STAT_FIELDS
 from etl_runtime.gateway import aiscompat, aisetl
 from etl_runtime.gateway.context import Gateway
@@ -86,10 +87,10 @@ def combine_stats(
     per_target: dict[str, dict],
 ) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """The counts summed over targets, and the last errors of all, oldest first."""
-    stats = {f: 0 for f in STAT_FIELDS}
+    stats = {f: 0 for f in (*STAT_FIELDS, *CACHE_FIELDS)}  # cache_*: 0 unless cache: true
     errors: list[dict[str, Any]] = []
     for target, body in per_target.items():
-        for f in STAT_FIELDS:
+        for f in stats:
             stats[f] += int(body.get(f) or 0)
         for e in body.get("last_errors") or []:
             errors.append(

@@ -58,7 +58,8 @@ TARGET_GRACE = 10.0
 HEALTH_TIMEOUT = 120.0
 RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
 TARGET_DOWN_RETRY = 60.0  # a target marked down (crash loop) is tried again this often
-REMOTE_ENV = ("SLUICE_SECRETS_DIR", "SLUICE_REMOTE_")  # passed on to the targets
+# passed on to the targets: remote buckets' settings, the ETL output cache's budget
+PASSED_ENV = ("SLUICE_SECRETS_DIR", "SLUICE_REMOTE_", "SLUICE_ETL_CACHE_BYTES")
 
 
 class StartupFailed(RuntimeError):
@@ -154,11 +155,12 @@ class Supervisor:
 
     def env(self, key: str) -> dict[str, str]:
         # AWS_* (remote buckets' endpoint and keys) pass through like the rest;
-        # of SLUICE_*, only the remote-bucket settings (etl_runtime/providers/).
+        # of SLUICE_*, only the remote-bucket settings (etl_runtime/providers/) and the
+        # ETL output cache's budget (etl_runtime/etl/cacheindex.py).
         env = {
             k: v
             for k, v in os.environ.items()
-            if not k.startswith("SLUICE_") or k.startswith(REMOTE_ENV)
+            if not k.startswith("SLUICE_") or k.startswith(PASSED_ENV)
         }
         env["SLUICE_CLUSTER_KEY"] = key
         env[procs.SUPERVISOR_ENV] = str(os.getpid())  # transformers outlive a killed gateway

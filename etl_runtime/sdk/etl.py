@@ -177,18 +177,22 @@ class Etl:
         env: Mapping[str, str] | None = None,
         arg_type: str = "",
         wait: bool = True,
+        cache: bool = False,
     ) -> EtlDetails:
         """Register ``transform`` (pickled) and wait until every transformer runs.
 
         ``mode="object"``: ``fn(data: bytes[, args: str]) -> bytes``;
         ``mode="wds"``: ``fn(sample: dict) -> dict | None`` per WebDataset sample.
+        ``cache=True``: each target keeps the transformed objects it served and
+        answers the next GET of the same object, ETL version and ``etl_args``
+        from disk without running ``fn`` (only for deterministic functions).
         Raises ``EtlError`` if the ETL goes to phase Error or is not Running
         after ``timeout`` seconds.
         """
         pickled = pickle_transform(transform)
         code = CodeSpec(pickled=pickled, python_version=runtime_python_version())
         return self._init(
-            code, mode, decode, on_error, dependencies, workers, timeout, env, arg_type, wait
+            code, mode, decode, on_error, dependencies, workers, timeout, env, arg_type, wait, cache
         )
 
     def init_spec(
@@ -204,11 +208,13 @@ class Etl:
         env: Mapping[str, str] | None = None,
         arg_type: str = "",
         wait: bool = True,
+        cache: bool = False,
     ) -> EtlDetails:
-        """Register Python ``source`` whose ``entrypoint`` is the transform."""
+        """Register Python ``source`` whose ``entrypoint`` is the transform (``cache``:
+        as for ``init_code``)."""
         code = CodeSpec(source=source, entrypoint=entrypoint)
         return self._init(
-            code, mode, decode, on_error, dependencies, workers, timeout, env, arg_type, wait
+            code, mode, decode, on_error, dependencies, workers, timeout, env, arg_type, wait, cache
         )
 
     def _init(
@@ -223,6 +229,7 @@ class Etl:
         env: Mapping[str, str] | None,
         arg_type: str,
         wait: bool,
+        cache: bool = False,
     ) -> EtlDetails:
         spec = EtlSpec(
             mode=mode,
@@ -233,6 +240,7 @@ class Etl:
             workers=workers,
             arg_type=arg_type,
             env=tuple(sorted((str(k), str(v)) for k, v in (env or {}).items())),
+            cache=cache,
         )
         # Validation is the gateway's job: a bad spec comes back as BadRequest (400).
         data = self.client.request_json(

@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import logging
 import os
 import shutil
 import uuid
@@ -47,6 +48,8 @@ from etl_runtime.core.errors import (
     bucket_not_found,
 )
 from etl_runtime.core.names import validate_bucket, validate_object
+
+log = logging.getLogger(__name__)
 
 ETAG_XATTR = "user.sluice.md5"
 READ_CHUNK = 1 << 20
@@ -99,6 +102,9 @@ class ObjectStore:
         self.root = Path(data_dir)
         self.buckets_dir = self.root / "buckets"
         self.tmp_dir = self.root / ".tmp"
+        # Told (in the writer's thread) when an object changed or went, (bucket, None) for
+        # a whole bucket: the ETL output cache drops what it kept of it (etl/outcache.py).
+        self.on_change: Callable[[str, str | None], None] | None = None
         make_dirs(self.buckets_dir)
         make_dirs(self.tmp_dir)
         for leftover in self.tmp_dir.iterdir():  # interrupted writes of a previous run
@@ -139,6 +145,7 @@ class ObjectStore:
             if self.bucket_known(bucket) is None:
                 self.bucket_dir(bucket)  # raises BucketNotFound
             return  # with a map: already gone here (e.g. never used on this target)
+        self._changed(bucket, None)
         shutil.rmtree(trash, ignore_errors=True)
 
     def bucket_dirs(self) -> list[str]:
@@ -167,6 +174,7 @@ class ObjectStore:
         if (st.st_ino, st.st_mtime_ns, st.st_size) != stamp:
             return False
         path.unlink(missing_ok=True)
+        self._changed(bucket, name)
         bdir = self.buckets_dir / bucket
         parent = path.parent
         while parent != bdir:
@@ -204,6 +212,13 @@ class ObjectStore:
                 raise
             raise full from e
 
+    def _changed(self, bucket: str, name: str | None) -> None:
+        if self.on_change is not None:
+            try:
+                self.on_change(bucket, name)
+            except Exception:  # the write itself is done: never fail it for this
+                log.exception("on_change(%r, %r) failed", bucket, name)
+
     # -- objects ---------------------------------------------------------------
 
     def _object_path(self, bucket: str, name: str) -> Path:
@@ -227,6 +242,22 @@ class ObjectStore:
             f.close()
             raise
 
+    def open_if_tagged(self, bucket: str, name: str) -> tuple[IO[bytes], ObjectInfo] | None:
+        """``open_object`` that never reads the file, for the event loop (an open, an
+        fstat, a getxattr): None if its ETag is not stored beside it (``open_object``
+        would hash the file) or it does not open (``open_object`` says why)."""
+        try:
+            f = open(self._object_path(bucket, name), "rb")  # noqa: SIM115 - the caller's
+        except OSError:
+            return None
+        try:
+            st = os.fstat(f.fileno())
+            etag = os.getxattr(f.fileno(), ETAG_XATTR).decode()
+        except OSError:
+            f.close()
+            return None
+        return f, ObjectInfo(name=name, size=st.st_size, etag=etag, mtime=st.st_mtime)
+
     def stat_object(self, bucket: str, name: str) -> ObjectInfo:
         f, info = self.open_object(bucket, name)
         f.close()
@@ -248,6 +279,7 @@ class ObjectStore:
             path.unlink()
         except (FileNotFoundError, NotADirectoryError):
             raise self._not_found(bucket, name) from None
+        self._changed(bucket, name)
         # Prune the now-empty "directories" of the name, never the bucket itself.
         parent = path.parent
         while parent != bdir:
@@ -376,6 +408,7 @@ class ObjectStore:
                 else:
                     os.replace(tmp, bdir / name)
                 fsync_dir((bdir / name).parent)
+                self._changed(bucket, name)
                 return True
             except FileNotFoundError:
                 if not bdir.is_dir():

@@ -89,11 +89,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             file=sys.stderr,
         )
     from etl_runtime.cluster.clustermap import open_cluster_map
+    from etl_runtime.etl.cacheindex import budget_from_env
     from etl_runtime.etl.forward import redirect_bytes_from_env
 
     try:
         cmap = open_cluster_map(args.cluster_map)
         redirect_bytes_from_env()  # checked here: a bad value is a clear exit, not a traceback
+        budget_from_env(args.data_dir or ".")  # SLUICE_ETL_CACHE_BYTES, the same
     except ValueError as e:
         raise SystemExit(f"sluice-target: {e}") from None
     app = create_target_app(

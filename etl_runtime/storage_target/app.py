@@ -22,7 +22,9 @@ from etl_runtime.cluster.smap import smap_doc
 from etl_runtime.core.access import require_read
 from etl_runtime.core.metrics import RemoteCacheCollector, StorageCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown, refuse_what
+from etl_runtime.etl.cacheindex import OutputCacheCollector
 from etl_runtime.etl.forward import EtlForwarder
+from etl_runtime.etl.outcache import OutputCache
 from etl_runtime.providers.cache import RemoteCache
 from etl_runtime.storage.copies import Placement
 from etl_runtime.storage.peers import Peers
@@ -57,6 +59,10 @@ def create_target_app(
         else None
     )
     forwarder = EtlForwarder(target_id, registry, store, cluster_key)
+    outcache = OutputCache(target_id, store)  # SLUICE_ETL_CACHE_BYTES; 0: none
+    if outcache.budget:
+        forwarder.cache = outcache
+        store.on_change = outcache.drop  # a changed object's entries go at once
     target = Target(
         id=target_id,
         store=store,
@@ -76,6 +82,8 @@ def create_target_app(
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await forwarder.start()
+        if forwarder.cache is not None:
+            await forwarder.cache.start()
         if rebalancer is not None:
             await rebalancer.start()
         await jobs.manager.start()
@@ -87,6 +95,8 @@ def create_target_app(
                 await rebalancer.stop()
             if peers is not None:
                 await peers.close()
+            if forwarder.cache is not None:
+                await forwarder.cache.stop()
             await forwarder.stop()
 
     app = FastAPI(title=f"Sluice target {target_id}", lifespan=lifespan)
@@ -96,6 +106,8 @@ def create_target_app(
     if target.remote is not None:
         collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
     collectors.append(SendfileCollector(target_id))
+    if forwarder.cache is not None:
+        collectors.append(OutputCacheCollector(forwarder.cache.index))
     install_metrics(app, "target", *collectors)
     app.include_router(object_router(target))
     app.include_router(internal_router(store, cluster_key or None, rebalancer))

@@ -205,7 +205,10 @@ def object_router(target: Target) -> APIRouter:
             chain = parse_chain(etl_name, etl_pipeline)
             return await pipeline_response(target.forwarder, bucket, name, chain, etl_args)
         if etl_name:
-            return await target.forwarder.transform(bucket, name, etl_name, etl_args, client=True)
+            zerocopy = offers_zerocopy(request.scope)  # a cached answer is sent as a file
+            return await target.forwarder.transform(
+                bucket, name, etl_name, etl_args, client=True, zerocopy=zerocopy
+            )
         f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)
         try:
             headers = _object_headers(info)

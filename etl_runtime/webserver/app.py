@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from etl_runtime.core.auth import bearer_ok
 from etl_runtime.core.errors import NotReady, SluiceError, Unauthorized
 from etl_runtime.core.metrics import EtlStatsCollector, install_metrics
-from etl_runtime.core.spec import EtlSpec
+from etl_runtime.core.spec import SPEC_HASH_HEADER, EtlSpec
 from etl_runtime.webserver.direct import direct_answer
 from etl_runtime.webserver.fastpath import FastPathApp
 from etl_runtime.webserver.fqn import confine, data_roots
@@ -71,6 +71,7 @@ def create_app(
         slot=slot,
         inline=inline,
     )
+    generation = spec.content_hash()  # on every answer: what a target's cache keys on
     # The pid of the process that was started: the supervisor's with several servers.
     main_pid = os.getpid() if board is None else os.getppid()
 
@@ -140,11 +141,15 @@ def create_app(
         fqn = request.query_params.get("etl_fqn") or None
         if fqn is not None:
             fqn = confine(fqn, roots)  # under the target's data dir, or 400 unopened
+        stats = transformer.stats
         if transformer.inline is not None:
-            return await transformer.inline.transform(transformer.stats, request, obj, args, fqn)
-        if spec.mode == "wds":
-            return await transform_shard(transformer, request, obj, args, fqn)
-        return await transform_object(transformer.pool, transformer.stats, request, obj, args, fqn)
+            response = await transformer.inline.transform(stats, request, obj, args, fqn)
+        elif spec.mode == "wds":
+            response = await transform_shard(transformer, request, obj, args, fqn)
+        else:
+            response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
+        response.headers[SPEC_HASH_HEADER] = generation
+        return response
 
     async def direct(request: Request, bucket: str, object: str) -> Response:
         """A client sent here by its target's 307 (see ``direct``); signed, not bearer."""

@@ -1,4 +1,4 @@
-"""``etl.shareTargetData`` and ``etl.redirectBytes``: the chart tells targets and operator.
+"""``etl.shareTargetData``, ``redirectBytes``, ``cacheBytes``: the chart tells targets and operator.
 
 Sharing on (the default): targets send every ETL the object's path
 (``SLUICE_ETL_FQN=always``) and the operator mounts each target's data claim
@@ -124,3 +124,16 @@ def test_operator_mounts_the_claim_the_statefulset_gives_each_target():
     assert pod["spec"]["nodeName"] == "node-1"
     # Only the claim: the target's scratch emptyDir stays its own.
     assert [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v] == [vol]
+
+
+@pytest.mark.parametrize(
+    ("value", "env"), [("20GiB", "20GiB"), ("5%", "5%"), (1 << 30, "1073741824")]
+)
+def test_etl_cache_bytes_reaches_the_targets(value, env):
+    assert "SLUICE_ETL_CACHE_BYTES" not in target_env(render())  # the target's default
+    m = render({"etl.cacheBytes": value})
+    assert target_env(m)["SLUICE_ETL_CACHE_BYTES"]["value"] == env
+    for comp in ("gateway", "operator"):
+        assert "SLUICE_ETL_CACHE_BYTES" not in env_of(container(m.component("Deployment", comp)))
+    proc = helm("template", "x", str(CHART), *set_args({"etl.cacheBytes": "lots"}), check=False)
+    assert proc.returncode != 0 and "cacheBytes" in proc.stderr

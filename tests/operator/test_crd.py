@@ -38,7 +38,7 @@ def test_spec_fields_match_what_etlspec_reads():
     spec = schema()["properties"]["spec"]["properties"]
     assert set(spec) == {
         "mode", "code", "decode", "onError", "dependencies", "workers", "argType", "env",
-        "timeouts", "stopped", "image", "resources", "targetSelector",
+        "timeouts", "stopped", "cache", "image", "resources", "targetSelector",
     }  # fmt: skip
     assert spec["mode"]["enum"] == ["object", "wds"]
     assert set(spec["code"]["properties"]) == {
