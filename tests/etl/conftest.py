@@ -28,9 +28,19 @@ from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 from tests.webserver.conftest import source_code, transformer
 
 # v1 of the object ETL: upper-cases, appends etl_args; "pieces" answers in chunks of
-# unknown length (the relayed stream), "failmid" breaks after the first bytes.
+# unknown length (the relayed stream), "slow" the same with a pause between chunks (a
+# client that hangs up is noticed before the answer is done), "failmid" breaks after
+# the first bytes.
 OBJECT_V1 = """
+import time
+
 def transform(data, args):
+    if args == "slow":
+        def slow():
+            for i in range(0, len(data), 100_000):
+                yield data[i : i + 100_000].upper()
+                time.sleep(0.05)
+        return slow()
     if args == "failmid":
         def broken():
             yield data[:200_000].upper()

@@ -185,8 +185,10 @@ def test_failed_answers_are_not_kept(ctarget: CacheTarget) -> None:
 
 def test_client_gone_mid_answer_keeps_nothing(ctarget: CacheTarget) -> None:
     ctarget.register("up", "v1")
-    ctarget.client.put("/v1/objects/b/o", content=os.urandom(8 << 20))
-    with httpx.stream("GET", f"{ctarget.url}/v1/objects/b/o?etl_name=up&etl_args=pieces") as r:
+    ctarget.client.put("/v1/objects/b/o", content=os.urandom(4 << 20))
+    # Slow pieces: with a fast answer all of it can be in the kernel's socket buffers
+    # (written out, from the server's side) before the hang-up reaches the server.
+    with httpx.stream("GET", f"{ctarget.url}/v1/objects/b/o?etl_name=up&etl_args=slow") as r:
         next(r.iter_raw(65536))  # the first bytes, then hang up
     deadline = time.monotonic() + 10
     while ctarget.temp_files() and time.monotonic() < deadline:
