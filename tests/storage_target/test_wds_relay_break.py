@@ -11,7 +11,6 @@ read with the real ``webdataset`` library and with ``tarfile``.
 
 from __future__ import annotations
 
-import io
 import tarfile
 from collections.abc import Iterator
 
@@ -22,7 +21,13 @@ from tests.servers import SessionServers
 from tests.storage_target.conftest import RunningTarget
 from tests.storage_target.fakes import record
 from tests.webserver.conftest import loop_transformer, tar_members, text_shard
-from tests.webserver.test_wds_midstream import FAIL_AT, FAILURES, shard, webdataset_read
+from tests.webserver.test_wds_midstream import (
+    FAIL_AT,
+    FAILURES,
+    shard,
+    tarfile_members,
+    webdataset_read,
+)
 
 READS = 10
 
@@ -51,18 +56,6 @@ def received(url: str) -> bytes:
     return bytes(got)
 
 
-def read_stream(data: bytes) -> tuple[list[str], Exception | None]:
-    names: list[str] = []
-    try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r|*") as tar:
-            for member in tar:
-                names.append(member.name)
-                tar.extractfile(member).read()  # type: ignore[union-attr]
-    except tarfile.TarError as e:
-        return names, e
-    return names, None
-
-
 QUERIES = {"single": "etl_name=first", "pipeline": "etl_name=first&etl_pipeline=second"}
 
 
@@ -76,7 +69,7 @@ def test_relayed_break_is_never_a_short_shard(
     outcomes = [webdataset_read(url) for _ in range(READS)]
     silent = [n for error, n in outcomes if error is None]
     assert silent == [], f"{len(silent)} of {READS} reads ended quietly with {silent} samples"
-    names, error = read_stream(received(url))
+    names, error = tarfile_members(received(url))
     assert isinstance(error, tarfile.ReadError), names[-3:]
     assert len(names) <= FAIL_AT + 1
     assert names[:-1] == [f"s{i:04d}.txt" for i in range(len(names) - 1)]
