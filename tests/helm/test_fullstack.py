@@ -8,8 +8,13 @@ what the chart wires together: RBAC that lets each component do its job,
 the cluster-key Secret, downward-API env, probes, PVCs, the operator turning
 an ETL into transformer pods beside each target, and the gateway in front.
 
-There is no volume provisioner in the test cluster: the test pre-binds one
-hostPath PersistentVolume to each claim the StatefulSet will create.
+There is no volume provisioner in the test cluster: the test creates one
+hostPath PersistentVolume per target and the claim the StatefulSet will use,
+bound to each other before the chart is installed (a StatefulSet adopts a
+claim of the right name). Claims created by the StatefulSet and bound after
+its pod once left that pod Pending for 4 minutes in CI (the scheduler never
+retried it: kubernetes/kubernetes#125762 is that symptom), so the claims are
+Bound before any pod exists.
 """
 
 from __future__ import annotations
@@ -105,8 +110,11 @@ class Release:
 
     def diagnostics(self) -> str:
         """Pod phases and the tail of every container log of the namespace."""
-        lines = [self.cluster.kubectl("get", "pods,etl", "-n", self.namespace, "-o", "wide",
+        lines = [self.cluster.kubectl("get", "pods,pvc,etl", "-n", self.namespace, "-o", "wide",
                                       check=False).stdout]  # fmt: skip
+        events = self.cluster.kubectl("get", "events", "-n", self.namespace,
+                                      "--sort-by=.lastTimestamp", check=False).stdout  # fmt: skip
+        lines.append("--- events\n" + "\n".join(events.splitlines()[-40:]))
         kubelet = self.cluster.kubelet
         if kubelet is not None:
             for log in sorted((kubelet.state_dir / "pods").glob(f"{self.namespace}_*/logs/*.log")):
@@ -145,6 +153,28 @@ def volumes(control_plane: Cluster, k8s_namespace: str, tmp_path: Path) -> Itera
                 },
             }
         )
+        core.create_namespaced_persistent_volume_claim(
+            k8s_namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "metadata": {"name": f"data-{RELEASE}-sluice-target-{i}"},
+                "spec": {
+                    "accessModes": ["ReadWriteOnce"],
+                    "storageClassName": STORAGE_CLASS,
+                    "resources": {"requests": {"storage": "1Gi"}},
+                    "volumeName": name,
+                },
+            },
+        )
+    wait_for(
+        "the target claims to be Bound",
+        lambda: all(
+            c.status.phase == "Bound"
+            for c in core.list_namespaced_persistent_volume_claim(k8s_namespace).items
+        ),
+        timeout=120,
+    )
     yield
     for name in names:
         core.delete_persistent_volume(name)
