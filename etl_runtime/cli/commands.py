@@ -46,7 +46,12 @@ def cmd_bucket(client: Client, args: argparse.Namespace) -> None:
     if not args.name:
         raise CliError(f"'sluice bucket {args.action}' needs a bucket name")
     bucket = client.bucket(args.name)
-    if args.action == "create":
+    if args.action == "create" and (args.view_of or args.etl):
+        if not (args.view_of and args.etl):
+            raise CliError("an ETL view needs both --view-of SRC and --etl NAME")
+        bucket.create(exist_ok=True, view_of=args.view_of, etl=args.etl, etl_args=args.etl_args)
+        print(f"view {args.name!r} ready: {args.view_of!r} through ETL {args.etl!r}")
+    elif args.action == "create":
         bucket.create(exist_ok=True, copies=args.copies)
         print(f"bucket {args.name!r} ready")
     else:
@@ -78,7 +83,11 @@ def format_cluster(view: dict[str, Any]) -> str:
         if t.get("down") and not t.get("alive"):
             lines.append(f"target {t['id']} is down ({t['down']}); retried with a back-off")
     for name, props in sorted((view.get("buckets") or {}).items()):
-        lines.append(f"bucket {name}: copies={props.get('copies', 1)}")
+        if view := props.get("view"):
+            args = f" etl_args={view['args']!r}" if view.get("args") else ""
+            lines.append(f"bucket {name}: view of {view['of']} through ETL {view['etl']}{args}")
+        else:
+            lines.append(f"bucket {name}: copies={props.get('copies', 1)}")
     return "\n".join(lines)
 
 
@@ -201,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         **examples(
             "sluice bucket create images",
             "sluice bucket create precious --copies 2   # each object on 2 targets",
+            "sluice bucket create small --view-of images --etl resize   # an ETL view",
             "sluice bucket ls",
             "sluice bucket rm images",
         ),
@@ -208,6 +218,9 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("action", choices=["create", "ls", "rm"])
     b.add_argument("name", nargs="?")
     b.add_argument("--copies", type=int, help="create: targets holding each object (1-3)")
+    b.add_argument("--view-of", metavar="SRC", help="create an ETL view of bucket SRC (read-only)")
+    b.add_argument("--etl", metavar="NAME", help="the view's ETL")
+    b.add_argument("--etl-args", metavar="ARGS", help="the view's etl_args")
     b.set_defaults(func=cmd_bucket)
 
     cl = sub.add_parser(

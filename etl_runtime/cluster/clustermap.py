@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from etl_runtime.core.durable import write_atomic
+from etl_runtime.core.errors import InvalidRequest, ViewReadOnly
 
 MAX_COPIES = 3
 
@@ -62,22 +63,32 @@ class BucketProps:
 
     ``provider`` is ``ais`` (stored by Sluice) or ``aws`` (an S3-compatible
     backend, cached on the targets); ``backend`` holds an ``aws`` bucket's
-    overrides of the targets' AWS environment (``BACKEND_KEYS``).
+    overrides of the targets' AWS environment (``BACKEND_KEYS``). ``view``
+    makes the bucket an ETL view (``etl_runtime.gateway.views``): ``{"of":
+    source bucket, "etl": ETL name, "args": etl_args or absent}``; a view
+    holds no objects of its own.
     """
 
     copies: int = 1
     created: float = 0.0
     provider: str = "ais"
     backend: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
+    view: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
     @property
     def remote(self) -> bool:
         return self.provider != "ais"
 
+    @property
+    def is_view(self) -> bool:
+        return bool(self.view)
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"copies": self.copies, "created": self.created}
         if self.remote:
             d.update(provider=self.provider, backend=dict(sorted(self.backend.items())))
+        if self.view:
+            d["view"] = dict(sorted(self.view.items()))
         return d
 
     @classmethod
@@ -87,6 +98,22 @@ class BucketProps:
             created=float(d.get("created", 0.0)),
             provider=str(d.get("provider") or "ais"),
             backend=dict(d.get("backend") or {}),
+            view=dict(d.get("view") or {}),
+        )
+
+
+def refuse_view_jobs(buckets: dict[str, BucketProps], src: str, dst: str, job: str) -> None:
+    """A job reads ``src``'s stored objects and writes ``dst``'s: neither may be an ETL view."""
+    if (props := buckets.get(src)) is not None and props.view:
+        raise InvalidRequest(
+            f"{job}: bucket {src!r} is an ETL view and stores nothing; run the job on its "
+            f"source {props.view['of']!r} with ETL {props.view['etl']!r} instead",
+            bucket=src,
+        )
+    if (props := buckets.get(dst)) is not None and props.view:
+        raise ViewReadOnly(
+            f"{job}: bucket {dst!r} is an ETL view, read-only; write the output elsewhere",
+            bucket=dst,
         )
 
 

@@ -225,6 +225,12 @@ class BucketExists(Conflict):
     pass
 
 
+class ViewReadOnly(SluiceError):
+    """A write to an ETL view (``etl_runtime.gateway.views``): views store nothing."""
+
+    status = 405
+
+
 class PreconditionFailed(SluiceError):
     status = 412
 

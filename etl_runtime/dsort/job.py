@@ -37,7 +37,7 @@ from typing import IO, Any
 
 import anyio.to_thread
 
-from etl_runtime.cluster.clustermap import BucketProps, hrw_order
+from etl_runtime.cluster.clustermap import BucketProps, hrw_order, refuse_view_jobs
 from etl_runtime.core.durable import fsync_dir, make_dirs, write_atomic
 from etl_runtime.core.errors import DsortFailed, NotFound, bucket_not_found
 from etl_runtime.dsort.plan import OutputShard, make_plan
@@ -63,6 +63,7 @@ async def validate(gw: Any, raw: dict[str, Any]) -> dict[str, Any]:
         buckets = gw.cmap.get().buckets
         if spec.input_bck not in buckets:
             raise bucket_not_found(spec.input_bck)
+        refuse_view_jobs(buckets, spec.input_bck, spec.output_bck, "dsort")
         if spec.output_bck not in buckets:
             props = BucketProps(created=time.time())
             gw.cmap.update(lambda m: m.with_bucket(spec.output_bck, props))

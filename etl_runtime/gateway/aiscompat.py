@@ -82,7 +82,7 @@ def lso_result(
     entries = [
         {
             "n": o["name"],
-            "s": int(o["size"]),
+            "s": int(o["size"] if o["size"] is not None else o.get("source_size") or 0),
             "cs": o.get("etag", ""),
             "a": str(o.get("mtime", "")),
             "v": "",

@@ -28,19 +28,19 @@ from etl_runtime.cluster.clustermap import BACKEND_KEYS, MAX_COPIES, BucketProps
 from etl_runtime.core.errors import (
     BucketExists,
     BucketNotFound,
+    Conflict,
     InsufficientStorage,
     InvalidRequest,
     NoTargets,
-    SluiceError,
     bucket_not_found,
 )
 from etl_runtime.core.names import read_bucket_action, validate_bucket
 from etl_runtime.core.params import refuse_repeated, refuse_unknown
-from etl_runtime.gateway import aiscompat
+from etl_runtime.gateway import aiscompat, views
 from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.bucket_action import is_job_action as bucket_action_is_job
 from etl_runtime.gateway.bucket_action import start_transform
-from etl_runtime.gateway.context import Gateway, unreachable
+from etl_runtime.gateway.context import Gateway, passthrough, unreachable
 from etl_runtime.gateway.placement import RETRY_AFTER_SECONDS
 
 
@@ -55,18 +55,6 @@ def _unwell(status: int) -> bool:
     as it is: trying again cannot help, so it must not become a retryable 503.
     """
     return status >= 500 and status != InsufficientStorage.status
-
-
-def _passthrough(r: httpx.Response) -> SluiceError:
-    """A target's 4xx (or 507) answer, re-raised as-is."""
-    try:
-        body = r.json()
-    except ValueError:
-        body = {"error": r.text}
-    err = SluiceError(str(body.get("error", r.text)))
-    err.status, err.kind = r.status_code, str(body.get("kind", "TargetError"))
-    err.context = {k: v for k, v in body.items() if k not in ("error", "kind")}
-    return err
 
 
 def bucket_props(
@@ -135,7 +123,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
             if not isinstance(r, httpx.Response) or _unwell(r.status_code):
                 raise unreachable(t, r)
             if r.status_code != 200:
-                raise _passthrough(r)
+                raise passthrough(r)
             created = created or bool(r.json().get("created"))
         _refuse_existing(bucket, request, created)
         return {"bucket": bucket, "created": created}
@@ -167,7 +155,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
             if r.status_code == 200:
                 found = True
             elif r.status_code != 404:
-                raise _passthrough(r)
+                raise passthrough(r)
         if not found:
             raise _not_found(bucket)
         return {"bucket": bucket, "deleted": True}
@@ -203,6 +191,10 @@ def bucket_router(gw: Gateway) -> APIRouter:
         old = gw.cmap.get().buckets.get(bucket)
         if body["action"] == "set-bprops" and old is None:
             raise _not_found(bucket)
+        raw = body.get("props")
+        asked: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        if "view_of" in asked or (old is not None and old.view):
+            return await _map_view_action(bucket, request, body, asked, old)
         props = bucket_props(bucket, body, old, request)
         if body["action"] == "create-bck":
             _refuse_existing(bucket, request, old is None)
@@ -213,6 +205,28 @@ def bucket_router(gw: Gateway) -> APIRouter:
         gw.cmap.update(lambda m: m.with_bucket(bucket, props))
         # Tell the live targets now; one that is away creates it on first use.
         await gw.fanout("POST", f"/v1/buckets/{bucket}", json={"action": "create-bck"})
+        return {"bucket": bucket, "created": old is None, "props": props.to_dict()}
+
+    async def _map_view_action(
+        bucket: str,
+        request: Request,
+        body: dict[str, Any],
+        asked: dict[str, Any],
+        old: BucketProps | None,
+    ) -> dict[str, Any]:
+        """create-bck of an ETL view (``views``); nothing to tell the targets: it stores nothing."""
+        assert gw.cmap is not None
+        if body["action"] == "create-bck":
+            _refuse_existing(bucket, request, old is None)
+        if old is not None and not asked:  # create-bck of an existing view, nothing asked
+            return {"bucket": bucket, "created": False, "props": old.to_dict()}
+        if old is not None and "view_of" not in asked:
+            raise InvalidRequest(
+                f"bucket {bucket!r} is an ETL view: change it with view_of, etl and etl_args",
+                bucket=bucket,
+            )
+        props = await views.view_props(gw, bucket, asked, old)
+        gw.cmap.update(lambda m: m.with_bucket(bucket, props))
         return {"bucket": bucket, "created": old is None, "props": props.to_dict()}
 
     return router
@@ -233,6 +247,10 @@ async def list_bucket_page(
     gw: Gateway, bucket: str, prefix: str, start_after: str, limit: int
 ) -> dict[str, Any]:
     """One page of a bucket's listing: the merge of every reachable target's page."""
+    if (view := views.view_of(gw, bucket)) is not None:
+        src = views.check_source(gw, bucket, view)
+        page = await list_bucket_page(gw, src, prefix, start_after, limit)
+        return {**page, "objects": views.listing_entries(page["objects"])}
     if (remote := remote_gateway.remote_props(gw, bucket)) is not None:
         return await remote_gateway.list_page(gw, bucket, remote, prefix, start_after, limit)
     if gw.cmap is not None:
@@ -246,7 +264,7 @@ async def list_bucket_page(
         if r.status_code == 404:
             continue  # e.g. a target that joined after the bucket was made
         if r.status_code != 200:
-            raise _passthrough(r)
+            raise passthrough(r)
         page = r.json()
         pages.append(page["objects"])
         more = more or page["next"] is not None
@@ -263,9 +281,19 @@ async def list_bucket_page(
 
 async def map_delete_bucket(gw: Gateway, bucket: str) -> dict[str, Any]:
     assert gw.cmap is not None
-    if bucket not in gw.cmap.get().buckets:
+    props = gw.cmap.get().buckets.get(bucket)
+    if props is None:
         raise _not_found(bucket)
+    if readers := views.views_reading(gw, bucket):
+        raise Conflict(
+            f"bucket {bucket!r} is the source of ETL view(s) {', '.join(readers)}: "
+            "delete them first",
+            bucket=bucket,
+            views=readers,
+        )
     gw.cmap.update(lambda m: m.without_bucket(bucket))
+    if props.view:  # a view stores nothing on the targets
+        return {"bucket": bucket, "deleted": True}
     # Live targets drop the objects now; one that is away drops them when it
     # sees the map (a bucket dir that the map does not list is never served).
     await gw.fanout("DELETE", f"/v1/buckets/{bucket}")

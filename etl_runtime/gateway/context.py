@@ -22,7 +22,7 @@ from fastapi import Request
 from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.cluster.records import EtlBackend, TargetDiscovery, TargetInfo
 from etl_runtime.core import auth
-from etl_runtime.core.errors import NoTargets, Unauthorized
+from etl_runtime.core.errors import NoTargets, SluiceError, Unauthorized
 
 if TYPE_CHECKING:
     from etl_runtime.gateway.membership import MembershipSource
@@ -151,3 +151,15 @@ class Gateway:
 def unreachable(target: TargetInfo, err: httpx.HTTPError | httpx.Response) -> NoTargets:
     what = f"answered {err.status_code}" if isinstance(err, httpx.Response) else repr(err)
     return NoTargets(f"target {target.id!r} ({target.url}) {what}; retry shortly", target=target.id)
+
+
+def passthrough(r: httpx.Response) -> SluiceError:
+    """A target's 4xx (or 507) answer, re-raised as-is."""
+    try:
+        body = r.json()
+    except ValueError:
+        body = {"error": r.text}
+    err = SluiceError(str(body.get("error", r.text)))
+    err.status, err.kind = r.status_code, str(body.get("kind", "TargetError"))
+    err.context = {k: v for k, v in body.items() if k not in ("error", "kind")}
+    return err

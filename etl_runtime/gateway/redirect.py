@@ -22,6 +22,8 @@ body to the owner itself and passes the owner's answer back.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import httpx
@@ -36,6 +38,7 @@ from etl_runtime.core.names import validate_names
 from etl_runtime.core.params import refuse_unknown_object_params
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
 from etl_runtime.gateway import remote as remote_gateway
+from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
 
@@ -46,13 +49,16 @@ UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # per read/write, not for t
 PASSED_BACK = ("content-type", "retry-after", "www-authenticate", "etag")
 
 
-def redirect_location(gw: Gateway, request: Request, bucket: str, name: str) -> str:
+def redirect_location(
+    gw: Gateway, request: Request, bucket: str, name: str, extra: Sequence[tuple[str, str]] = ()
+) -> str:
     owner = route(gw, request.method, bucket, name)
     query = [
         (k, v)
         for k, v in parse_qsl(request.url.query, keep_blank_values=True)
         if k not in SIGNATURE_PARAMS
     ]
+    query += extra
     writes = request.method in MUTATING
     protected = gw.token if writes else gw.read_token
     allowed = gw.caller_has_token(request) if writes else gw.caller_may_read(request)
@@ -125,6 +131,20 @@ async def _drain(request: Request) -> None:
         pass
 
 
+async def _view_read(
+    gw: Gateway, request: Request, bucket: str, name: str, view: dict[str, Any]
+) -> Response:
+    """A call on an ETL view's object: a read of the source's, through the view's ETL."""
+    if request.method in MUTATING:
+        raise views.refuse_write(bucket, name, request.method)
+    if request.method == "HEAD":
+        return await views.head(gw, bucket, view, name)
+    extra = views.source_params(request, bucket, view)
+    src = views.check_source(gw, bucket, view)
+    location = redirect_location(gw, request, src, name, extra)
+    return Response(status_code=307, headers={"Location": location})
+
+
 def redirect_router(gw: Gateway) -> APIRouter:
     router = APIRouter()
 
@@ -142,6 +162,8 @@ def redirect_router(gw: Gateway) -> APIRouter:
                 gw.require_write(request)
             else:
                 gw.require_read(request)
+            if (view := views.view_of(gw, bucket)) is not None:
+                return await _view_read(gw, request, bucket, name, view)
             await remote_gateway.ensure_bucket(gw, request, bucket)
             if "etl_pipeline" in request.query_params:  # every step known, modes alike (after auth)
                 q = request.query_params

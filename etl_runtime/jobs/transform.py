@@ -33,7 +33,7 @@ import anyio.to_thread
 import httpx
 from braceexpand import braceexpand
 
-from etl_runtime.cluster.clustermap import BucketProps
+from etl_runtime.cluster.clustermap import BucketProps, refuse_view_jobs
 from etl_runtime.core.access import object_url
 from etl_runtime.core.errors import (
     EtlStopped,
@@ -143,6 +143,7 @@ async def _check_buckets(gw: Any, src: str, dst: str) -> None:
         buckets = gw.cmap.get().buckets
         if src not in buckets:
             raise bucket_not_found(src)
+        refuse_view_jobs(buckets, src, dst, "etl-bck")
         if dst not in buckets:
             gw.cmap.update(lambda m: m.with_bucket(dst, BucketProps(created=time.time())))
     else:

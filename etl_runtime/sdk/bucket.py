@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from braceexpand import braceexpand
 
-from etl_runtime.sdk.client import EtlArgs, quote_path
+from etl_runtime.sdk.client import EtlArgs, encode_etl_args, quote_path
 from etl_runtime.sdk.errors import Conflict, NotFound
 from etl_runtime.sdk.object import Object, ObjectInfo
 
@@ -36,14 +36,34 @@ class Bucket:
     def _path(self) -> str:
         return f"/v1/buckets/{quote_path(self.name)}"
 
-    def create(self, exist_ok: bool = True, copies: int | None = None) -> Bucket:
+    def create(
+        self,
+        exist_ok: bool = True,
+        copies: int | None = None,
+        *,
+        view_of: str | None = None,
+        etl: str | None = None,
+        etl_args: EtlArgs = None,
+    ) -> Bucket:
         """Create the bucket; with ``exist_ok=False`` an existing one raises ``Conflict``.
 
         ``copies`` (1-3): how many targets hold each object; every write reaches
         all of them before it is acknowledged, so reads survive one target away.
+
+        ``view_of`` and ``etl`` make an ETL view instead: a read-only bucket that
+        lists ``view_of``'s objects and returns each one transformed by ``etl``
+        (with ``etl_args``), computed on the target that holds it. Any client
+        reads it unchanged (S3 clients, webdataset URLs, the aistore SDK).
         """
         body: dict[str, Any] = {"action": "create-bck"}
-        if copies is not None:
+        if view_of is not None or etl is not None:
+            if copies is not None:
+                raise ValueError("a view stores nothing: copies does not apply to it")
+            view: dict[str, Any] = {"view_of": view_of, "etl": etl}
+            if (args := encode_etl_args(etl_args)) is not None:
+                view["etl_args"] = args
+            body["props"] = view
+        elif copies is not None:
             body["props"] = {"copies": copies}
         data = self.client.request_json(
             "POST", self._path, json_body=body, context={"bucket": self.name}

@@ -41,21 +41,29 @@ def clean_etag(etag: str | None) -> str | None:
 
 @dataclass(frozen=True)
 class ObjectInfo:
-    """What the cluster knows about a stored object."""
+    """What the cluster knows about a stored object.
+
+    In an ETL view's listing the transformed size is not known until read:
+    ``size_known`` is False and ``size`` is the source object's (an estimate).
+    """
 
     name: str
     size: int
     etag: str | None = None
     mtime: float | None = None
+    size_known: bool = True
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], name: str | None = None) -> ObjectInfo:
         mtime = d.get("mtime")
+        known = "size" not in d or d["size"] is not None
+        size = d.get("size") if known else d.get("source_size")
         return cls(
             name=str(d.get("name") or d.get("object") or name or ""),
-            size=int(d.get("size") or 0),
+            size=int(size or 0),
             etag=clean_etag(d.get("etag")),
             mtime=float(mtime) if isinstance(mtime, int | float) else None,
+            size_known=known,
         )
 
 

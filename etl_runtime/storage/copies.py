@@ -31,7 +31,7 @@ import logging
 from pathlib import Path
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
-from etl_runtime.core.errors import InsufficientStorage, ObjectNotFound, Unavailable
+from etl_runtime.core.errors import InsufficientStorage, ObjectNotFound, Unavailable, ViewReadOnly
 from etl_runtime.storage.peers import PeerError, Peers
 from etl_runtime.storage.store import BeforePublish, ObjectStore
 
@@ -69,6 +69,14 @@ class Placement:
         if self.cmap is None:
             return []
         cmap = self.cmap.get()
+        if (props := cmap.buckets.get(bucket)) is not None and props.view:
+            raise ViewReadOnly(
+                f"{bucket}/{name}: bucket {bucket!r} is an ETL view, read-only; "
+                f"write to its source {props.view.get('of')!r}",
+                headers={"Allow": "GET, HEAD"},
+                bucket=bucket,
+                object=name,
+            )
         if cmap.version == 0 or not cmap.members:
             return []
         owners = cmap.owners(bucket, name)

@@ -26,11 +26,12 @@ from etl_runtime.gateway.s3 import xml
 log = logging.getLogger(__name__)
 
 # Sluice kind -> (S3 code, status); the status of the Sluice class when None.
-KIND_CODES: dict[str, tuple[str, int | None]] = {
+KIND_CODES: dict[str, tuple[str, int]] = {
     "BucketNotFound": ("NoSuchBucket", 404),
     "ObjectNotFound": ("NoSuchKey", 404),
     "NotFound": ("NoSuchKey", 404),
     "Unauthorized": ("AccessDenied", 403),
+    "ViewReadOnly": ("AccessDenied", 403),
     "PreconditionFailed": ("PreconditionFailed", 412),
     "RangeNotSatisfiable": ("InvalidRange", 416),
     "InvalidName": ("InvalidArgument", 400),
@@ -48,9 +49,10 @@ KIND_CODES: dict[str, tuple[str, int | None]] = {
 def s3_error(err: SluiceError) -> S3Error:
     if isinstance(err, S3Error):
         return err
-    code, status = KIND_CODES.get(err.kind, ("InternalError", None))
-    if status is None:
-        status = err.status if err.status >= 500 else 500
+    # A kind with no S3 code keeps its name and status (EtlNotFound 404, EtlStopped 409,
+    # TransformError 400...): S3 clients show any code, and a 4xx must not become a 500.
+    fallback = err.kind if err.status < 500 and err.kind else "InternalError"
+    code, status = KIND_CODES.get(err.kind, (fallback, err.status))
     out = S3Error(code, status, err.message, **err.context)
     out.headers = {k: v for k, v in err.headers.items() if k.lower() == "retry-after"}
     return out

@@ -28,8 +28,10 @@ from etl_runtime.cluster.clustermap import BucketProps
 from etl_runtime.core.errors import BucketNotFound, S3Error, bucket_not_found
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.gateway import buckets as native
+from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway, unreachable
 from etl_runtime.gateway.s3 import multipart, objects, xml
+from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
 from etl_runtime.gateway.s3.errors import S3Route
 from etl_runtime.gateway.s3.keys import KeyStore
@@ -242,8 +244,13 @@ def s3_router(gw: Gateway, keys: KeyStore) -> APIRouter:
             await create_bucket(gw, bucket)
             return Response(headers={"Location": f"/{bucket}"})
         if method == "DELETE":
-            await delete_bucket(gw, bucket)
+            if views.view_of(gw, bucket) is not None:  # a view is empty: it stores nothing
+                await native.map_delete_bucket(gw, bucket)
+            else:
+                await delete_bucket(gw, bucket)
             return Response(status_code=204)
+        if "delete" in q and views.view_of(gw, bucket) is not None:
+            raise s3_views.refuse_write(bucket, None, "DeleteObjects")
         if "delete" in q:
             sha = signed.body_sha256 if signed else None
             return _xml(await delete_objects(gw, request, bucket, sha))
@@ -256,6 +263,10 @@ def s3_router(gw: Gateway, keys: KeyStore) -> APIRouter:
         _refuse_unsupported(request)
         multipart.refuse_hidden(key)
         sha = signed.body_sha256 if signed else None
+        if (view := views.view_of(gw, bucket)) is not None:
+            if method not in ("GET", "HEAD") or "uploadId" in q or "uploads" in q:
+                raise s3_views.refuse_write(bucket, key, method)
+            return await s3_views.get(gw, request, bucket, key, view, head=method == "HEAD")
         if "uploadId" in q or "uploads" in q:
             return await multipart.dispatch(gw, request, bucket, key, sha)
         if method in ("GET", "HEAD"):

@@ -91,13 +91,19 @@ def list_objects_v1(
     return document("ListBucketResult", inner)
 
 
+def listed_size(o: dict[str, Any]) -> int:
+    """An entry's size; for an ETL view's entry (size unknown) the source object's."""
+    size = o["size"] if o["size"] is not None else o.get("source_size")
+    return int(size or 0)
+
+
 def _contents(contents: list[dict[str, Any]], prefixes: list[str], encode: Any) -> list[str]:
     inner = [
         "<Contents>"
         + _el("Key", encode(o["name"]))
         + _el("LastModified", iso(o["mtime"]))
         + _el("ETag", f'"{o["etag"]}"')
-        + _el("Size", o["size"])
+        + _el("Size", listed_size(o))
         + _el("StorageClass", "STANDARD")
         + "</Contents>"
         for o in contents
