@@ -99,6 +99,7 @@ async def _proxy_put(gw: Gateway, request: Request, location: str, obj: str) -> 
         k: v
         for k, v in request.headers.items()
         if k in ("content-length", "content-type", "authorization")
+        or k.startswith("x-sluice-meta-")
     }
     try:
         upload = gw.http.build_request(

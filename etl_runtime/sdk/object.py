@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
 
@@ -52,6 +52,8 @@ class ObjectInfo:
     etag: str | None = None
     mtime: float | None = None
     size_known: bool = True
+    content_type: str | None = None  # head(): as stored (None: none was given)
+    metadata: dict[str, str] = field(default_factory=dict)  # head(): user metadata
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], name: str | None = None) -> ObjectInfo:
@@ -65,6 +67,16 @@ class ObjectInfo:
             mtime=float(mtime) if isinstance(mtime, int | float) else None,
             size_known=known,
         )
+
+
+META_PREFIX = "x-sluice-meta-"
+
+
+def _meta_headers(content_type: str | None, metadata: Mapping[str, str] | None) -> dict[str, str]:
+    headers = {f"X-Sluice-Meta-{k}": str(v) for k, v in (metadata or {}).items()}
+    if content_type:
+        headers["Content-Type"] = content_type
+    return headers
 
 
 class Object:
@@ -90,14 +102,31 @@ class Object:
 
     # -- writes ------------------------------------------------------------------
 
-    def put_content(self, data: bytes) -> ObjectInfo:
-        """Store ``data`` (atomically replacing any previous version)."""
-        return self._put(bytes(data), {"Content-Length": str(len(data))})
+    def put_content(
+        self,
+        data: bytes,
+        content_type: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
+        """Store ``data`` (atomically replacing any previous version).
 
-    def put_file(self, path: str | os.PathLike[str], progress: bool = False) -> ObjectInfo:
+        ``content_type`` and ``metadata`` (str -> str, at most 2 KiB) are stored
+        with it and come back from ``head()`` (and as S3's ``x-amz-meta-*``).
+        """
+        headers = {"Content-Length": str(len(data)), **_meta_headers(content_type, metadata)}
+        return self._put(bytes(data), headers)
+
+    def put_file(
+        self,
+        path: str | os.PathLike[str],
+        progress: bool = False,
+        content_type: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> ObjectInfo:
         """Store a file, streamed from disk (never read into memory whole).
 
-        ``progress=True`` shows a ``tqdm`` bar on stderr (started over on a retry).
+        ``progress=True`` shows a ``tqdm`` bar on stderr (started over on a retry);
+        ``content_type`` and ``metadata`` as for ``put_content``.
         """
         path = os.fspath(path)
         size = os.path.getsize(path)
@@ -113,7 +142,8 @@ class Object:
                         bar.update(len(chunk))
 
         try:
-            return self._put(chunks, {"Content-Length": str(size)})
+            headers = {"Content-Length": str(size), **_meta_headers(content_type, metadata)}
+            return self._put(chunks, headers)
         finally:
             if bar is not None:
                 bar.close()
@@ -143,11 +173,18 @@ class Object:
                     mtime = parsedate_to_datetime(r.headers["last-modified"]).timestamp()
                 except (TypeError, ValueError):
                     mtime = None
+            ctype = r.headers.get("content-type")
             return ObjectInfo(
                 name=self.name,
                 size=int(r.headers.get("content-length", 0)),
                 etag=clean_etag(r.headers.get("etag")),
                 mtime=mtime,
+                content_type=None if ctype == "application/octet-stream" else ctype,
+                metadata={
+                    k[len(META_PREFIX) :]: v
+                    for k, v in r.headers.items()
+                    if k.lower().startswith(META_PREFIX)
+                },
             )
 
     def exists(self) -> bool:

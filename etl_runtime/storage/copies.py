@@ -194,15 +194,16 @@ class Placement:
         unreachable: list[str] = []
         for t in self._elsewhere(bucket, name):
             try:
-                body = await self.peers.fetch(t, bucket, name)
+                found = await self.peers.fetch(t, bucket, name)
             except PeerError as e:
                 log.warning("get-from-neighbor %s/%s: %s", bucket, name, e)
                 unreachable.append(t)
                 continue
-            if body is None:
+            if found is None:
                 continue
+            body, meta = found
             try:
-                await self.store.write_object(bucket, name, body, if_absent=True)
+                await self.store.write_object(bucket, name, body, if_absent=True, meta=meta)
             except PeerError as e:
                 log.warning("get-from-neighbor %s/%s: %s", bucket, name, e)
                 unreachable.append(t)

@@ -10,6 +10,7 @@ Bodies are streamed from the file (a copy never sits in memory whole).
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,10 @@ import httpx
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.core import auth
-from etl_runtime.storage.store import READ_CHUNK
+from etl_runtime.storage.store import READ_CHUNK, read_meta
 
 INTERNAL_HEADER = "X-Sluice-Internal"
+META_HEADER = "X-Sluice-Meta"  # an object's stored metadata (JSON) travels with its copies
 PEER_TIMEOUT = httpx.Timeout(30.0, connect=3.0)
 
 
@@ -96,13 +98,16 @@ class Peers:
     ) -> bool:
         """Copy the file at ``path`` to ``target`` as ``bucket/name``; False if it kept its own."""
         params = {"if_absent": "1"} if if_absent else {}
+        headers = {"X-Sluice-Etag": etag}
+        if meta := read_meta(path):
+            headers[META_HEADER] = json.dumps(meta)
         r = await self._call(
             target,
             "PUT",
             replica_path(bucket, name),
             params=params,
             content=_file_chunks(path),
-            headers={"X-Sluice-Etag": etag},
+            headers=headers,
         )
         if r.status_code != 200:
             raise PeerError(
@@ -116,8 +121,10 @@ class Peers:
             raise PeerError(target, f"DELETE {bucket}/{name} answered {r.status_code}")
         return bool(r.json().get("deleted"))
 
-    async def fetch(self, target: str, bucket: str, name: str) -> AsyncIterator[bytes] | None:
-        """The object's bytes as ``target`` holds them, or None if it has no such object."""
+    async def fetch(
+        self, target: str, bucket: str, name: str
+    ) -> tuple[AsyncIterator[bytes], dict[str, Any]] | None:
+        """The object's bytes and metadata as ``target`` holds them, or None if it has none."""
         try:
             req = self.http.build_request(
                 "GET", self.url(target) + replica_path(bucket, name), headers=self.headers
@@ -132,6 +139,10 @@ class Peers:
             await r.aclose()
             raise PeerError(target, f"GET {bucket}/{name} answered {r.status_code}")
         expected = r.headers.get("etag", "").strip('"')
+        try:
+            meta = json.loads(r.headers.get(META_HEADER) or "{}")
+        except ValueError:
+            meta = {}
 
         async def body() -> AsyncIterator[bytes]:
             md5 = hashlib.md5()
@@ -146,4 +157,4 @@ class Peers:
             if expected and md5.hexdigest() != expected:
                 raise PeerError(target, f"GET {bucket}/{name}: content does not match its ETag")
 
-        return body()
+        return body(), meta if isinstance(meta, dict) else {}

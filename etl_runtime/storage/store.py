@@ -29,12 +29,13 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
+import json
 import logging
 import os
 import shutil
 import uuid
-from collections.abc import AsyncIterable, Awaitable, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
@@ -43,6 +44,7 @@ import anyio.to_thread
 from etl_runtime.core.durable import fsync_dir, make_dirs
 from etl_runtime.core.errors import (
     InsufficientStorage,
+    InvalidRequest,
     ObjectConflict,
     ObjectNotFound,
     bucket_not_found,
@@ -52,6 +54,8 @@ from etl_runtime.core.names import validate_bucket, validate_object
 log = logging.getLogger(__name__)
 
 ETAG_XATTR = "user.sluice.md5"
+META_XATTR = "user.sluice.meta"  # JSON: content-type and user metadata (check_meta)
+META_MAX = 2048  # bytes of user metadata per object, as S3 allows
 READ_CHUNK = 1 << 20
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -66,9 +70,47 @@ class ObjectInfo:
     size: int
     etag: str
     mtime: float
+    # What the writer said about the bytes: {"content-type": ..., "meta": {key: value}}
+    # (``check_meta``); empty when nothing was said. Not in listings.
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "size": self.size, "etag": self.etag, "mtime": self.mtime}
+
+
+def check_meta(meta: Mapping[str, Any] | None, bucket: str, name: str) -> dict[str, Any]:
+    """An object's metadata as stored: a ``content-type`` and user ``meta`` (str -> str).
+
+    User metadata is at most ``META_MAX`` bytes (keys and values, as S3 counts
+    it); more is a 400 naming the object, never silently cut.
+    """
+    if not meta:
+        return {}
+    out: dict[str, Any] = {}
+    ctype = meta.get("content-type")
+    if ctype:
+        out["content-type"] = str(ctype)
+    user = {str(k).lower(): str(v) for k, v in (meta.get("meta") or {}).items()}
+    if sum(len(k) + len(v) for k, v in user.items()) > META_MAX:
+        raise InvalidRequest(
+            f"user metadata of {bucket}/{name} is over {META_MAX} bytes", bucket=bucket, object=name
+        )
+    if user:
+        out["meta"] = dict(sorted(user.items()))
+    return out
+
+
+def read_meta(fd: int | str | Path) -> dict[str, Any]:
+    """The metadata stored beside an object (an extended attribute), or {}."""
+    try:
+        raw = os.getxattr(fd, META_XATTR)
+    except OSError:
+        return {}
+    try:
+        found = json.loads(raw)
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def _read_etag(fd: int) -> str:
@@ -86,7 +128,8 @@ def _read_etag(fd: int) -> str:
 
 def _info(name: str, fd: int) -> ObjectInfo:
     st = os.fstat(fd)
-    return ObjectInfo(name=name, size=st.st_size, etag=_read_etag(fd), mtime=st.st_mtime)
+    etag = _read_etag(fd)
+    return ObjectInfo(name=name, size=st.st_size, etag=etag, mtime=st.st_mtime, meta=read_meta(fd))
 
 
 class ObjectStore:
@@ -256,7 +299,8 @@ class ObjectStore:
         except OSError:
             f.close()
             return None
-        return f, ObjectInfo(name=name, size=st.st_size, etag=etag, mtime=st.st_mtime)
+        meta = read_meta(f.fileno())
+        return f, ObjectInfo(name=name, size=st.st_size, etag=etag, mtime=st.st_mtime, meta=meta)
 
     def stat_object(self, bucket: str, name: str) -> ObjectInfo:
         f, info = self.open_object(bucket, name)
@@ -343,14 +387,18 @@ class ObjectStore:
         body: AsyncIterable[bytes],
         before_publish: BeforePublish | None = None,
         if_absent: bool = False,
+        meta: Mapping[str, Any] | None = None,
     ) -> ObjectInfo | None:
         """Stream ``body`` into a temp file, then atomically publish it as the object.
 
         ``if_absent``: keep an existing object and return None (a rebalance
         never overwrites what the new owner already has: it is as new or newer).
+        ``meta``: its content type and user metadata (``check_meta``), stored
+        beside the bytes before they are published, so a reader sees both or neither.
         """
         bdir = self.bucket_dir(bucket)
         validate_object(bucket, name)
+        kept = check_meta(meta, bucket, name)
         self._check_clash(bdir, bucket, name)
         tmp = self.tmp_dir / f"put-{uuid.uuid4().hex}"
         md5 = hashlib.md5()
@@ -363,7 +411,7 @@ class ObjectStore:
                 f.write(chunk)  # page-cache writes are fast; fsync happens in a thread
                 size += len(chunk)
             etag = md5.hexdigest()
-            await anyio.to_thread.run_sync(self._flush, f, etag)
+            await anyio.to_thread.run_sync(self._flush, f, etag, kept)
             if before_publish is not None:
                 await before_publish(tmp, etag, size)
             stored = await anyio.to_thread.run_sync(
@@ -381,15 +429,18 @@ class ObjectStore:
             if full is not None:
                 raise full from e
             raise
-        return ObjectInfo(name=name, size=size, etag=etag, mtime=os.stat(bdir / name).st_mtime)
+        mtime = os.stat(bdir / name).st_mtime
+        return ObjectInfo(name=name, size=size, etag=etag, mtime=mtime, meta=kept)
 
     @staticmethod
-    def _flush(f: IO[bytes], etag: str) -> None:
+    def _flush(f: IO[bytes], etag: str, meta: dict[str, Any]) -> None:
         f.flush()
         try:
             os.setxattr(f.fileno(), ETAG_XATTR, etag.encode())
         except OSError:
             pass  # no xattrs here: the ETag is recomputed when read
+        if meta:  # no fallback: a filesystem without xattrs cannot keep it, and says so
+            os.setxattr(f.fileno(), META_XATTR, json.dumps(meta).encode())
         os.fsync(f.fileno())
         f.close()
 

@@ -9,6 +9,7 @@ the cluster key). ``GET /v1/_rebalance`` reports this target's rebalance.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import anyio.to_thread
@@ -21,6 +22,8 @@ from etl_runtime.core.names import validate_names
 from etl_runtime.storage.peers import INTERNAL_HEADER
 from etl_runtime.storage.rebalance import Rebalancer
 from etl_runtime.storage.store import ObjectStore
+from etl_runtime.storage_target.meta import INTERNAL as INTERNAL_META
+from etl_runtime.storage_target.meta import internal_meta
 
 
 def internal_router(
@@ -45,7 +48,10 @@ def internal_router(
         flag = request.query_params.get("if_absent", "0")
         if flag not in ("0", "1"):
             raise InvalidRequest(f"if_absent must be 0 or 1, got {flag!r}", bucket=bucket)
-        info = await store.write_object(bucket, name, request.stream(), if_absent=flag == "1")
+        meta = internal_meta(request.headers.get(INTERNAL_META))
+        info = await store.write_object(
+            bucket, name, request.stream(), if_absent=flag == "1", meta=meta
+        )
         expected = request.headers.get("x-sluice-etag")
         if info is not None and expected and info.etag != expected:
             await anyio.to_thread.run_sync(store.delete_object, bucket, name)
@@ -74,11 +80,10 @@ def internal_router(
                 while chunk := f.read(1 << 20):
                     yield chunk
 
-        return StreamingResponse(
-            chunks(),
-            headers={"ETag": f'"{info.etag}"', "Content-Length": str(info.size)},
-            media_type="application/octet-stream",
-        )
+        headers = {"ETag": f'"{info.etag}"', "Content-Length": str(info.size)}
+        if info.meta:
+            headers[INTERNAL_META] = json.dumps(info.meta)
+        return StreamingResponse(chunks(), headers=headers, media_type="application/octet-stream")
 
     @router.delete("/v1/_replica/{bucket}/{name:path}")
     async def delete_copy(bucket: str, name: str, request: Request) -> dict[str, Any]:

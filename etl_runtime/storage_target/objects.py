@@ -38,13 +38,15 @@ from etl_runtime.storage.ranges import byte_range, preconditions
 from etl_runtime.storage.store import READ_CHUNK, ObjectInfo
 from etl_runtime.storage_target import remote_reads as remote
 from etl_runtime.storage_target.context import Target
+from etl_runtime.storage_target.meta import meta_headers, meta_of_headers
 from etl_runtime.wire.zerocopy import FileRangeResponse, offers_zerocopy
 
 INLINE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
 
 
 def _object_headers(info: ObjectInfo) -> dict[str, str]:
-    """Validators and size; the MD5 also as the aistore SDK reads it (``Ais-Checksum-*``)."""
+    """Validators and size; the MD5 also as the aistore SDK reads it (``Ais-Checksum-*``);
+    the content type and user metadata the writer gave (``meta_headers``)."""
     return {
         "Content-Length": str(info.size),
         "ETag": f'"{info.etag}"',
@@ -52,6 +54,7 @@ def _object_headers(info: ObjectInfo) -> dict[str, str]:
         "Accept-Ranges": "bytes",
         "Ais-Checksum-Type": "md5",
         "Ais-Checksum-Value": info.etag,
+        **meta_headers(info.meta),
     }
 
 
@@ -168,7 +171,10 @@ def object_router(target: Target) -> APIRouter:
         others = placement.check_owner(bucket, name) if placement else []
         copies = placement.write_through(bucket, name, others) if placement else None
         copies = remote.write_through(target.remote, bucket, name, copies)
-        info = await store.write_object(bucket, name, request.stream(), before_publish=copies)
+        meta = meta_of_headers(request.headers, bucket, name)
+        info = await store.write_object(
+            bucket, name, request.stream(), before_publish=copies, meta=meta
+        )
         assert info is not None  # only if_absent writes keep an existing object
         return {"bucket": bucket, "object": name, "size": info.size, "etag": info.etag}
 

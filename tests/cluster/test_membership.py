@@ -1,8 +1,9 @@
 """Changing the number of targets: 3 -> 4 -> 2 on one data dir, with ``sluice up``.
 
-Every object stays readable with its content during and after each rebalance
-(reads that reach a new owner before the object moved are served from the
-previous owner: get-from-neighbor), and afterwards each object is stored at
+Every object stays readable with its content and its metadata (content type,
+``X-Sluice-Meta-*``) during and after each rebalance (reads that reach a new
+owner before the object moved are served from the previous owner:
+get-from-neighbor, which copies it there), and afterwards each object is stored at
 its owner and nowhere else; targets that leave hand everything over first.
 """
 
@@ -26,13 +27,21 @@ def body(i: int) -> bytes:
     return hashlib.sha256(str(i).encode()).digest() * (8 + i % 64)
 
 
+def kind(i: int) -> str:
+    return f"application/x-kind-{i % 3}"
+
+
 def read_all(ep: str) -> list[str]:
     """Names whose read failed or returned the wrong bytes."""
 
     def one(i: int) -> str | None:
         with httpx.Client(timeout=60, follow_redirects=True) as c:
             r = c.get(f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}")
-        return None if r.status_code == 200 and r.content == body(i) else f"{i}:{r.status_code}"
+        ok = r.status_code == 200 and r.content == body(i)
+        kept = r.headers.get("content-type") == kind(i) and r.headers.get("x-sluice-meta-n") == str(
+            i
+        )
+        return None if ok and kept else f"{i}:{r.status_code}:{kept}"
 
     with ThreadPoolExecutor(8) as pool:
         return [bad for bad in pool.map(one, range(OBJECTS)) if bad]
@@ -74,7 +83,9 @@ def test_three_four_two_targets(tmp_path: Path) -> None:
         def put(i: int) -> int:
             with httpx.Client(timeout=60, follow_redirects=True) as c:
                 return c.put(
-                    f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}", content=body(i)
+                    f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}",
+                    content=body(i),
+                    headers={"Content-Type": kind(i), "X-Sluice-Meta-N": str(i)},
                 ).status_code
 
         with ThreadPoolExecutor(8) as pool:

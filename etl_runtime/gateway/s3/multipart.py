@@ -85,7 +85,8 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def _check_upload(gw: Gateway, bucket: str, key: str, upload_id: str) -> None:
+async def _check_upload(gw: Gateway, bucket: str, key: str, upload_id: str) -> dict[str, Any]:
+    """The upload's record (``key``, ``created``, ``meta``); NoSuchUpload if it is not ``key``'s."""
     name = _upload_dir(upload_id) + "upload"
     try:
         raw = b"".join([c async for c in objects.read_parts(gw, [(bucket, name)])])
@@ -93,8 +94,10 @@ async def _check_upload(gw: Gateway, bucket: str, key: str, upload_id: str) -> N
         if e.code == "NoSuchKey":
             raise _no_upload(upload_id) from None
         raise
-    if json.loads(raw).get("key") != key:
+    record: dict[str, Any] = json.loads(raw)
+    if record.get("key") != key:
         raise _no_upload(upload_id)
+    return record
 
 
 async def _parts(gw: Gateway, bucket: str, upload_id: str) -> list[dict[str, Any]]:
@@ -109,10 +112,12 @@ async def _parts(gw: Gateway, bucket: str, upload_id: str) -> list[dict[str, Any
         after = page["next"]
 
 
-async def create(gw: Gateway, bucket: str, key: str) -> Response:
+async def create(gw: Gateway, request: Request, bucket: str, key: str) -> Response:
+    """CreateMultipartUpload; its ``Content-Type`` and ``x-amz-meta-*`` go to the object."""
     validate_names(bucket, key)
     upload_id = secrets.token_hex(16)
-    meta = json.dumps({"key": key, "created": time.time()}).encode()
+    headers = objects.meta_headers_in(request.headers)
+    meta = json.dumps({"key": key, "created": time.time(), "meta": headers}).encode()
     name = _upload_dir(upload_id) + "upload"
     await objects.put_stream(gw, bucket, name, _one(meta), str(len(meta)))
     return Response(xml.initiate_upload(bucket, key, upload_id), media_type="application/xml")
@@ -142,7 +147,7 @@ async def complete(
     gw: Gateway, request: Request, bucket: str, key: str, upload_id: str, sha256: str | None
 ) -> Response:
     root = xml.parse(await checked_xml(request, sha256), "CompleteMultipartUpload")
-    await _check_upload(gw, bucket, key, upload_id)
+    record = await _check_upload(gw, bucket, key, upload_id)
     asked: list[tuple[int, str]] = []
     for p in xml.children(root, "Part"):
         number = (xml.text(p, "PartNumber") or "").strip()
@@ -164,7 +169,7 @@ async def complete(
     chosen = [stored[n] for n in numbers]
     length = sum(p["size"] for p in chosen)
     body = objects.read_parts(gw, [(bucket, p["name"]) for p in chosen])
-    await objects.put_stream(gw, bucket, key, body, str(length))
+    await objects.put_stream(gw, bucket, key, body, str(length), record.get("meta") or {})
     md5s = b"".join(bytes.fromhex(p["etag"]) for p in chosen)
     etag = f'"{hashlib.md5(md5s).hexdigest()}-{len(chosen)}"'
     await _remove(gw, bucket, upload_id, list(stored.values()))
@@ -201,7 +206,7 @@ async def dispatch(
     """The call a request with ``?uploads`` or ``?uploadId=`` is."""
     method, q = request.method, request.query_params
     if "uploads" in q and method == "POST":
-        return await create(gw, bucket, key)
+        return await create(gw, request, bucket, key)
     upload_id = q.get("uploadId", "")
     if method == "PUT":
         return await upload_part(gw, request, bucket, key, upload_id, sha256)

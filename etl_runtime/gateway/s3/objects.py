@@ -19,9 +19,10 @@ chunks (``httpx`` ``stream=True`` / ``request.stream()``), never buffered
 whole. The price is one more loopback hop per call: ``bench/s3.py`` measures
 S3 GET against native GET (``docs/benchmarks.md``, "S3 API").
 
-The store keeps bytes, size, MD5 and mtime, nothing else: ``Content-Type``
-is always ``application/octet-stream`` on reads, and ``x-amz-meta-*`` is
-accepted on writes but not kept (a ``HEAD`` returns none).
+``Content-Type`` and ``x-amz-meta-*`` of a PUT (or of CreateMultipartUpload)
+are stored with the object (``storage_target/meta.py``: the native API's
+``X-Sluice-Meta-*``, at most 2 KiB of user metadata as in S3) and come back
+on GET and HEAD; ``binary/octet-stream`` when none was given, as S3 answers.
 """
 
 from __future__ import annotations
@@ -55,6 +56,25 @@ READ_HEADERS = (
 )
 INLINE_MAX = 1 << 20  # answers up to this size are read whole, bigger ones streamed
 ANSWER_HEADERS = ("content-length", "content-range", "etag", "last-modified", "accept-ranges")
+NATIVE_META, S3_META = "x-sluice-meta-", "x-amz-meta-"
+DEFAULT_TYPE = "binary/octet-stream"  # S3's, for an object stored without one
+
+
+def meta_headers_in(headers: Any) -> dict[str, str]:
+    """A write's ``Content-Type`` and ``x-amz-meta-*``, as the native PUT takes them."""
+    out = {NATIVE_META + k[len(S3_META) :]: v for k, v in headers.items() if k.startswith(S3_META)}
+    if "content-type" in headers:
+        out["content-type"] = headers["content-type"]
+    return out
+
+
+def _kept(r: httpx.Response) -> dict[str, str]:
+    """The answer headers passed on to the S3 client, metadata renamed to ``x-amz-meta-*``."""
+    kept = {k: v for k, v in r.headers.items() if k in ANSWER_HEADERS}
+    for k, v in r.headers.items():
+        if k.startswith(NATIVE_META):
+            kept[S3_META + k[len(NATIVE_META) :]] = v
+    return kept
 
 
 def owner_url(gw: Gateway, method: str, bucket: str, key: str) -> str:
@@ -78,7 +98,7 @@ async def get(gw: Gateway, request: Request, bucket: str, key: str, head: bool =
         r = await gw.http.send(gw.http.build_request(method, url, headers=headers), stream=True)
     except httpx.HTTPError as e:
         raise _unreachable(f"{bucket}/{key}", e) from None
-    kept = {k: v for k, v in r.headers.items() if k in ANSWER_HEADERS}
+    kept = _kept(r)
     if r.status_code >= 400 or r.status_code == 304 or head:
         body = await r.aread()
         await r.aclose()
@@ -101,7 +121,8 @@ async def get(gw: Gateway, request: Request, bucket: str, key: str, head: bool =
 
 
 def _media(r: httpx.Response) -> str:
-    return "application/octet-stream"
+    ctype = r.headers.get("content-type", "")
+    return DEFAULT_TYPE if ctype in ("", "application/octet-stream") else ctype
 
 
 async def checked_body(
@@ -142,11 +163,19 @@ async def checked_body(
 
 
 async def put_stream(
-    gw: Gateway, bucket: str, key: str, body: AsyncIterator[bytes], length: str | None
+    gw: Gateway,
+    bucket: str,
+    key: str,
+    body: AsyncIterator[bytes],
+    length: str | None,
+    meta: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Stream ``body`` into the object's owner as a normal PUT; the owner's JSON answer."""
+    """Stream ``body`` into the object's owner as a normal PUT; the owner's JSON answer.
+
+    ``meta``: native metadata headers (``meta_headers_in``) stored with it.
+    """
     url = owner_url(gw, "PUT", bucket, key)
-    headers = {**gw.target_headers(), "content-type": "application/octet-stream"}
+    headers = {**gw.target_headers(), **(meta or {})}
     if length is not None:
         headers["content-length"] = length
     upload = gw.http.build_request(
@@ -172,7 +201,8 @@ async def put(gw: Gateway, request: Request, bucket: str, key: str, sha256: str 
     if "x-amz-copy-source" in request.headers:
         raise S3Error("NotImplemented", 501, "CopyObject is not supported")
     body = checked_body(request, sha256, request.headers.get("content-md5"))
-    stored = await put_stream(gw, bucket, key, body, request.headers.get("content-length"))
+    length, meta = request.headers.get("content-length"), meta_headers_in(request.headers)
+    stored = await put_stream(gw, bucket, key, body, length, meta)
     return Response(headers={"ETag": f'"{stored["etag"]}"'})
 
 
