@@ -45,7 +45,8 @@ def test_put_get_head_delete(s3: Any) -> None:
     got = s3.get_object(Bucket="s3-objects", Key="dir/a b+c.bin")
     assert got["Body"].read() == data and got["ETag"] == f'"{md5}"'
     assert got["ContentLength"] == len(data)
-    assert got["ContentType"] == "application/octet-stream"
+    assert got["ContentType"] == "binary/octet-stream"  # none given: S3's default
+    assert got["Metadata"] == {"m": "1"}
     head = s3.head_object(Bucket="s3-objects", Key="dir/a b+c.bin")
     assert head["ContentLength"] == len(data) and head["ETag"] == f'"{md5}"'
     part = s3.get_object(Bucket="s3-objects", Key="dir/a b+c.bin", Range="bytes=10-19")
