@@ -46,7 +46,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--s3-keys",
         default=env("SLUICE_S3_KEYS"),
-        help="file of the S3 API's keys (default: STATE_DIR/s3-keys.json with --state-dir)",
+        help="file of the S3 API's keys (default: STATE_DIR/s3-keys.json with --state-dir), "
+        "or kubernetes:SECRET (the Secret every gateway replica shares; the chart's)",
     )
     p.add_argument(
         "--down-file",
@@ -113,7 +114,13 @@ def kube_membership(discovery: Any, statefulset: str) -> Any:
     return membership
 
 
-def s3_keys_file(args: argparse.Namespace) -> Path | None:
+def s3_keys_file(args: argparse.Namespace) -> Any:
+    """The S3 key store: ``kubernetes:SECRET`` (every replica shares it), a file, or None."""
+    if args.s3_keys and args.s3_keys.startswith("kubernetes:"):
+        from etl_runtime.gateway.s3.kubekeys import KubeKeyStore
+
+        namespace = os.environ.get("SLUICE_NAMESPACE") or os.environ.get("POD_NAMESPACE") or None
+        return KubeKeyStore(args.s3_keys.removeprefix("kubernetes:"), namespace)
     if args.s3_keys:
         return Path(args.s3_keys)
     return Path(args.state_dir) / "s3-keys.json" if args.state_dir else None

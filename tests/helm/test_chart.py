@@ -176,6 +176,10 @@ def test_target_and_gateway_run_the_contract_commands(combo: tuple[dict, Manifes
         "--target-statefulset",
         sts["metadata"]["name"],
     ]
+    # The S3 keys: the chart's Secret, without data (the gateways write it; kept on upgrade).
+    (keys,) = [s for s in m.of_kind("Secret") if s["metadata"]["name"].endswith("-s3-keys")]
+    s3_keys = keys["metadata"]["name"]
+    assert "data" not in keys
     gateway = container(m.component("Deployment", "gateway"))
     assert gateway["command"] == [
         "sluice-gateway",
@@ -188,6 +192,8 @@ def test_target_and_gateway_run_the_contract_commands(combo: tuple[dict, Manifes
         f"kubernetes:{cluster_map}",
         "--target-statefulset",
         sts["metadata"]["name"],
+        "--s3-keys",
+        f"kubernetes:{s3_keys}",
     ]
     for c in (target, gateway):
         env = env_of(c)

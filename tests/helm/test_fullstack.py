@@ -260,10 +260,24 @@ def test_helm_install_runs_a_wds_etl_end_to_end_and_uninstall_keeps_only_pvcs(
                 assert s["png"].size == (4, 2)
                 assert s["cls"] == int(s["__key__"][-2:])
 
-            # Upgrading keeps the generated cluster key (redirects and ETL tokens stay valid).
+            # S3 keys live in the chart's Secret; boto3 reads an ETL view through them.
+            sdk.bucket("images-small").create(view_of="images", etl="shrink")
+            made = httpx.post(
+                f"{endpoint}/v1/s3/keys",
+                json={"permission": "read"},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=10,
+            )
+            assert made.status_code == 200, made.text
+            s3_key = made.json()
+            assert _s3_view_keys(endpoint, s3_key) == want[: SAMPLES_PER_SHARD - 1]
+
+            # Upgrading keeps the generated cluster key (redirects and ETL tokens stay valid)
+            # and the S3 keys.
             rel.helm("upgrade", RELEASE, str(CHART), "--reuse-values")
             assert rel.cluster_key() == key_at_install
             assert bucket.object("shard-001.tar").get_bytes() == shards[1]
+            assert _s3_view_keys(endpoint, s3_key) == want[: SAMPLES_PER_SHARD - 1]
 
             sdk.etl("shrink").delete()
         # The operator finalizes the ETL (its pods and token Secret) before it goes.
@@ -304,6 +318,18 @@ def assert_transformers_read_target_files(rel: Release, transformers: list[clien
         (mount,) = [m for m in c.volume_mounts if m.name == vol.name]
         assert (mount.mount_path, mount.read_only) == ("/data", True)
         assert {e.name: e.value for e in c.env}["SLUICE_DATA_ROOTS"] == "/data"
+
+
+def _s3_view_keys(endpoint: str, key: dict[str, Any]) -> list[str]:
+    """The sample keys of shard 0 of the view ``images-small``, read with boto3."""
+    import tarfile
+
+    from tests.s3.conftest import s3_client
+
+    s3 = s3_client(endpoint, key)
+    body = s3.get_object(Bucket="images-small", Key="shard-000.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        return sorted({m.name.split(".")[0] for m in tar.getmembers()})
 
 
 def _gateway_with_targets(rel: Release) -> str | None:

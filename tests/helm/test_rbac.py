@@ -25,6 +25,7 @@ EXPECTED: dict[str, Rules] = {
         ("sluice.dev", "etls"): {"get", "list", "watch", "create", "update", "patch", "delete"},
         ("", "pods"): {"get", "list", "watch"},
         ("", "configmaps"): {"get", "list", "watch", "create", "update", "patch"},
+        ("", "secrets"): {"get", "list", "watch", "update"},  # its S3 key Secret, by name
         ("apps", "statefulsets"): {"get", "list", "watch"},
     },
     "operator": {
@@ -108,8 +109,21 @@ def test_each_component_has_its_own_service_account() -> None:
 
 
 def test_only_the_operator_can_touch_secrets_or_create_pods() -> None:
+    """The gateway's one exception: the S3 key Secret, by name, never created."""
     m = render({"auth.token": "t", "operator.replicas": 2})
     for component in ("target", "gateway"):
         rules = role_of(m, component)
-        assert ("", "secrets") not in rules
         assert "create" not in rules.get(("", "pods"), set())
+        if component == "target":
+            assert ("", "secrets") not in rules
+    (gateway_role,) = [r for r in m.of_kind("Role") if r["metadata"]["name"].endswith("gateway")]
+    secret_rules = [r for r in gateway_role["rules"] if "secrets" in r["resources"]]
+    (keys,) = [s for s in m.of_kind("Secret") if s["metadata"]["name"].endswith("-s3-keys")]
+    assert secret_rules == [
+        {
+            "apiGroups": [""],
+            "resources": ["secrets"],
+            "resourceNames": [keys["metadata"]["name"]],
+            "verbs": ["get", "list", "watch", "update"],
+        }
+    ]

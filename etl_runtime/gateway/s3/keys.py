@@ -4,9 +4,10 @@ A key is an access key id, a secret and a permission: ``read`` (GET, HEAD,
 listings) or ``write`` (everything, reads included). They live in one JSON
 file, mode 0600, replaced atomically (``core.durable.write_atomic``): by
 default ``STATE_DIR/s3-keys.json`` of a local gateway (``sluice up``: the
-data dir's ``etl/``), or ``--s3-keys`` / ``SLUICE_S3_KEYS``. A gateway with
-neither (Kubernetes, for now) serves the S3 API anonymously only where
-reads are open, and ``/v1/s3/keys`` answers 400 saying so.
+data dir's ``etl/``), or ``--s3-keys`` / ``SLUICE_S3_KEYS``. On Kubernetes
+the same JSON lives in a Secret (``kubekeys.KubeKeyStore``), shared by every
+gateway replica. A gateway with neither serves the S3 API anonymously only
+where reads are open, and ``/v1/s3/keys`` answers 400 saying so.
 
 Routes (JSON, the Sluice error tree; a token holder only, like every write):
 
@@ -48,6 +49,11 @@ class KeyStore:
         self._lock = threading.Lock()
         self._stamp: tuple[int, int] | None = None
         self._keys: dict[str, dict[str, Any]] = {}
+
+    @property
+    def enabled(self) -> bool:
+        """Whether keys can be kept (else ``/v1/s3/keys`` says how to enable them)."""
+        return self.path is not None
 
     def _load(self) -> dict[str, dict[str, Any]]:
         if self.path is None:
@@ -115,7 +121,7 @@ def keys_router(gw: Gateway, store: KeyStore) -> APIRouter:
     router = APIRouter()
 
     def usable() -> None:
-        if store.path is None:
+        if not store.enabled:
             raise InvalidRequest(
                 "this gateway keeps no S3 keys: start it with --s3-keys FILE "
                 "(or SLUICE_S3_KEYS, or a --state-dir)"

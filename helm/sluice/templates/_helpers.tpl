@@ -52,6 +52,11 @@ app.kubernetes.io/component: {{ .component }}
 {{- include "sluice.componentName" (dict "ctx" . "component" "cluster-map") -}}
 {{- end -}}
 
+{{/* The Secret of the S3 API's keys (the gateways make it on the first key). */}}
+{{- define "sluice.s3KeysName" -}}
+{{- include "sluice.componentName" (dict "ctx" . "component" "s3-keys") -}}
+{{- end -}}
+
 {{- define "sluice.clusterKeySecretName" -}}
 {{- default (printf "%s-cluster-key" (include "sluice.fullname" .)) .Values.clusterKey.existingSecret -}}
 {{- end -}}
