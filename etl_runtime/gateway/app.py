@@ -61,7 +61,8 @@ def create_gateway_app(
         read_token=read_token or None,
     )
     monitor = RebalanceMonitor(gw)
-    batch_http = DuplexClient()  # GetBatch reads items with it: pooled per target, no scans
+    # GetBatch reads items with it, the S3 API its GETs: pooled per target, no scans.
+    batch_http = DuplexClient()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -95,7 +96,7 @@ def create_gateway_app(
     app.include_router(dsort_router(gw))
     app.include_router(batch_router(gw, batch_http))  # GetBatch: GET /v1/ml/moss
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
-    app.include_router(s3_router(gw, keys))  # /s3/..., /v1/s3/keys
+    app.include_router(s3_router(gw, keys, batch_http))  # /s3/..., /v1/s3/keys
     app.include_router(cluster_router(gw))  # /v1/cluster: Sluice's view, AIStore's job queries
     app.include_router(daemon_router(gw))  # /v1/daemon?what=smap: AIStore's cluster map
 

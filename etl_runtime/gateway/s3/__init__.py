@@ -15,13 +15,14 @@ from fastapi import APIRouter
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.s3.keys import KeyStore, keys_router
 from etl_runtime.gateway.s3.routes import s3_router as _routes
+from etl_runtime.wire.duplex import DuplexClient
 
 __all__ = ["KeyStore", "s3_router"]
 
 
-def s3_router(gw: Gateway, keys: KeyStore) -> APIRouter:
+def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -> APIRouter:
     """The S3 routes under ``/s3`` and the key routes under ``/v1/s3/keys``."""
     router = APIRouter()
     router.include_router(keys_router(gw, keys))
-    router.include_router(_routes(gw, keys))
+    router.include_router(_routes(gw, keys, duplex))
     return router

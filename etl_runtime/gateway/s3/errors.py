@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 import httpx
@@ -60,6 +60,11 @@ def s3_error(err: SluiceError) -> S3Error:
 
 def from_target(r: httpx.Response, body: bytes) -> S3Error:
     """A target's JSON error answer (``{"error", "kind", ...}``) as an S3 error."""
+    return from_target_parts(r.status_code, r.headers, body)
+
+
+def from_target_parts(status: int, headers: Mapping[str, str], body: bytes) -> S3Error:
+    """``from_target`` for an answer of any client: status, headers (lower-case), body."""
     try:
         import json
 
@@ -68,11 +73,11 @@ def from_target(r: httpx.Response, body: bytes) -> S3Error:
         data = {}
     if not isinstance(data, dict):
         data = {}
-    err = SluiceError(str(data.get("error") or f"a target answered {r.status_code}"))
-    err.status = r.status_code
-    err.kind = str(data.get("kind") or _kind_of_status(r.status_code))
-    if "retry-after" in r.headers:
-        err.headers = {"Retry-After": r.headers["retry-after"]}
+    err = SluiceError(str(data.get("error") or f"a target answered {status}"))
+    err.status = status
+    err.kind = str(data.get("kind") or _kind_of_status(status))
+    if "retry-after" in headers:
+        err.headers = {"Retry-After": headers["retry-after"]}
     return s3_error(err)
 
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import httpx
@@ -39,11 +39,12 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from etl_runtime.core.access import object_url
-from etl_runtime.core.errors import InvalidRequest, NoTargets, S3Error
+from etl_runtime.core.errors import DuplexError, InvalidRequest, NoTargets, S3Error
 from etl_runtime.core.names import validate_names
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
-from etl_runtime.gateway.s3.errors import from_target
+from etl_runtime.gateway.s3.errors import from_target, from_target_parts
+from etl_runtime.wire.duplex import DuplexClient
 
 UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # per read/write, not for the whole body
 READ_HEADERS = (
@@ -55,6 +56,8 @@ READ_HEADERS = (
     "if-range",
 )
 INLINE_MAX = 1 << 20  # answers up to this size are read whole, bigger ones streamed
+READ_TIMEOUT = 600.0  # per wait for progress from the owner, not for the whole answer
+ERROR_MAX = 64 << 10  # bytes of an error answer read
 ANSWER_HEADERS = ("content-length", "content-range", "etag", "last-modified", "accept-ranges")
 NATIVE_META, S3_META = "x-sluice-meta-", "x-amz-meta-"
 DEFAULT_TYPE = "binary/octet-stream"  # S3's, for an object stored without one
@@ -68,10 +71,10 @@ def meta_headers_in(headers: Any) -> dict[str, str]:
     return out
 
 
-def _kept(r: httpx.Response) -> dict[str, str]:
+def _kept(headers: Mapping[str, str]) -> dict[str, str]:
     """The answer headers passed on to the S3 client, metadata renamed to ``x-amz-meta-*``."""
-    kept = {k: v for k, v in r.headers.items() if k in ANSWER_HEADERS}
-    for k, v in r.headers.items():
+    kept = {k: v for k, v in headers.items() if k in ANSWER_HEADERS}
+    for k, v in headers.items():
         if k.startswith(NATIVE_META):
             kept[S3_META + k[len(NATIVE_META) :]] = v
     return kept
@@ -82,23 +85,38 @@ def owner_url(gw: Gateway, method: str, bucket: str, key: str) -> str:
     return object_url(route(gw, method, bucket, key).url, bucket, key)
 
 
-def _unreachable(key: str, e: httpx.HTTPError) -> NoTargets:
+def _unreachable(key: str, e: Exception) -> NoTargets:
     return NoTargets(
         f"the owner of {key} did not answer ({type(e).__name__}: {e}); retry", object=key
     )
 
 
-async def get(gw: Gateway, request: Request, bucket: str, key: str, head: bool = False) -> Response:
-    """GetObject / HeadObject: the owner's answer, streamed, its validators kept."""
+async def get(
+    gw: Gateway,
+    request: Request,
+    bucket: str,
+    key: str,
+    head: bool = False,
+    duplex: DuplexClient | None = None,
+) -> Response:
+    """GetObject / HeadObject: the owner's answer, streamed, its validators kept.
+
+    The hop to the owner goes through ``duplex`` (``wire.duplex``, h11 framing,
+    the body read straight off the socket buffer) when the app gives one:
+    ``bench/s3.py`` measured it against httpx for this hop (docs/benchmarks.md,
+    "S3 API"); httpx otherwise.
+    """
     method = "HEAD" if head else "GET"
     url = owner_url(gw, method, bucket, key)
     headers = {**gw.target_headers()}
     headers.update({k: v for k, v in request.headers.items() if k in READ_HEADERS})
+    if duplex is not None:
+        return await _get_duplex(duplex, method, url, headers, f"{bucket}/{key}")
     try:
         r = await gw.http.send(gw.http.build_request(method, url, headers=headers), stream=True)
     except httpx.HTTPError as e:
         raise _unreachable(f"{bucket}/{key}", e) from None
-    kept = _kept(r)
+    kept = _kept(r.headers)
     if r.status_code >= 400 or r.status_code == 304 or head:
         body = await r.aread()
         await r.aclose()
@@ -106,22 +124,55 @@ async def get(gw: Gateway, request: Request, bucket: str, key: str, head: bool =
             raise from_target(r, body)
         if r.status_code == 304:
             kept.pop("content-length", None)
-        return Response(status_code=r.status_code, headers=kept, media_type=_media(r))
+        return Response(status_code=r.status_code, headers=kept, media_type=_media(r.headers))
     if int(r.headers.get("content-length", INLINE_MAX + 1)) <= INLINE_MAX:  # one read, no task
         body = await r.aread()
         await r.aclose()
-        return Response(body, r.status_code, headers=kept, media_type=_media(r))
+        return Response(body, r.status_code, headers=kept, media_type=_media(r.headers))
     return StreamingResponse(
         r.aiter_raw(),
         r.status_code,
         headers=kept,
-        media_type=_media(r),
+        media_type=_media(r.headers),
         background=BackgroundTask(r.aclose),
     )
 
 
-def _media(r: httpx.Response) -> str:
-    ctype = r.headers.get("content-type", "")
+async def _get_duplex(
+    duplex: DuplexClient, method: str, url: str, headers: dict[str, str], what: str
+) -> Response:
+    try:
+        r = await duplex.request(method, url, headers=headers, timeout=READ_TIMEOUT)
+    except (DuplexError, OSError) as e:
+        raise _unreachable(what, e) from None
+    kept = _kept(r.headers)
+    length = r.headers.get("content-length", "")
+    if r.status_code >= 400 or r.status_code == 304 or method == "HEAD":
+        body = await r.read(ERROR_MAX)  # HEAD and 304: empty, read to keep the connection
+        if r.status_code >= 400:
+            raise from_target_parts(r.status_code, r.headers, bytes(body))
+        if r.status_code == 304:
+            kept.pop("content-length", None)
+        return Response(status_code=r.status_code, headers=kept, media_type=_media(r.headers))
+    if length.isdigit() and int(length) <= INLINE_MAX:  # one read, no task
+        body = await r.read(INLINE_MAX)
+        return Response(bytes(body), r.status_code, headers=kept, media_type=_media(r.headers))
+    return StreamingResponse(
+        _as_bytes(r.aiter_bytes()),
+        r.status_code,
+        headers=kept,
+        media_type=_media(r.headers),
+        background=BackgroundTask(r.aclose),
+    )
+
+
+async def _as_bytes(chunks: AsyncIterator[bytes | bytearray]) -> AsyncIterator[bytes]:
+    async for chunk in chunks:
+        yield bytes(chunk) if isinstance(chunk, bytearray) else chunk
+
+
+def _media(headers: Mapping[str, str]) -> str:
+    ctype = headers.get("content-type", "")
     return DEFAULT_TYPE if ctype in ("", "application/octet-stream") else ctype
 
 

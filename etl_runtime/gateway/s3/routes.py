@@ -35,6 +35,7 @@ from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
 from etl_runtime.gateway.s3.errors import S3Route
 from etl_runtime.gateway.s3.keys import KeyStore
+from etl_runtime.wire.duplex import DuplexClient
 
 XML = "application/xml"
 MAX_KEYS = 1000
@@ -208,7 +209,8 @@ async def delete_objects(gw: Gateway, request: Request, bucket: str, sha256: str
     return xml.delete_result(deleted, failed, quiet)
 
 
-def s3_router(gw: Gateway, keys: KeyStore) -> APIRouter:
+def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -> APIRouter:
+    """The S3 API; ``duplex``: the client of the GET hop to the owner (``objects.get``)."""
     router = APIRouter(route_class=S3Route)
 
     @router.get("/s3")
@@ -272,7 +274,7 @@ def s3_router(gw: Gateway, keys: KeyStore) -> APIRouter:
         if method in ("GET", "HEAD"):
             if "partNumber" in q:
                 raise S3Error("NotImplemented", 501, "GET by partNumber is not supported")
-            return await objects.get(gw, request, bucket, key, head=method == "HEAD")
+            return await objects.get(gw, request, bucket, key, method == "HEAD", duplex)
         if method == "PUT":
             return await objects.put(gw, request, bucket, key, sha)
         if method == "DELETE":
