@@ -64,9 +64,7 @@ def run_once(image: str, *argv: str, entrypoint: str | None = None) -> subproces
     cmd = [*PODMAN, "--rm", *ULIMITS, *secure_flags()]
     if entrypoint is not None:
         cmd += ["--entrypoint", entrypoint]
-    return subprocess.run(
-        [*cmd, ref(image), *argv], capture_output=True, text=True, timeout=300
-    )
+    return subprocess.run([*cmd, ref(image), *argv], capture_output=True, text=True, timeout=300)
 
 
 def secure_flags() -> list[str]:
