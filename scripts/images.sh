@@ -38,7 +38,10 @@
 # Settings (environment): SLUICE_IMAGES_TORCH=none|cpu (runtime image's torch;
 # default none: PyTorch's CPU index is not reachable everywhere), SLUICE_IMAGES_TAG
 # (default dev), SLUICE_BASE_IMAGE (skip the local base and build FROM this
-# image, e.g. python:3.11.13-slim-bookworm where a registry is reachable).
+# image, e.g. python:3.11.13-slim-bookworm where a registry is reachable),
+# SLUICE_IMAGES_CACHE. Two checkouts on one machine share the refs and the
+# stamps: each run builds its own checkout's images again when the other
+# built last (give one its own SLUICE_IMAGES_TAG and SLUICE_IMAGES_CACHE).
 #
 # Known traps on these machines, handled here: pip inside a build reaches the
 # package index only with the host's CA bundle (/etc/ssl/certs is mounted
@@ -108,8 +111,9 @@ context_files() {
   done < <(grep -v '^[[:space:]]*#' "$REPO/.dockerignore")
   (cd "$REPO" && for path in "${allow[@]}"; do
     path=${path%/}
-    [ -e "$path" ] && find "$path" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' \
-      ! -path '*.egg-info/*'
+    if [ -e "$path" ]; then
+      find "$path" -type f ! -path '*/__pycache__/*' ! -name '*.pyc' ! -path '*.egg-info/*'
+    fi
   done) | LC_ALL=C sort
 }
 
