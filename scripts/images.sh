@@ -173,10 +173,11 @@ stage_text() {  # stage_text DOCKERFILE STAGE -> the instructions of one named s
 }
 
 buildah_dockerfile() {  # buildah_dockerfile NAME -> path of the Dockerfile buildah builds
-  # buildah 1.28 (Debian 12) cannot bind-mount a stage whose every step came
-  # from its layer cache (containers/buildah#4375: "couldn't find .../merged/dist"),
-  # so the copy built here ends the stages that RUN --mount reads (deps, app)
-  # with a LABEL that differs on every run: the layers before it stay cached.
+  # buildah 1.28 (Debian 12) failed to bind-mount a stage taken whole from an
+  # earlier run's layer cache ("couldn't find .../merged/dist", like
+  # containers/buildah#4375), so the copy built here ends the stages that
+  # RUN --mount reads (deps, app) with a LABEL that differs on every run; the
+  # layers before it stay cached.
   local out="$CACHE/build/$1.Dockerfile"
   awk -v nonce="$BUILD_NONCE" '
     function close_stage() { if (stage == "deps" || stage == "app") print "LABEL dev.sluice.build-nonce=" nonce }
