@@ -263,6 +263,11 @@ main() {
     build_image "$name"
   done
   write_index
+  # The stage ends of earlier runs (buildah_dockerfile) are never used again.
+  podman images --all --filter label=dev.sluice.build-nonce \
+    --format '{{.ID}} {{index .Labels "dev.sluice.build-nonce"}}' |
+    awk -v nonce="$BUILD_NONCE" '$2 != nonce { print $1 }' |
+    xargs -r podman rmi >/dev/null 2>&1 || true
   log "all done in $((SECONDS - start)) s: $CACHE/index.json"
 }
 
