@@ -132,6 +132,7 @@ stamp_ok() {  # stamp_ok NAME KEY REF -> 0 when the stamped build is still in th
 }
 
 # --- base image -------------------------------------------------------------
+# shellcheck disable=SC2016  # "$1" is the hook's argument (the rootfs), not ours
 mmdebstrap_args=(
   --variant=minbase --include="$PACKAGES" --format=tar
   --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/doc/*'
