@@ -6,14 +6,18 @@ volumes for an ETL; they run here with podman + runc from
 host network in place of the pod IP). The transformer then answers the
 target's hpush ``PUT /{bucket}/{object}`` with transformed bytes: code sent as
 source text (``kubectl apply``) using the image's pillow, and code cloudpickled
-by this Python (the SDK), which the image's Python 3.11 must load.
+by this Python (the SDK), which the image's Python 3.11 must load. Last, a
+target container from the server image relays an ETL GET to the transformer
+container, as a target pod does to the transformer pod beside it.
 """
 
 from __future__ import annotations
 
 import io
+import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -21,7 +25,8 @@ import pytest
 from PIL import Image
 
 from etl_operator.pods import EtlRef, transformer_pod
-from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.cluster.local.registry import FileRegistry
+from etl_runtime.cluster.records import EtlRecord, TargetInfo, TransformerStatus
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.sdk.etl import pickle_transform
 from tests.images.podman import UID, Container
@@ -41,6 +46,10 @@ def transform(data):
     image.save(out, format="PNG")
     return out.getvalue()
 """
+
+GRAY = EtlSpec.from_dict(
+    {"mode": "object", "workers": 1, "code": {"source": GRAY_SOURCE, "entrypoint": "transform"}}
+)
 
 
 def reverse_words(data: bytes, args: str) -> bytes:
@@ -80,10 +89,7 @@ def run_transformer(name: str, spec: EtlSpec) -> tuple[Container, str]:
 
 @pytest.fixture(scope="module")
 def gray(built_images: dict[str, Any]) -> Iterator[tuple[Container, str]]:
-    spec = EtlSpec.from_dict(
-        {"mode": "object", "workers": 1, "code": {"source": GRAY_SOURCE, "entrypoint": "transform"}}
-    )
-    container, url = run_transformer("gray", spec)
+    container, url = run_transformer("gray", GRAY)
     with container:
         yield container, url
 
@@ -129,3 +135,32 @@ def test_sdk_pickled_code_runs_in_the_image(built_images: dict[str, Any]) -> Non
         assert r.content == b"three two one [v2]"
         version = "import sys; print(f'{sys.version_info[0]}.{sys.version_info[1]}')"
         assert container.exec("python", "-c", version).stdout.strip() == CLIENT_PYTHON
+
+
+def test_a_target_container_serves_the_etl_through_the_transformer_container(
+    gray: tuple[Container, str], cluster: tuple[str, Container, Container, Path]
+) -> None:
+    """The data path on images: object on the target's volume -> transformer -> client."""
+    _, transformer_url = gray
+    url, target, _, data = cluster
+    registry = FileRegistry(data.parent / "registry")
+    registry.write(
+        EtlRecord(
+            name="gray",
+            uid="uid-1",
+            spec=GRAY,
+            phase="Running",
+            transformers=(TransformerStatus(target="t0", endpoint=transformer_url, ready=True),),
+        )
+    )
+    os.chown(registry.path("gray"), UID, UID)  # written 0600, as the target's user would
+    picture = Image.new("RGB", (32, 32), (10, 200, 40))
+    raw = io.BytesIO()
+    picture.save(raw, format="PNG")
+    with httpx.Client(base_url=url, timeout=120.0, follow_redirects=True) as client:
+        assert client.post("/v1/buckets/pets", json={"action": "create-bck"}).status_code < 300
+        assert client.put("/v1/objects/pets/dog.png", content=raw.getvalue()).status_code == 200
+        r = client.get("/v1/objects/pets/dog.png", params={"etl_name": "gray"})
+    assert r.status_code == 200, r.text
+    out = Image.open(io.BytesIO(r.content))
+    assert out.mode == "L" and out.size == (32, 32), target.logs()

@@ -10,52 +10,14 @@ nothing in the containers can write outside their volumes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from tests.images.podman import UID, Container, owned_dir
-from tests.servers import free_port
+from tests.images.podman import UID, Container
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(3600)]
-
-CLUSTER_KEY = "images-test-cluster-key"
-
-
-@pytest.fixture(scope="module")
-def cluster(
-    built_images: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[tuple[str, Container, Container, Path]]:
-    root = tmp_path_factory.mktemp("server-image")
-    data, shared = owned_dir(root / "data"), owned_dir(root / "shared")
-    target_port, gateway_port = free_port(), free_port()
-    env = {"SLUICE_CLUSTER_KEY": CLUSTER_KEY}
-    cmap = "file:/shared/cluster.json"
-    with Container(
-        "server",
-        ["--id", "t0", "--host", "127.0.0.1", "--port", str(target_port), "--data-dir", "/data"]
-        + ["--cluster-map", cmap, "--registry", "file:/shared/etl"],
-        env=env,
-        volumes={str(data): "/data", str(shared): "/shared"},
-        name="target",
-    ) as target:
-        target.wait_http(f"http://127.0.0.1:{target_port}/v1/health")
-        with Container(
-            "server",
-            ["--host", "127.0.0.1", "--port", str(gateway_port)]
-            + ["--targets", f"t0=http://127.0.0.1:{target_port}", "--members", "t0"]
-            + ["--cluster-map", cmap, "--state-dir", "/shared/etl"],
-            entrypoint="sluice-gateway",
-            env=env,
-            volumes={str(shared): "/shared"},
-            name="gateway",
-        ) as gateway:
-            url = f"http://127.0.0.1:{gateway_port}"
-            gateway.wait_http(f"{url}/v1/health")
-            yield url, target, gateway, data
 
 
 def test_put_then_get_through_the_gateway(cluster: tuple[str, Container, Container, Path]) -> None:
