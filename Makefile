@@ -6,7 +6,7 @@ CACHE   := $(HOME)/.cache/sluice
 UV      := $(CACHE)/tools/bin/uv
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test lint unit k8s-tools minio browser k8s-up k8s-down bench clean
+.PHONY: install demo test lint unit k8s-tools minio browser k8s-up k8s-down bench clean images
 
 install: $(STAMP)
 
@@ -38,6 +38,9 @@ minio:
 
 browser:
 	bash scripts/browser.sh
+
+images:  # localhost/sluice/{server,runtime,operator}:dev, no registry (docs/deploy.md)
+	bash scripts/images.sh
 
 test: install k8s-tools minio browser lint
 	$(BIN)/pytest -q

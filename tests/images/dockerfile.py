@@ -57,12 +57,17 @@ class Dockerfile:
         return self.stages[-1]
 
     def resolve(self, text: str) -> str:
-        """Expand ``${ARG}`` / ``$ARG`` from the global ARG defaults."""
-        return re.sub(
-            r"\$\{(\w+)\}|\$(\w+)",
-            lambda m: self.args.get(m.group(1) or m.group(2), m.group(0)),
-            text,
-        )
+        """Expand ``${ARG}`` / ``$ARG`` from the global ARG defaults (which may use others)."""
+        for _ in range(10):
+            expanded = re.sub(
+                r"\$\{(\w+)\}|\$(\w+)",
+                lambda m: self.args.get(m.group(1) or m.group(2), m.group(0)),
+                text,
+            )
+            if expanded == text:
+                break
+            text = expanded
+        return text
 
 
 def logical_lines(text: str) -> list[str]:
