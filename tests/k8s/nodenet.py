@@ -25,6 +25,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -200,6 +201,27 @@ def cleanup_slot(slot: Slot, state_dir: Path | None) -> None:
         ip("netns", "del", slot.netns(i), check=False)
         remove_cgroup(slot.cgroup(i))
     ip("link", "del", slot.bridge, check=False)
+    remove_dead_shim_sockets()
+
+
+def remove_dead_shim_sockets(root: Path = Path("/run/containerd/s"), age: float = 5.0) -> None:
+    """Unlink runc shim sockets nobody listens on (a killed shim leaves its socket).
+
+    Their names hash the containerd address and container ID, so they cannot
+    be told apart by owner; a socket that refuses connections is dead, whoever
+    made it (the age check spares one being made right now).
+    """
+    for path in root.glob("*") if root.is_dir() else ():
+        try:
+            if time.time() - path.lstat().st_mtime < age:
+                continue
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(2)
+                s.connect(str(path))
+        except ConnectionRefusedError:
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass
 
 
 def make_bridge(slot: Slot) -> None:

@@ -68,7 +68,10 @@ CNI_BIN = Path("/usr/lib/cni")
 
 
 def _which(cmd: str) -> bool:
-    return any(os.access(Path(d) / cmd, os.X_OK) for d in [*os.environ["PATH"].split(":"), "/usr/sbin", "/sbin"])
+    return any(
+        os.access(Path(d) / cmd, os.X_OK)
+        for d in [*os.environ["PATH"].split(":"), "/usr/sbin", "/sbin"]
+    )
 
 
 def check_node_tools() -> None:
@@ -243,7 +246,9 @@ class RealNode:
 
     def start_kubelet_and_proxy(self) -> None:
         c, d = self.cluster, self.dir
-        (d / "kubelet.json").write_text(_kubelet_config(d, c.slot, self.index, c.plane.pki / "ca.crt"))
+        (d / "kubelet.json").write_text(
+            _kubelet_config(d, c.slot, self.index, c.plane.pki / "ca.crt")
+        )
         (d / "kube-proxy.json").write_text(
             _kube_proxy_config(d, c.slot, self.index, c.plane.kubeconfig)
         )
@@ -340,7 +345,9 @@ class RealCluster:
                 r = http.get("/api/v1/nodes")
                 if r.status_code == 200:
                     for item in r.json()["items"]:
-                        conds = {c["type"]: c["status"] for c in item["status"].get("conditions", [])}
+                        conds = {
+                            c["type"]: c["status"] for c in item["status"].get("conditions", [])
+                        }
                         if conds.get("Ready") == "True":
                             ready.add(item["metadata"]["name"])
                 if ready >= {n.name for n in self.node_list}:
