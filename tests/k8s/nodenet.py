@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -185,6 +186,20 @@ def unmount_under(root: Path) -> None:
             points.append(point)
     for point in sorted(set(points), key=lambda p: -p.count("/")):
         subprocess.run(["umount", "-l", point], capture_output=True)
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a state dir, but never through a mount (a hostPath bind, say)."""
+    if not path.exists():
+        return
+    unmount_under(path)
+    prefix = str(path.resolve()) + "/"
+    if any(
+        line.split()[4].startswith(prefix)
+        for line in Path("/proc/self/mountinfo").read_text().splitlines()
+    ):
+        return  # still mounted: leave it for a later run rather than delete through it
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def cleanup_slot(slot: Slot, state_dir: Path | None) -> None:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import shutil
 import tempfile
 import time
 import uuid
@@ -54,24 +53,12 @@ class RealNodes(Cluster):
 _nodes: RealNodes | None = None
 
 
-def remove_state(state: Path) -> None:
-    """Delete a run's state dir, but never through a mount (a hostPath bind, say)."""
-    nodenet.unmount_under(state)
-    prefix = str(state.resolve()) + "/"
-    if any(
-        line.split()[4].startswith(prefix)
-        for line in Path("/proc/self/mountinfo").read_text().splitlines()
-    ):
-        return  # still mounted: leave it for a later run rather than delete through it
-    shutil.rmtree(state, ignore_errors=True)
-
-
 def _shutdown() -> None:
     global _nodes
     if _nodes is not None and _nodes.real is not None:
         _nodes.real.stop()
         if not os.environ.get("SLUICE_K8S_KEEP"):
-            remove_state(_nodes.real.state_dir)
+            nodenet.remove_tree(_nodes.real.state_dir)
     _nodes = None
 
 
@@ -84,7 +71,7 @@ def _remove_stale_runs() -> None:
         live.add(f.read_text().strip())
     for run in RUNS.glob("run-*"):
         if str(run.resolve()) not in live and time.time() - run.stat().st_mtime > 600:
-            remove_state(run)
+            nodenet.remove_tree(run)
 
 
 @pytest.fixture(scope="session")
@@ -99,7 +86,7 @@ def real_cluster() -> RealNodes:
         try:
             real.start()
         except ControlPlaneError as e:
-            remove_state(state)
+            nodenet.remove_tree(state)
             pytest.fail(str(e), pytrace=False)
         atexit.register(_shutdown)
         cfg = client.Configuration()

@@ -34,10 +34,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -72,6 +74,19 @@ def _which(cmd: str) -> bool:
         os.access(Path(d) / cmd, os.X_OK)
         for d in [*os.environ["PATH"].split(":"), "/usr/sbin", "/sbin"]
     )
+
+
+def sluice_image(name: str) -> tuple[str, Path] | None:
+    """(ref, archive) of an image built by ``make images`` (scripts/images.sh), if any."""
+    index = (
+        Path(os.environ.get("SLUICE_IMAGES", Path.home() / ".cache/sluice/images")) / "index.json"
+    )
+    try:
+        entry = json.loads(index.read_text())["images"][name]
+        archive = Path(entry["archive"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (str(entry["ref"]), archive) if archive.exists() else None
 
 
 def check_node_tools() -> None:
@@ -297,6 +312,9 @@ class RealCluster:
         self.state_dir = self.state_dir.resolve()
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self.slot, self._lock = nodenet.acquire_slot(self.state_dir)
+        ext = self.state_dir / "pki" / "apiserver.ext"
+        if ext.exists() and f"IP:{self.slot.host_ip}" not in ext.read_text():
+            shutil.rmtree(self.state_dir / "pki")  # made for another slot's address
         self._start_reaper()
         t0 = time.monotonic()
         try:
@@ -316,8 +334,9 @@ class RealCluster:
                 node.start_containerd()
             self.plane.start(timeout)
             archives = [IMAGES_DIR / "pause.tar", IMAGES_DIR / "echo.tar", *self.extra_images]
-            for node in self.node_list:
-                node.import_images(archives)
+            with ThreadPoolExecutor(len(self.node_list)) as pool:  # imports are IO-bound
+                list(pool.map(lambda n: n.import_images(archives), self.node_list))
+            for node in self.node_list:  # from this thread: they die with it
                 node.start_kubelet_and_proxy()
             self.wait_nodes_ready(timeout - (time.monotonic() - t0))
         except BaseException:
