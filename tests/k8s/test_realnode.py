@@ -9,6 +9,7 @@ imported into every node's containerd: no registry is involved.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import json
 import re
@@ -18,9 +19,10 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.k8s.cluster import ROOT, TARGET_BINDING, TARGET_ROLE, target_pod
 from tests.k8s.controlplane import BIN_DIR
 from tests.k8s.realfixtures import RealNodes
-from tests.k8s.realnode import ECHO_IMAGE
+from tests.k8s.realnode import ECHO_IMAGE, sluice_image
 from tests.k8s.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
@@ -174,3 +176,51 @@ def test_security_context_is_enforced(real_cluster: RealNodes, real_namespace: s
     assert locked.stdout == "uid=10001 gid=10001 rootfs=read-only\n"
     opened = real_cluster.kubectl("-n", real_namespace, "exec", "open", "--", "/echo", "id")
     assert opened.stdout == "uid=0 gid=0 rootfs=writable\n"
+
+
+def test_sluice_target_from_the_built_image(real_cluster: RealNodes, real_namespace: str) -> None:
+    """A storage target from ``make images``'s server image, on a real node, behind a Service.
+
+    Runs when ``make images`` (scripts/images.sh) has exported the server image
+    (``~/.cache/sluice/images/index.json``); it is imported into node-1 only.
+    """
+    server = sluice_image("server")
+    if server is None:
+        pytest.skip("no localhost/sluice/server:dev archive: run `make images` first")
+    assert real_cluster.real is not None
+    ref, archive = server
+    real_cluster.real.node_list[1].ctr("images", "import", str(archive), timeout=600)
+    ns = real_namespace
+    real_cluster.kubectl("apply", "-f", str(ROOT / "crds"))
+    key = base64.b64encode(b"k" * 64).decode()
+    binding = {**TARGET_BINDING, "subjects": [{**TARGET_BINDING["subjects"][0], "namespace": ns}]}
+    pod = target_pod(0, "node-1", ref)
+    pod["spec"]["containers"][0]["imagePullPolicy"] = "Never"
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": "sluice-target"},
+        "spec": {
+            "selector": {"sluice.dev/role": "target"},
+            "ports": [{"port": 80, "targetPort": 8080}],
+        },
+    }
+    apply(real_cluster, ns,
+          {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "sluice-cluster"},
+           "data": {"cluster-key": key}},
+          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "sluice-target"}},
+          TARGET_ROLE, binding, pod, service, echo_pod("client", "node-0"))  # fmt: skip
+    wait_ready(real_cluster, ns, "target-0", "client")
+    ip = pod_ip(real_cluster, ns, "target-0")
+    bucket = httpx.post(
+        f"http://{ip}:8080/v1/buckets/b1", json={"action": "create-bck"}, timeout=30
+    )
+    assert bucket.status_code == 200, bucket.text
+    put = httpx.put(f"http://{ip}:8080/v1/objects/b1/hello.txt", content=b"real node", timeout=30)
+    assert put.status_code == 200, put.text
+    cluster_ip = real_cluster.core.read_namespaced_service("sluice-target", ns).spec.cluster_ip
+    got = real_cluster.kubectl("-n", ns, "exec", "client", "--", "/echo", "get",
+                               f"http://{cluster_ip}/v1/objects/b1/hello.txt")  # fmt: skip
+    assert got.stdout == "real node"
+    user = real_cluster.kubectl("-n", ns, "exec", "target-0", "--", "id", "-u", check=False)
+    assert user.stdout.strip() == "10001", user.stderr  # the image's non-root user
