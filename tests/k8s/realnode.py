@@ -293,6 +293,7 @@ class RealCluster:
     node_list: list[RealNode] = field(default_factory=list)
     _lock: IO[bytes] | None = None
     _reaper: subprocess.Popen[bytes] | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # seconds since start, cumulative
 
     def __enter__(self) -> RealCluster:
         self.start()
@@ -332,13 +333,18 @@ class RealCluster:
             for node in self.node_list:  # containerd starts while the apiserver does
                 node.dir.mkdir(parents=True, exist_ok=True)
                 node.start_containerd()
+            self.timings["network+containerd"] = time.monotonic() - t0
             self.plane.start(timeout)
+            self.timings["control plane"] = time.monotonic() - t0
             archives = [IMAGES_DIR / "pause.tar", IMAGES_DIR / "echo.tar", *self.extra_images]
             with ThreadPoolExecutor(len(self.node_list)) as pool:  # imports are IO-bound
                 list(pool.map(lambda n: n.import_images(archives), self.node_list))
+            self.timings["images imported"] = time.monotonic() - t0
             for node in self.node_list:  # from this thread: they die with it
                 node.start_kubelet_and_proxy()
             self.wait_nodes_ready(timeout - (time.monotonic() - t0))
+            self.timings["nodes Ready"] = time.monotonic() - t0
+            (self.state_dir / "timings.json").write_text(json.dumps(self.timings, indent=1))
         except BaseException:
             self.stop()
             raise
