@@ -76,6 +76,13 @@ def _which(cmd: str) -> bool:
     )
 
 
+def images_index() -> Path:
+    """Where ``make images`` (scripts/images.sh) lists the archives it exported."""
+    return (
+        Path(os.environ.get("SLUICE_IMAGES", Path.home() / ".cache/sluice/images")) / "index.json"
+    )
+
+
 def sluice_image(name: str) -> tuple[str, Path] | None:
     """(ref, archive) of an image built by ``make images`` (scripts/images.sh), if any."""
     index = (

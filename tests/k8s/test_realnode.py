@@ -18,11 +18,12 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.k8s.cluster import ROOT, TARGET_BINDING, TARGET_ROLE, target_pod
 from tests.k8s.controlplane import BIN_DIR
 from tests.k8s.realfixtures import RealNodes
-from tests.k8s.realnode import ECHO_IMAGE, sluice_image
+from tests.k8s.realnode import ECHO_IMAGE, images_index, sluice_image
 from tests.k8s.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
@@ -186,7 +187,7 @@ def test_sluice_target_from_the_built_image(real_cluster: RealNodes, real_namesp
     """
     server = sluice_image("server")
     if server is None:
-        pytest.skip("no localhost/sluice/server:dev archive: run `make images` first")
+        pytest.skip(f"no server image archive listed in {images_index()}: run `make images`")
     assert real_cluster.real is not None
     ref, archive = server
     real_cluster.real.node_list[1].ctr("images", "import", str(archive), timeout=600)
@@ -194,8 +195,16 @@ def test_sluice_target_from_the_built_image(real_cluster: RealNodes, real_namesp
     real_cluster.kubectl("apply", "-f", str(ROOT / "crds"))
     key = base64.b64encode(b"k" * 64).decode()
     binding = {**TARGET_BINDING, "subjects": [{**TARGET_BINDING["subjects"][0], "namespace": ns}]}
+    # Under the chart's own security contexts (non-root, read-only root
+    # filesystem, no capabilities, RuntimeDefault seccomp), with its /tmp.
+    values = yaml.safe_load((ROOT / "helm/sluice/values.yaml").read_text())
     pod = target_pod(0, "node-1", ref)
-    pod["spec"]["containers"][0]["imagePullPolicy"] = "Never"
+    pod["spec"]["securityContext"] = values["podSecurityContext"]
+    pod["spec"]["volumes"].append({"name": "tmp", "emptyDir": {}})
+    container = pod["spec"]["containers"][0]
+    container["imagePullPolicy"] = "Never"
+    container["securityContext"] = values["containerSecurityContext"]
+    container["volumeMounts"].append({"name": "tmp", "mountPath": "/tmp"})
     service = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -222,5 +231,6 @@ def test_sluice_target_from_the_built_image(real_cluster: RealNodes, real_namesp
     got = real_cluster.kubectl("-n", ns, "exec", "client", "--", "/echo", "get",
                                f"http://{cluster_ip}/v1/objects/b1/hello.txt")  # fmt: skip
     assert got.stdout == "real node"
-    user = real_cluster.kubectl("-n", ns, "exec", "target-0", "--", "id", "-u", check=False)
-    assert user.stdout.strip() == "10001", user.stderr  # the image's non-root user
+    probe = "import os; print(os.getuid(), os.access('/', os.W_OK), os.access('/data', os.W_OK))"
+    who = real_cluster.kubectl("-n", ns, "exec", "target-0", "--", "python", "-c", probe)
+    assert who.stdout.split() == ["10001", "False", "True"]
