@@ -128,11 +128,13 @@ def make_cgroup(name: str) -> None:
                 (d / knob).write_text((d.parent / knob).read_text())
 
 
-def join_cgroup(name: str) -> None:
-    """Move the calling process into ``name`` everywhere (a ``preexec_fn``)."""
-    for d in cgroup_dirs(name):
-        if (d / "cgroup.procs").exists():
-            (d / "cgroup.procs").write_text("0")
+def in_cgroup(name: str) -> list[str]:
+    """Command prefix that moves the process into ``name`` everywhere, then execs the rest.
+
+    A shell rather than a ``preexec_fn`` (not safe in a process with threads).
+    """
+    procs = " ".join(str(d / "cgroup.procs") for d in cgroup_dirs(name))
+    return ["sh", "-c", f'for f in {procs}; do echo $$ > "$f"; done; exec "$@"', "sh"]
 
 
 def _cgroup_pids(name: str) -> set[int]:

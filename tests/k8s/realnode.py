@@ -225,13 +225,13 @@ class RealNode:
         slot = self.cluster.slot
         with open(self.dir / f"{name}.log", "ab") as log:
             self.procs[name] = subprocess.Popen(
-                [*DIE_WITH_PARENT, *nodenet.in_netns(slot, self.index), *args],
+                [*DIE_WITH_PARENT, *nodenet.in_cgroup(slot.cgroup(self.index)),
+                 *nodenet.in_netns(slot, self.index), *args],
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
-                preexec_fn=lambda: nodenet.join_cgroup(slot.cgroup(self.index)),
             )  # fmt: skip
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
         for name, proc in self.procs.items():
             if proc.poll() is not None:
                 tail = (self.dir / f"{name}.log").read_text(errors="replace").splitlines()[-20:]
@@ -259,7 +259,7 @@ class RealNode:
     def import_images(self, archives: list[Path], timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while not self.socket.exists():
-            self._check_alive()
+            self.check_alive()
             if time.monotonic() > deadline:
                 raise ControlPlaneError(f"{self.name}: containerd did not open {self.socket}")
             time.sleep(0.1)
@@ -282,10 +282,15 @@ class RealNode:
         ])  # fmt: skip
         self._spawn("kube-proxy", [str(binary("kube-proxy")), f"--config={d / 'kube-proxy.json'}"])
 
-    def stop(self) -> None:
-        for name in ("kube-proxy", "kubelet", "containerd"):
-            if name in self.procs:
-                stop_process(self.procs.pop(name), grace=5)
+    def reap(self) -> None:
+        """Collect our processes once the reaper has killed them (no graceful stop:
+        the node's state is thrown away, and pods would only slow it down)."""
+        for proc in self.procs.values():
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                stop_process(proc, grace=0)
+        self.procs.clear()
 
 
 @dataclass
@@ -372,7 +377,7 @@ class RealCluster:
         with self.plane.http_client() as http:
             while True:
                 for node in self.node_list:
-                    node._check_alive()
+                    node.check_alive()
                 ready = set()
                 r = http.get("/api/v1/nodes")
                 if r.status_code == 200:
@@ -392,11 +397,7 @@ class RealCluster:
                 time.sleep(0.3)
 
     def stop(self) -> None:
-        """Stop nodes and control plane, then let the reaper remove the rest."""
-        for node in self.node_list:
-            node.stop()
-        if hasattr(self, "plane"):
-            self.plane.stop()
+        """The reaper kills the nodes and removes what they made; then the control plane."""
         if self._reaper is not None:
             if self._reaper.poll() is None:
                 self._reaper.send_signal(signal.SIGTERM)
@@ -405,6 +406,10 @@ class RealCluster:
             except subprocess.TimeoutExpired:
                 self._reaper.kill()
             self._reaper = None
+        for node in self.node_list:
+            node.reap()
+        if hasattr(self, "plane"):
+            self.plane.stop()
         if self._lock is not None:
             self._lock.close()
             self._lock = None
