@@ -68,8 +68,9 @@ if ((${#node_pkgs[@]})) && [[ -z "${SLUICE_NO_APT:-}" ]]; then
   t=$SECONDS
   log "installing ${node_pkgs[*]} with apt-get"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -q >/dev/null
-  apt-get install -y -q --no-install-recommends "${node_pkgs[@]}" >/dev/null
+  # Another build (make images) may hold apt's locks: wait for them.
+  for try in 1 2 3 4 5 6; do apt-get update -q >/dev/null && break; sleep 10; done
+  apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${node_pkgs[@]}" >/dev/null
   log "node packages installed in $((SECONDS - t))s"
 else
   log "node runtime packages present${node_pkgs[*]:+ (missing, SLUICE_NO_APT set: ${node_pkgs[*]})}"
