@@ -5,19 +5,21 @@ sessions can run at once on one machine) owns:
 
 * a host bridge ``slr<K>`` with ``10.240.K.1/24`` (the apiserver binds there);
 * per node i a network namespace ``sluice-<K>-node-<i>`` joined to the bridge by
-  a veth (``eth0`` inside, ``10.240.K.(10+i)/24``, default route via the
-  bridge, ``ip_forward`` on), the node's pod subnet ``10.241.(4K+i).0/24``,
-  routes to the other nodes' pod subnets, and a host route to it (so the host
-  reaches pod IPs the way a laptop reaches a local cluster);
+  a veth (``eth0`` inside, ``10.240.K.(10+i)/24``, ``ip_forward`` on), the
+  node's pod subnet ``10.241.(4K+i).0/24``, routes to the other nodes' pod
+  subnets and to the Service range (no default route), and a host route to
+  its pod subnet (so the host reaches pod IPs the way a laptop reaches a
+  local cluster);
 * per node a cgroup ``/sluice-<K>-node-<i>`` in every hierarchy: the kubelet's
   ``cgroupRoot``, and containerd, its shims and the kubelet run inside it, so
   that one walk over it finds every process of the node.
 
 Nothing here sends traffic anywhere: addresses exist only on the harness's own
-bridge and namespaces; the host does not forward (``ip_forward`` stays as it
-is), so pods reach nothing outside the harness.  :func:`cleanup_slot` undoes it
-all (processes, mounts under the state dir, namespaces, bridge, cgroups) and is
-what both a normal stop and the next session (for a killed one) run.
+bridge and namespaces, and the nodes have no default route, so pods reach
+nothing outside the harness (a pull of an image not imported fails at once).
+:func:`cleanup_slot` undoes it all (processes, mounts under the state dir,
+namespaces, bridge, cgroups); a normal stop and the next session (for a
+killed one) both run it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
+
+from tests.k8s.controlplane import SERVICE_CIDR
 
 SLOTS = 32
 MAX_NODES = 4
@@ -256,7 +260,11 @@ def make_node_netns(slot: Slot, node: int, nodes: int) -> None:
     ip("-n", ns, "addr", "add", f"{slot.node_ip(node)}/24", "dev", "eth0")
     ip("-n", ns, "link", "set", "lo", "up")
     ip("-n", ns, "link", "set", "eth0", "up")
-    ip("-n", ns, "route", "add", "default", "via", slot.host_ip)
+    # No default route: a node (and its pods) reach the bridge, the pod
+    # subnets and the Service range (so the node's own ClusterIP traffic
+    # finds a route before kube-proxy's DNAT), nothing else, even on a host
+    # that forwards.
+    ip("-n", ns, "route", "add", SERVICE_CIDR, "via", slot.host_ip)
     for other in range(nodes):
         if other != node:
             ip("-n", ns, "route", "add", slot.pod_cidr(other), "via", slot.node_ip(other))

@@ -14,6 +14,7 @@ import ipaddress
 import json
 import re
 import subprocess
+import sys
 from typing import Any
 
 import httpx
@@ -119,6 +120,14 @@ def test_cluster_ip_service_routes_across_nodes(
 
     wait_for(both_backends_answer, timeout=90, interval=0.1)
     assert seen == {"hello from backend-1", "hello from backend-2"}
+    # And from node-0 itself (its own traffic goes through kube-proxy's OUTPUT rules).
+    assert real_cluster.real is not None
+    fetch = f"import urllib.request as u; print(u.urlopen('http://{cluster_ip}/').read().decode())"
+    node = subprocess.run(
+        ["ip", "netns", "exec", real_cluster.real.slot.netns(0), sys.executable, "-c", fetch],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert node.stdout.startswith("hello from backend-"), node.stderr
 
 
 def test_pod_reaches_the_apiserver_with_its_service_account(
