@@ -85,11 +85,8 @@ def images_index() -> Path:
 
 def sluice_image(name: str) -> tuple[str, Path] | None:
     """(ref, archive) of an image built by ``make images`` (scripts/images.sh), if any."""
-    index = (
-        Path(os.environ.get("SLUICE_IMAGES", Path.home() / ".cache/sluice/images")) / "index.json"
-    )
     try:
-        entry = json.loads(index.read_text())["images"][name]
+        entry = json.loads(images_index().read_text())["images"][name]
         archive = Path(entry["archive"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -113,7 +110,7 @@ def check_node_tools() -> None:
             raise ControlPlaneError(f"{IMAGES_DIR / image}.tar is missing: run `make k8s-tools`")
 
 
-def _containerd_config(d: Path, pod_cidr: str) -> str:
+def _containerd_config(d: Path) -> str:
     cri = 'plugins."io.containerd.grpc.v1.cri"'
     return f"""version = 2
 root = "{d}/containerd/root"
@@ -252,7 +249,7 @@ class RealNode:
         slot, d = self.cluster.slot, self.dir
         for sub in ("cni", "pod-logs", "kubelet"):
             (d / sub).mkdir(parents=True, exist_ok=True)
-        (d / "containerd.toml").write_text(_containerd_config(d, slot.pod_cidr(self.index)))
+        (d / "containerd.toml").write_text(_containerd_config(d))
         (d / "cni" / "10-sluice.conflist").write_text(_cni_config(d, slot.pod_cidr(self.index)))
         self._spawn("containerd", ["containerd", f"--config={d / 'containerd.toml'}"])
 
