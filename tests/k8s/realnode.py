@@ -406,7 +406,7 @@ class RealCluster:
         for node in self.node_list:
             node.reap()
         if hasattr(self, "plane"):
-            self.plane.stop()
+            self.plane.stop(grace=3)  # its state is thrown away: no need to wait long
         if self._lock is not None:
             self._lock.close()
             self._lock = None
