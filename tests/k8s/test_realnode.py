@@ -135,10 +135,13 @@ def test_pod_reaches_the_apiserver_with_its_service_account(
 ) -> None:
     apply(real_cluster, real_namespace, echo_pod("inside", "node-2"))
     wait_ready(real_cluster, real_namespace, "inside")
+
     # https://10.0.0.1 is the "kubernetes" Service; the pod's token is projected by the kubelet.
-    version = real_cluster.kubectl("-n", real_namespace, "exec", "inside", "--", "/echo", "get",
-                                   "https://10.0.0.1/version").stdout  # fmt: skip
-    assert json.loads(version)["gitVersion"] == "v1.34.4"
+    def version() -> str:  # retried: kube-proxy may not have synced the Service yet
+        return real_cluster.kubectl("-n", real_namespace, "exec", "inside", "--", "/echo", "get",
+                                    "https://10.0.0.1/version").stdout  # fmt: skip
+
+    assert json.loads(wait_for(version, timeout=60))["gitVersion"] == "v1.34.4"
     denied = real_cluster.kubectl("-n", real_namespace, "exec", "inside", "--", "/echo", "get",
                                   "https://10.0.0.1/api/v1/secrets", check=False)  # fmt: skip
     assert denied.returncode != 0
