@@ -3,8 +3,16 @@
 # (tests/k8s/), from source via the Go module proxy, into ~/.cache/sluice/bin/.
 #
 #   kube-apiserver kube-controller-manager kube-scheduler kubectl  (k8s.io/kubernetes)
+#   kubelet kube-proxy                                            (same build: shared cache)
 #   etcd                                                          (go.etcd.io/etcd/server/v3)
 #   helm                                                          (helm.sh/helm/v3)
+#   pause and echo test images (tests/k8s/images/*, static Go on an empty
+#   image, packed by tests/k8s/ociimage.py) into ~/.cache/sluice/k8s-images/
+#
+# and, for the real-node harness (tests/k8s/realnode.py), installs the node
+# runtime with apt-get when it is missing: containerd, runc, the CNI plugins
+# (containernetworking-plugins), iptables and conntrack (kube-proxy).
+# SLUICE_NO_APT=1 skips that step (the harness then names what is missing).
 #
 # Idempotent and cached: a binary whose version stamp (bin/.<name>.version)
 # matches is not rebuilt (helm's stamp also names the Kubernetes version baked
@@ -41,9 +49,32 @@ export GOPROXY="${GOPROXY:-https://proxy.golang.org,direct}"
 
 command -v go >/dev/null || { echo "k8s-tools: 'go' not found on PATH" >&2; exit 1; }
 mkdir -p "$BIN" "$BUILD" "$GOCACHE" "$GOMODCACHE"
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+IMAGES="$CACHE/k8s-images"
 
 t_all=$SECONDS
 log() { printf '[k8s-tools %4ss] %s\n' "$((SECONDS - t_all))" "$*"; }
+
+# --- node runtime (Debian packages) ----------------------------------------
+# crun cannot start containers on this cgroup layout; runc can (issue 24).
+node_pkgs=()
+for pair in containerd=containerd runc=runc /usr/lib/cni/bridge=containernetworking-plugins \
+  iptables=iptables conntrack=conntrack; do
+  cmd="${pair%%=*}"
+  if [[ "$cmd" == /* ]]; then [[ -x "$cmd" ]] || node_pkgs+=("${pair#*=}")
+  else command -v "$cmd" >/dev/null || [[ -x "/usr/sbin/$cmd" ]] || node_pkgs+=("${pair#*=}"); fi
+done
+if ((${#node_pkgs[@]})) && [[ -z "${SLUICE_NO_APT:-}" ]]; then
+  t=$SECONDS
+  log "installing ${node_pkgs[*]} with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  # Another build (make images) may hold apt's locks: wait for them.
+  for try in 1 2 3 4 5 6; do apt-get update -q >/dev/null && break; sleep 10; done
+  apt-get install -y -q -o DPkg::Lock::Timeout=900 --no-install-recommends "${node_pkgs[@]}" >/dev/null
+  log "node packages installed in $((SECONDS - t))s"
+else
+  log "node runtime packages present${node_pkgs[*]:+ (missing, SLUICE_NO_APT set: ${node_pkgs[*]})}"
+fi
 
 # up_to_date NAME VERSION: binary exists and its stamp says VERSION.
 up_to_date() {
@@ -103,7 +134,7 @@ build_pkgs() {
 }
 
 # --- Kubernetes ------------------------------------------------------------
-k8s_names=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
+k8s_names=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet kube-proxy)
 need=()
 for n in "${k8s_names[@]}"; do up_to_date "$n" "$K8S_VERSION" || need+=("$n"); done
 if ((${#need[@]})); then
@@ -155,5 +186,24 @@ if ! up_to_date helm "$helm_stamp"; then
 else
   log "helm $helm_stamp up to date"
 fi
+
+# --- test images: pause (pod sandbox) and echo --------------------------------
+# Static Go binaries on an empty image, written as `docker save` archives
+# that the harness imports into each node's containerd (k8s.io namespace).
+mkdir -p "$IMAGES"
+for img in pause:3.10 echo:v1; do
+  name="${img%%:*}"
+  src="$ROOT/tests/k8s/images/$name/main.go"
+  stamp="$(cat "$src" "$ROOT/tests/k8s/ociimage.py" | sha256sum | cut -c1-16) $(go env GOVERSION)"
+  if [[ -f "$IMAGES/$name.tar" && "$(cat "$IMAGES/.$name.version" 2>/dev/null)" == "$stamp" ]]; then
+    log "image localhost/sluice/$img up to date"
+    continue
+  fi
+  go build -ldflags="-s -w" -o "$IMAGES/$name" "$src"
+  python3 "$ROOT/tests/k8s/ociimage.py" --tag "localhost/sluice/$img" --entrypoint "/$name" \
+    --add "$name=$IMAGES/$name" --out "$IMAGES/$name.tar" >/dev/null
+  echo "$stamp" >"$IMAGES/.$name.version"
+  log "image localhost/sluice/$img built ($IMAGES/$name.tar)"
+done
 
 log "all tools ready in $BIN ($((SECONDS - t_all))s total)"

@@ -1,14 +1,18 @@
 """A long-running dev cluster: ``python -m tests.k8s.cluster up|down|status``.
 
 ``up`` starts a background supervisor process that runs the control plane
-(etcd, apiserver, controller-manager, scheduler) and the process kubelet with
-three nodes, applies the CRDs in ``crds/``, and, when the project has them,
-starts the operator (``python -m etl_operator``, as a local process with the
-admin kubeconfig) and three target pods (``sluice.dev/role=target``, one per
-node).  It prints ``export KUBECONFIG=...`` once everything answers and
-returns.  ``down`` stops what ``up`` started.  State lives in
-``~/.cache/sluice/k8s-dev/`` (override with ``SLUICE_K8S_DEV``); logs in
-``logs/`` there, pod logs under ``kubelet/pods/``.
+(etcd, apiserver, controller-manager, scheduler) and three **real nodes**
+(``tests/k8s/realnode.py``: kubelet, containerd, runc, CNI, kube-proxy, each
+node in its own network namespace), applies the CRDs in ``crds/``, and, when
+the project has them, starts the operator (``python -m etl_operator``, as a
+local process with the admin kubeconfig) and three target pods
+(``sluice.dev/role=target``, one per node) from ``localhost/sluice/server:dev``
+when ``make images`` has built it.  ``up --process-kubelet`` runs the process
+kubelet (``tests/k8s/kubelet.py``) instead of real nodes: no containers, the
+target pods run as local processes.  It prints ``export KUBECONFIG=...`` once
+everything answers and returns.  ``down`` stops what ``up`` started.  State
+lives in ``~/.cache/sluice/k8s-dev/`` (override with ``SLUICE_K8S_DEV``); logs
+in ``logs/`` there and ``node-*/`` (real nodes) or ``kubelet/pods/``.
 """
 
 from __future__ import annotations
@@ -17,7 +21,6 @@ import argparse
 import base64
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.k8s import nodenet
 from tests.k8s.api import Api, ApiError
 from tests.k8s.controlplane import (
     BIN_DIR,
@@ -37,6 +41,7 @@ from tests.k8s.controlplane import (
     stop_process,
 )
 from tests.k8s.kubelet import Kubelet
+from tests.k8s.realnode import RealCluster, sluice_image
 
 ROOT = Path(__file__).resolve().parents[2]
 STATE = Path(os.environ.get("SLUICE_K8S_DEV", Path.home() / ".cache/sluice/k8s-dev"))
@@ -58,7 +63,7 @@ TARGET_BINDING: dict[str, Any] = {
 }
 
 
-def target_pod(index: int, node: str) -> dict[str, Any]:
+def target_pod(index: int, node: str, image: str = "sluice:dev") -> dict[str, Any]:
     """A storage target pod pinned to ``node`` (see docs/architecture.md)."""
     field = lambda path: {"valueFrom": {"fieldRef": {"fieldPath": path}}}  # noqa: E731
     key = {"secretKeyRef": {"name": "sluice-cluster", "key": "cluster-key"}}
@@ -71,7 +76,8 @@ def target_pod(index: int, node: str) -> dict[str, Any]:
             "serviceAccountName": "sluice-target",
             "containers": [{
                 "name": "target",
-                "image": "sluice:dev",
+                "image": image,
+                "imagePullPolicy": "IfNotPresent",
                 "command": ["sluice-target"],
                 "args": ["--host", "$(POD_IP)", "--port", "8080", "--id", "$(POD_NAME)",
                          "--registry", "kubernetes", "--data-dir", "/data"],
@@ -99,8 +105,14 @@ def ensure(api: Api, path: str, obj: dict[str, Any]) -> None:
             raise
 
 
-def deploy_sluice(plane: ControlPlane, api: Api, log: Path) -> subprocess.Popen[bytes] | None:
-    """CRDs, then (if present) the operator process and three target pods."""
+def deploy_sluice(
+    plane: ControlPlane, api: Api, log: Path, image: str | None = "sluice:dev"
+) -> subprocess.Popen[bytes] | None:
+    """CRDs, then (if present) the operator process and three target pods.
+
+    ``image`` is the target pods' image; None (real nodes without the built
+    server image) starts no target pods.
+    """
     crds = sorted(ROOT.glob("crds/*.yaml"))
     if crds:
         kubectl = [str(BIN_DIR / "kubectl"), f"--kubeconfig={plane.kubeconfig}"]
@@ -120,31 +132,42 @@ def deploy_sluice(plane: ControlPlane, api: Api, log: Path) -> subprocess.Popen[
                 [*DIE_WITH_PARENT, sys.executable, "-m", "etl_operator"],
                 cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
-    if (ROOT / "etl_runtime/storage_target/__main__.py").exists():
+    if image is None:
+        print("no target pods: run `make images` for localhost/sluice/server:dev", flush=True)
+    elif (ROOT / "etl_runtime/storage_target/__main__.py").exists():
         ensure(api, f"{ns}/serviceaccounts", {"metadata": {"name": "sluice-target"}})
         rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NAMESPACE}"
         ensure(api, f"{rbac}/roles", TARGET_ROLE)
         ensure(api, f"{rbac}/rolebindings", TARGET_BINDING)
         for i in range(3):
-            ensure(api, f"{ns}/pods", target_pod(i, f"node-{i}"))
+            ensure(api, f"{ns}/pods", target_pod(i, f"node-{i}", image))
     return operator
 
 
-def supervise() -> None:
+def supervise(process_kubelet: bool = False) -> None:
     """Run the dev cluster until SIGTERM/SIGINT (the ``up`` background process)."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     t0 = time.monotonic()
-    plane = ControlPlane(STATE, controllers=True, scheduler=True)
-    kubelet = operator = None
+    kubelet = operator = real = None
+    image: str | None = "sluice:dev"
     try:
-        plane.start()
-        print(f"control plane ready in {time.monotonic() - t0:.1f}s", flush=True)
-        kubelet = Kubelet(plane.kubeconfig, STATE / "kubelet", nodes=3)
-        kubelet.start()
+        if process_kubelet:
+            plane = ControlPlane(STATE, controllers=True, scheduler=True)
+            plane.start()
+            print(f"control plane ready in {time.monotonic() - t0:.1f}s", flush=True)
+            kubelet = Kubelet(plane.kubeconfig, STATE / "kubelet", nodes=3)
+            kubelet.start()
+        else:
+            server = sluice_image("server")
+            image = server[0] if server else None
+            real = RealCluster(STATE, nodes=3, extra_images=[server[1]] if server else [])
+            real.start()
+            plane = real.plane
+            print(f"control plane and 3 real nodes ready in {time.monotonic() - t0:.1f}s")
         api = Api(plane.kubeconfig)
-        operator = deploy_sluice(plane, api, STATE / "logs" / "operator.log")
+        operator = deploy_sluice(plane, api, STATE / "logs" / "operator.log", image)
         (STATE / "ready").write_text(f"{time.monotonic() - t0:.1f}\n")
         print(f"cluster up in {time.monotonic() - t0:.1f}s", flush=True)
         stop.wait()
@@ -153,7 +176,9 @@ def supervise() -> None:
             stop_process(operator, grace=10)
         if kubelet is not None:
             kubelet.stop()
-        plane.stop()
+            plane.stop()
+        if real is not None:
+            real.stop()
         (STATE / "supervisor.pid").unlink(missing_ok=True)
         print("cluster stopped", flush=True)
 
@@ -167,16 +192,16 @@ def running_pid() -> int | None:
         return None
 
 
-def up(timeout: float = 180.0) -> int:
+def up(timeout: float = 300.0, process_kubelet: bool = False) -> int:
     kubeconfig = STATE / "kubeconfig"
     for name in BINARIES:
         binary(name)  # fail fast with "run make k8s-tools"
     if running_pid() is not None:
         print(f"already running\nexport KUBECONFIG={kubeconfig}")
         return 0
-    for name in ("etcd", "kubelet", "logs", "ready", "kubeconfig"):
+    for name in ("etcd", "kubelet", "logs", "ready", "kubeconfig", *nodenet_dirs()):
         path = STATE / name
-        shutil.rmtree(path) if path.is_dir() else path.unlink(missing_ok=True)
+        nodenet.remove_tree(path) if path.is_dir() else path.unlink(missing_ok=True)
     (STATE / "logs").mkdir(parents=True)
     key = STATE / "cluster-key"
     if not key.exists():
@@ -184,7 +209,8 @@ def up(timeout: float = 180.0) -> int:
         key.chmod(0o600)
     with open(STATE / "logs" / "supervisor.log", "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.k8s.cluster", "supervise"],
+            [sys.executable, "-m", "tests.k8s.cluster", "supervise",
+             *(["--process-kubelet"] if process_kubelet else [])],
             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
     (STATE / "supervisor.pid").write_text(f"{proc.pid}\n")
@@ -201,6 +227,11 @@ def up(timeout: float = 180.0) -> int:
     return 0
 
 
+def nodenet_dirs() -> list[str]:
+    """The real nodes' state dirs of an earlier ``up`` (its reaper unmounted them)."""
+    return [p.name for p in STATE.glob("node-*")]
+
+
 def down() -> int:
     pid = running_pid()
     if pid is None:
@@ -213,6 +244,8 @@ def down() -> int:
     if running_pid() is not None:
         os.killpg(pid, signal.SIGKILL)
     (STATE / "supervisor.pid").unlink(missing_ok=True)
+    for node in nodenet_dirs():  # the nodes' image stores (GBs); logs stay until the next up
+        nodenet.remove_tree(STATE / node / "containerd")
     print("stopped")
     return 0
 
@@ -220,18 +253,21 @@ def down() -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.k8s.cluster", description=__doc__)
     parser.add_argument("command", choices=["up", "down", "status", "supervise"])
+    parser.add_argument(
+        "--process-kubelet", action="store_true", help="process kubelet instead of real nodes"
+    )
     args = parser.parse_args(argv)
     STATE.mkdir(parents=True, exist_ok=True)
     try:
         if args.command == "up":
-            return up()
+            return up(process_kubelet=args.process_kubelet)
         if args.command == "down":
             return down()
         if args.command == "status":
             pid = running_pid()
             print(f"running (pid {pid}), KUBECONFIG={STATE / 'kubeconfig'}" if pid else "stopped")
             return 0
-        supervise()
+        supervise(args.process_kubelet)
         return 0
     except ControlPlaneError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -62,8 +62,11 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_certs(pki: Path) -> None:
-    """CA, apiserver serving cert, admin client cert, service-account key pair."""
+def make_certs(pki: Path, extra_sans: tuple[str, ...] = ()) -> None:
+    """CA, apiserver serving cert, admin client cert, service-account key pair.
+
+    ``extra_sans`` are more subjectAltNames of the serving cert (``IP:...``).
+    """
     pki.mkdir(parents=True, exist_ok=True)
     if (pki / "admin.crt").exists():
         return
@@ -73,7 +76,7 @@ def make_certs(pki: Path) -> None:
     sans = ",".join(
         ["IP:127.0.0.1", "IP:10.0.0.1", "DNS:localhost", "DNS:kubernetes",
          "DNS:kubernetes.default", "DNS:kubernetes.default.svc",
-         "DNS:kubernetes.default.svc.cluster.local"]
+         "DNS:kubernetes.default.svc.cluster.local", *extra_sans]
     )  # fmt: skip
     for name, subj, ext in (
         ("apiserver", "/CN=kube-apiserver", f"subjectAltName={sans}"),
@@ -108,6 +111,11 @@ class ControlPlane:
     controllers: bool = False
     scheduler: bool = False
     apiserver_port: int = 0
+    # The apiserver's address.  The real-node harness (tests/k8s/realnode.py)
+    # binds it to its host bridge so kubelets in node network namespaces reach
+    # it; that also turns on the "kubernetes" Service's endpoints.
+    bind_address: str = "127.0.0.1"
+    apiserver_args: list[str] = field(default_factory=list)
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     @property
@@ -120,7 +128,7 @@ class ControlPlane:
 
     @property
     def server(self) -> str:
-        return f"https://127.0.0.1:{self.apiserver_port}"
+        return f"https://{self.bind_address}:{self.apiserver_port}"
 
     def __enter__(self) -> ControlPlane:
         self.start()
@@ -138,7 +146,8 @@ class ControlPlane:
             raise ControlPlaneError("openssl is needed to make test certificates")
         self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.state_dir / "logs").mkdir(exist_ok=True)
-        make_certs(self.pki)
+        extra = () if self.bind_address == "127.0.0.1" else (f"IP:{self.bind_address}",)
+        make_certs(self.pki, extra)
         t0 = time.monotonic()
         try:
             self._start_etcd()
@@ -187,10 +196,11 @@ class ControlPlane:
         self.apiserver_port = self.apiserver_port or free_port()
         p = self.pki
         admission = [] if self.controllers else ["--disable-admission-plugins=ServiceAccount"]
+        loopback = self.bind_address == "127.0.0.1"
         self._spawn("kube-apiserver", [
             f"--etcd-servers={self.etcd_url}", f"--secure-port={self.apiserver_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            "--endpoint-reconciler-type=none",
+            f"--bind-address={self.bind_address}", f"--advertise-address={self.bind_address}",
+            f"--endpoint-reconciler-type={'none' if loopback else 'lease'}",
             "--kubelet-preferred-address-types=InternalIP",  # node names do not resolve
             f"--tls-cert-file={p / 'apiserver.crt'}",
             f"--tls-private-key-file={p / 'apiserver.key'}",
@@ -201,7 +211,7 @@ class ControlPlane:
             f"--service-cluster-ip-range={SERVICE_CIDR}",
             "--authorization-mode=RBAC", "--allow-privileged=true",
             "--enable-priority-and-fairness=false", "--profiling=false",
-            "--event-ttl=10m", *admission,
+            "--event-ttl=10m", *admission, *self.apiserver_args,
         ])  # fmt: skip
 
     def _component_args(self) -> list[str]:
