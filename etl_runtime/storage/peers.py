@@ -21,7 +21,8 @@ import httpx
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.core import auth
-from etl_runtime.storage.store import READ_CHUNK, read_meta
+from etl_runtime.storage.meta import read_meta
+from etl_runtime.storage.store import READ_CHUNK
 
 INTERNAL_HEADER = "X-Sluice-Internal"
 META_HEADER = "X-Sluice-Meta"  # an object's stored metadata (JSON) travels with its copies

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -44,18 +43,16 @@ import anyio.to_thread
 from etl_runtime.core.durable import fsync_dir, make_dirs
 from etl_runtime.core.errors import (
     InsufficientStorage,
-    InvalidRequest,
     ObjectConflict,
     ObjectNotFound,
     bucket_not_found,
 )
 from etl_runtime.core.names import validate_bucket, validate_object
+from etl_runtime.storage.meta import META_XATTR, check_meta, encode_meta, read_meta
 
 log = logging.getLogger(__name__)
 
 ETAG_XATTR = "user.sluice.md5"
-META_XATTR = "user.sluice.meta"  # JSON: content-type and user metadata (check_meta)
-META_MAX = 2048  # bytes of user metadata per object, as S3 allows
 READ_CHUNK = 1 << 20
 NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
@@ -76,41 +73,6 @@ class ObjectInfo:
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "size": self.size, "etag": self.etag, "mtime": self.mtime}
-
-
-def check_meta(meta: Mapping[str, Any] | None, bucket: str, name: str) -> dict[str, Any]:
-    """An object's metadata as stored: a ``content-type`` and user ``meta`` (str -> str).
-
-    User metadata is at most ``META_MAX`` bytes (keys and values, as S3 counts
-    it); more is a 400 naming the object, never silently cut.
-    """
-    if not meta:
-        return {}
-    out: dict[str, Any] = {}
-    ctype = meta.get("content-type")
-    if ctype:
-        out["content-type"] = str(ctype)
-    user = {str(k).lower(): str(v) for k, v in (meta.get("meta") or {}).items()}
-    if sum(len(k) + len(v) for k, v in user.items()) > META_MAX:
-        raise InvalidRequest(
-            f"user metadata of {bucket}/{name} is over {META_MAX} bytes", bucket=bucket, object=name
-        )
-    if user:
-        out["meta"] = dict(sorted(user.items()))
-    return out
-
-
-def read_meta(fd: int | str | Path) -> dict[str, Any]:
-    """The metadata stored beside an object (an extended attribute), or {}."""
-    try:
-        raw = os.getxattr(fd, META_XATTR)
-    except OSError:
-        return {}
-    try:
-        found = json.loads(raw)
-    except ValueError:
-        return {}
-    return found if isinstance(found, dict) else {}
 
 
 def _read_etag(fd: int) -> str:
@@ -440,7 +402,7 @@ class ObjectStore:
         except OSError:
             pass  # no xattrs here: the ETag is recomputed when read
         if meta:  # no fallback: a filesystem without xattrs cannot keep it, and says so
-            os.setxattr(f.fileno(), META_XATTR, json.dumps(meta).encode())
+            os.setxattr(f.fileno(), META_XATTR, encode_meta(meta))
         os.fsync(f.fileno())
         f.close()
 

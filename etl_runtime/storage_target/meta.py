@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from etl_runtime.core.errors import InvalidRequest
+from etl_runtime.storage.meta import check_meta
 from etl_runtime.storage.peers import META_HEADER
-from etl_runtime.storage.store import check_meta
 
 PREFIX = "x-sluice-meta-"
 INTERNAL = META_HEADER  # the stored JSON, between targets
