@@ -42,7 +42,7 @@ browser:
 images:  # localhost/sluice/{server,runtime,operator}:dev, no registry (docs/deploy.md)
 	bash scripts/images.sh
 
-test: install k8s-tools minio browser lint
+test: install images k8s-tools minio browser lint
 	$(BIN)/pytest -q
 
 k8s-up: install k8s-tools
