@@ -28,6 +28,7 @@ from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
+from etl_runtime.gateway.batch.archive import Chunk
 from etl_runtime.gateway.batch.assemble import Assembler, multipart
 from etl_runtime.gateway.batch.request import parse_request
 from etl_runtime.gateway.context import Gateway
@@ -47,9 +48,7 @@ class BatchResponse(StreamingResponse):
     HTTP library sees a chunked body that never ended.
     """
 
-    def __init__(
-        self, content: AsyncIterator[bytes | bytearray], asm: Assembler, media_type: str
-    ) -> None:
+    def __init__(self, content: AsyncIterator[Chunk], asm: Assembler, media_type: str) -> None:
         # bytearray pieces too: the server writes any bytes-like body as is
         super().__init__(cast(AsyncIterator[bytes], content), media_type=media_type)
         self._asm = asm
