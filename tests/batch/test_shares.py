@@ -1,0 +1,169 @@
+"""GetBatch's per-target shares (``POST /v1/_moss`` on each target), seen from a client.
+
+A real ``sluice up`` with 3 targets. The gateway asks every target once per
+part of ``PART`` items and merges the shares in request order: a batch of
+several parts per target keeps its order, byte ranges and missing items land
+where they were asked, the multipart answer's ``MossOut`` sizes are the bytes
+delivered, and a target killed while its share streams breaks the answer
+(a tar reader fails, the HTTP body never ends) with the gateway naming the
+target, never a short archive that reads as complete.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import tarfile
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+import pytest
+import requests
+
+from etl_runtime.gateway.batch.shares import PART
+from etl_runtime.local import LocalCluster
+
+N = 40
+BIG = 4 << 20
+
+
+def data_of(i: int) -> bytes:
+    return f"obj-{i:03d}|".encode() * (1 + i * 53 % 400)
+
+
+def read_tar(raw: bytes) -> list[tuple[str, bytes]]:
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r|") as tar:
+        for m in tar:
+            f = tar.extractfile(m)
+            out.append((m.name, f.read() if f is not None else b""))
+    return out
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    with LocalCluster(tmp_path_factory.mktemp("shares") / "data", targets=3) as c:
+        url = c.endpoint.rstrip("/")
+        with httpx.Client(base_url=url, timeout=120, trust_env=False) as h:
+            for b in ("small", "big"):
+                h.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
+            for i in range(N):
+                h.put(f"/v1/objects/small/o{i:03d}", content=data_of(i)).raise_for_status()
+            for i in range(12):
+                h.put(f"/v1/objects/big/b{i:02d}", content=bytes([i]) * BIG).raise_for_status()
+        yield c
+
+
+def test_many_parts_per_target_keep_order_ranges_and_missing_items(cluster: LocalCluster) -> None:
+    url = cluster.endpoint.rstrip("/")
+    count = 3 * PART + 77  # well over one part per target
+    items: list[dict[str, object]] = []
+    want: list[tuple[str, bytes]] = []
+    for k in range(count):
+        i = (k * 7) % N
+        if k % 97 == 50:
+            items.append({"objname": f"gone-{k}"})
+            want.append((f"__404__/small/gone-{k}", b""))
+        elif k % 5 == 3:
+            start, length = k % 11, 5 + k % 13
+            items.append({"objname": f"o{i:03d}", "start": start, "length": length})
+            want.append((f"small/o{i:03d}", data_of(i)[start : start + length]))
+        elif k % 5 == 4:
+            items.append({"objname": f"o{i:03d}", "start": 3, "length": -1})
+            want.append((f"small/o{i:03d}", data_of(i)[3:]))
+        else:
+            items.append({"objname": f"o{i:03d}"})
+            want.append((f"small/o{i:03d}", data_of(i)))
+    body = {"in": items, "strm": True, "coer": True}
+    r = requests.get(f"{url}/v1/ml/moss/small", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert read_tar(r.content) == want
+
+    # the buffered answer: one MossOut per item, sizes as delivered, errors named
+    body["strm"] = False
+    r = requests.get(f"{url}/v1/ml/moss/small", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    boundary = r.headers["content-type"].split("boundary=")[1].encode()
+    parts = r.content.split(b"--" + boundary)
+    meta = json.loads(parts[1].split(b"\r\n\r\n", 1)[1])
+    assert [o["size"] for o in meta["out"]] == [len(d) for _, d in want]
+    missing = [o for o in meta["out"] if o.get("err_msg")]
+    assert len(missing) == sum(1 for n, _ in want if n.startswith("__404__/"))
+    assert all("does not exist" in o["err_msg"] for o in missing)
+    archive = parts[2].split(b"\r\n\r\n", 1)[1][: -len(b"\r\n")]
+    assert read_tar(archive) == want
+
+
+def test_a_range_past_the_end_names_the_item(cluster: LocalCluster) -> None:
+    url = cluster.endpoint.rstrip("/")
+    size = len(data_of(4))
+    body = {"in": [{"objname": "o001"}, {"objname": "o004", "start": size, "length": 2}]}
+    r = requests.get(f"{url}/v1/ml/moss/small", json={**body, "strm": True}, timeout=60)
+    assert r.status_code == 416
+    assert "in[1] ais://small/o004" in r.json()["error"] and str(size) in r.json()["error"]
+
+
+def _target_process(cluster: LocalCluster, port: int) -> psutil.Process:
+    for p in psutil.Process(cluster.pid).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "etl_runtime.storage_target" in cmd and str(port) in cmd:
+            return p
+    raise AssertionError(f"no target on port {port} below sluice up:\n{cluster.output}")
+
+
+def test_a_target_killed_mid_share_breaks_the_answer_and_is_named(cluster: LocalCluster) -> None:
+    url = cluster.endpoint.rstrip("/")
+    names = [f"b{i:02d}" for i in range(12)]
+    owner = {}
+    for n in names:
+        r = httpx.get(f"{url}/v1/objects/big/{n}", follow_redirects=False, trust_env=False)
+        assert r.status_code == 307
+        owner[n] = urlsplit(r.headers["location"]).port
+    victim_port = owner[names[-1]]
+    victim = _target_process(cluster, victim_port)
+    victim_id = victim.cmdline()[victim.cmdline().index("--id") + 1]
+    # the victim's items come last, many times over: far more than socket buffers hold
+    first = [n for n in names if owner[n] != victim_port]
+    theirs = [n for n in names if owner[n] == victim_port]
+    order = first + theirs * 8
+    body = {"in": [{"objname": n} for n in order], "strm": True}
+    r = requests.get(f"{url}/v1/ml/moss/big", json=body, stream=True, timeout=120)
+    assert r.status_code == 200
+    raw = bytearray()
+    it = r.iter_content(1 << 16)
+    while len(raw) < 2 * BIG:  # the answer is under way
+        raw += next(it)
+    victim.send_signal(signal.SIGKILL)
+    with pytest.raises(requests.exceptions.ChunkedEncodingError):
+        for chunk in it:
+            raw += chunk
+    got = []
+    with pytest.raises(tarfile.ReadError):
+        with tarfile.open(fileobj=io.BytesIO(bytes(raw)), mode="r|") as tar:
+            for m in tar:
+                f = tar.extractfile(m)
+                assert f is not None
+                got.append((m.name, f.read()))
+    # what came whole is what was asked, in order; nothing after the break reads as whole
+    assert len(got) < len(order)
+    for (name, data), n in zip(got, order, strict=False):
+        assert name == f"big/{n}" and data == bytes([int(n[1:])]) * BIG
+
+    log = cluster.data_dir / "logs" / "gateway.log"
+
+    def gateway_said() -> list[str]:
+        lines = log.read_text(errors="replace").splitlines()
+        return [x for x in lines if "GetBatch" in x and f"target {victim_id} " in x]
+
+    deadline = time.monotonic() + 60
+    while not gateway_said():
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+    assert "ais://big/b" in gateway_said()[0]
