@@ -25,6 +25,7 @@ import zlib
 from collections.abc import AsyncIterator
 
 from etl_runtime.core.errors import NotATar
+from etl_runtime.wire.batchshare import tar_header
 
 BLOCK = tarfile.BLOCKSIZE
 Chunk = bytes | bytearray | memoryview  # a piece of the answer, handed to the server as is
@@ -53,9 +54,7 @@ class ArchiveWriter:
             self.pending += len(data)
 
     def header(self, name: str, size: int) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mtime, info.mode = size, self._mtime, 0o644
-        self._put(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+        self._put(tar_header(name, size, self._mtime))
 
     def data(self, chunk: Chunk) -> None:
         self._put(chunk)

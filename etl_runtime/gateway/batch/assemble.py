@@ -33,11 +33,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from etl_runtime.core.errors import SluiceError
-from etl_runtime.gateway.batch.archive import ArchiveWriter, Chunk
+from etl_runtime.gateway.batch.archive import BLOCK, ArchiveWriter, Chunk
 from etl_runtime.gateway.batch.items import Failed, Slot, Spool
 from etl_runtime.gateway.batch.request import BatchRequest, Item
 from etl_runtime.gateway.batch.shares import READ_BY_GET, ShareItem, plan
 from etl_runtime.gateway.context import Gateway
+from etl_runtime.wire.batchshare import padding, tar_header
 from etl_runtime.wire.duplex import DuplexClient
 
 WINDOW = 16  # items in flight per batch
@@ -66,7 +67,7 @@ class Assembler:
         self, gw: Gateway, http: DuplexClient, req: BatchRequest, window: int = WINDOW
     ) -> None:
         self._gw, self._http, self._req, self._window = gw, http, req, max(1, window)
-        self._shared, self._shares = plan(gw, http, req)  # per item: its ShareItem or None
+        self._shared, self._shares = plan(gw, req)  # per item: its ShareItem or None
         self._slots: dict[int, Slot] = {}  # items read with a GET, in flight, by index
         self._scanned = 0  # items looked at for a Slot so far
         self.out: list[dict[str, Any]] = []  # MossOut per item written
@@ -100,6 +101,26 @@ class Assembler:
 
     def _ends_batch(self, head: object) -> bool:
         return isinstance(head, Failed) and not (head.per_item and self._req.cont_on_err)
+
+    def known_length(self) -> int | None:
+        """The answer's exact length, when every item's outcome is already known (a plain
+        TAR of items that all come in shares whose manifests are in): the answer then goes
+        with a Content-Length instead of chunked (no copy of every piece to frame it)."""
+        if self._req.fmt != ".tar":
+            return None
+        total = 2 * BLOCK
+        for si in self._shared:
+            if si is None or not si.head.done():
+                return None
+            head = si.head.result()
+            if isinstance(head, Failed):
+                name = self._req.missing_name(si.item, head.shard_missing)
+                total += len(tar_header(name, 0, 0))
+            elif isinstance(head, int):
+                total += si.header_len + head + padding(head)
+            else:
+                return None  # read with a GET: its size is not known yet
+        return total
 
     async def prime(self) -> None:
         """Wait for the first window's heads and every share's first manifest; raise the

@@ -45,12 +45,23 @@ class BatchResponse(StreamingResponse):
     A batch that fails after its answer started returns without the final
     empty chunk: the server then closes the connection (uvicorn logs one line,
     "ASGI callable returned without completing response"), and the client's
-    HTTP library sees a chunked body that never ended.
+    HTTP library sees a chunked body that never ended, or, for an answer sent
+    with a ``length`` (``Assembler.known_length``), a body shorter than its
+    Content-Length.
     """
 
-    def __init__(self, content: AsyncIterator[Chunk], asm: Assembler, media_type: str) -> None:
+    def __init__(
+        self,
+        content: AsyncIterator[Chunk],
+        asm: Assembler,
+        media_type: str,
+        length: int | None = None,
+    ) -> None:
         # bytearray pieces too: the server writes any bytes-like body as is
-        super().__init__(cast(AsyncIterator[bytes], content), media_type=media_type)
+        headers = {"Content-Length": str(length)} if length is not None else None
+        super().__init__(
+            cast(AsyncIterator[bytes], content), headers=headers, media_type=media_type
+        )
         self._asm = asm
 
     async def stream_response(self, send: Send) -> None:
@@ -97,7 +108,7 @@ async def get_batch(
         boundary, body_iter = await multipart(asm, req.fmt)
         return BatchResponse(body_iter, asm, f"multipart/mixed; boundary={boundary}")
     await asm.prime()  # a failure among the first items: a plain JSON error
-    return BatchResponse(asm.archive(), asm, req.content_type)
+    return BatchResponse(asm.archive(), asm, req.content_type, asm.known_length())
 
 
 def batch_router(gw: Gateway, http: DuplexClient) -> APIRouter:

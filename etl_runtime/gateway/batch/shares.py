@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from typing import Any, Final
 
 from etl_runtime.cluster.records import TargetInfo
-from etl_runtime.core.errors import DuplexError, NoTargets, SluiceError
+from etl_runtime.core.errors import NoTargets, SluiceError
 from etl_runtime.gateway.batch.items import ERROR_BODY_MAX, ITEM_TIMEOUT, Failed, relayed
 from etl_runtime.gateway.batch.request import BatchRequest, Item
 from etl_runtime.gateway.context import Gateway
@@ -41,12 +41,15 @@ from etl_runtime.wire.batchshare import (
     MANIFEST_MAX,
     OK,
     SHARE_PATH,
+    ShareBody,
+    ShareBroken,
+    SharePool,
     padding,
 )
-from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
 
 PART = 128  # items per share request
 AHEAD = 2  # share requests in flight per target
+POOL = SharePool()  # this process's connections to targets for shares
 
 
 class Elsewhere:
@@ -72,67 +75,10 @@ class ShareItem:
         self.part: _Part | None = None
 
 
-class _Body:
-    """A share's answer body, taken in exact pieces (the pieces are not copied)."""
-
-    def __init__(self, response: DuplexResponse) -> None:
-        self._it = response.aiter_bytes()
-        self._view = memoryview(b"")
-        self._skip = 0  # the last entry's padding, dropped before the next read
-
-    def skip(self, n: int) -> None:
-        self._skip += n
-
-    async def _drop(self) -> None:
-        while self._skip:
-            if not self._view:
-                await self._more()
-            take = min(self._skip, len(self._view))
-            self._view = self._view[take:]
-            self._skip -= take
-
-    async def _more(self) -> None:
-        try:
-            self._view = memoryview(await anext(self._it))
-        except StopAsyncIteration:
-            raise DuplexError("the share ended before its last item") from None
-
-    async def exactly(self, n: int) -> bytes:
-        await self._drop()
-        parts: list[memoryview] = []
-        while n:
-            if not self._view:
-                await self._more()
-            take = self._view[:n]
-            self._view = self._view[len(take) :]
-            parts.append(take)
-            n -= len(take)
-        return b"".join(parts)
-
-    async def pieces(self, n: int) -> AsyncIterator[memoryview]:
-        await self._drop()
-        while n:
-            if not self._view:
-                await self._more()
-            take = self._view[:n]
-            self._view = self._view[len(take) :]
-            n -= len(take)
-            yield take
-
-    async def end(self) -> None:
-        """Read to the end (the connection goes back to the pool)."""
-        await self._drop()
-        if self._view:
-            raise DuplexError("the share sent more than its manifest announced")
-        async for extra in self._it:
-            if extra:
-                raise DuplexError("the share sent more than its manifest announced")
-
-
 class _Part:
     def __init__(self, items: list[ShareItem]) -> None:
         self.items = items
-        self.body: _Body | None = None
+        self.body: ShareBody | None = None
         self.entries_left = 0  # OK items whose entries are still in the body
         self.consumed = asyncio.Event()  # the body was read to its end (or given up)
         self.task: asyncio.Task[None] | None = None
@@ -143,8 +89,8 @@ class _Part:
 class TargetShare:
     """Every shareable item of one batch that one target owns, asked for in parts."""
 
-    def __init__(self, gw: Gateway, http: DuplexClient, target: TargetInfo) -> None:
-        self._gw, self._http, self.target = gw, http, target
+    def __init__(self, gw: Gateway, target: TargetInfo) -> None:
+        self._gw, self.target = gw, target
         self.items: list[ShareItem] = []
         self._parts: deque[_Part] = deque()
         self._started = 0
@@ -184,15 +130,15 @@ class TargetShare:
         )
 
     async def _run(self, part: _Part) -> None:
-        response: DuplexResponse | None = None
+        answer: ShareBody | None = None
         try:
-            response = await self._request(part)
-            if response is not None:
-                await self._manifest(part, response)
+            answer = await self._request(part)
+            if answer is not None:
+                await self._manifest(part, answer)
                 await part.consumed.wait()
         except asyncio.CancelledError:
             raise
-        except (DuplexError, OSError) as e:
+        except (OSError, ValueError) as e:  # ValueError: a manifest that is not JSON
             for si in part.items:
                 if not si.head.done():
                     err = self._away(si, f"did not answer ({type(e).__name__}: {e})")
@@ -200,28 +146,21 @@ class TargetShare:
         finally:
             part.consumed.set()
             self._fill()
-            if response is not None:
-                await response.aclose()
+            if answer is not None:
+                answer.close()  # a no-op once the body was read to its end
 
-    async def _request(self, part: _Part) -> DuplexResponse | None:
+    async def _request(self, part: _Part) -> ShareBody | None:
         rows = [
             [si.item.bucket, si.item.name, si.item.start, si.item.length, si.name]
             for si in part.items
         ]
         body = json.dumps({"in": rows}, separators=(",", ":")).encode()
         headers = {**self._gw.target_headers(), "Content-Type": "application/json"}
-        response = await self._http.request(
-            "POST",
-            f"{self.target.url.rstrip('/')}{SHARE_PATH}",
-            headers=headers,
-            body=body,
-            timeout=ITEM_TIMEOUT,
-        )
-        if response.status_code == 200:
-            return response
-        raw = bytes(await response.read(ERROR_BODY_MAX))
-        await response.aclose()
-        if response.status_code in (404, 405):  # a target without shares: plain GETs
+        answer = await POOL.post(self.target.url, SHARE_PATH, headers, body, ITEM_TIMEOUT)
+        if answer.status == 200:
+            return answer
+        raw = await answer.read_all(ERROR_BODY_MAX)
+        if answer.status in (404, 405):  # a target without shares: plain GETs
             for si in part.items:
                 si.head.set_result(READ_BY_GET)
             return None
@@ -230,21 +169,21 @@ class TargetShare:
         except ValueError:
             payload = None
         if not isinstance(payload, dict):
-            payload = {"error": f"answered {response.status_code}: {raw[:300]!r}"}
+            payload = {"error": f"answered {answer.status}: {raw[:300]!r}"}
         payload.setdefault("target", self.target.id)
         for si in part.items:
-            failed = relayed(response.status_code, payload, si.item, None)
+            failed = relayed(answer.status, payload, si.item, answer.headers.get("retry-after"))
             si.head.set_result(Failed(failed.error, per_item=False))
         return None
 
-    async def _manifest(self, part: _Part, response: DuplexResponse) -> None:
-        body = part.body = _Body(response)
+    async def _manifest(self, part: _Part, answer: ShareBody) -> None:
+        body = part.body = answer
         (n,) = MANIFEST_LEN.unpack(await body.exactly(MANIFEST_LEN.size))
         if n > MANIFEST_MAX:
-            raise DuplexError(f"a share manifest of {n} bytes")
+            raise ShareBroken(f"a share manifest of {n} bytes")
         entries: list[list[Any]] = json.loads(await body.exactly(n))
         if len(entries) != len(part.items):
-            raise DuplexError(f"{len(entries)} manifest entries for {len(part.items)} items")
+            raise ShareBroken(f"{len(entries)} manifest entries for {len(part.items)} items")
         for si, e in zip(part.items, entries, strict=True):
             status = e[0]
             if status == OK:
@@ -263,7 +202,9 @@ class TargetShare:
         part.consumed.set()
         self._fill()
 
-    async def entry(self, si: ShareItem, size: int) -> AsyncIterator[bytes | memoryview]:
+    async def entry(
+        self, si: ShareItem, size: int
+    ) -> AsyncIterator[bytes | bytearray | memoryview]:
         """The item's TAR header (whole, one piece), its bytes, its padding; raises if cut."""
         part = si.part
         assert part is not None and part.body is not None
@@ -271,7 +212,7 @@ class TargetShare:
             yield await part.body.exactly(si.header_len)
             async for piece in part.body.pieces(size):
                 yield piece
-        except (DuplexError, OSError) as e:
+        except OSError as e:
             raise self._away(
                 si, f"broke off its share of the batch ({type(e).__name__}: {e})"
             ) from None
@@ -283,14 +224,12 @@ class TargetShare:
         if not part.entries_left:
             try:
                 await part.body.end()
-            except (DuplexError, OSError):
-                pass  # every entry of the part is in: the connection is just not reused
+            except OSError:
+                part.body.close()  # every entry of the part is in: just not reused
             self._consumed(part)
 
 
-def plan(
-    gw: Gateway, http: DuplexClient, req: BatchRequest
-) -> tuple[list[ShareItem | None], list[TargetShare]]:
+def plan(gw: Gateway, req: BatchRequest) -> tuple[list[ShareItem | None], list[TargetShare]]:
     """Per item, its ``ShareItem`` (None: read with a GET); the shares, not started."""
     shares: dict[str, TargetShare] = {}
     out: list[ShareItem | None] = []
@@ -305,6 +244,6 @@ def plan(
             continue
         share = shares.get(target.id)
         if share is None:
-            share = shares[target.id] = TargetShare(gw, http, target)
+            share = shares[target.id] = TargetShare(gw, target)
         out.append(share.add(item, req.name_in_archive(item)))
     return out, list(shares.values())
