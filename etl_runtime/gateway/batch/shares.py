@@ -3,13 +3,14 @@
 Caller: ``assemble.Assembler``. Items a target can send straight from its
 disk (whole objects or byte ranges of ``ais`` buckets, no ``archpath``, no
 ETL: ``shareable``) are grouped by the target a GET would be sent to
-(``placement.route``), in request order, and asked for in parts of ``PART``
-items; the exchange (a manifest of every item's outcome, then the TAR entries
-back to back) is drawn in ``wire/batchshare.py``. ``AHEAD`` parts per target
-are in flight at once, so every target reads its disk and sends while the
-gateway writes another target's items; what the gateway has not taken yet
-waits in socket buffers (TCP pushes back), so memory stays bounded whatever
-the batch's size.
+(``read_router``: ``placement.route``'s choice), in request order, and asked
+for in parts of ``PART`` items; the exchange (a manifest of every item's
+outcome, then the TAR entries back to back) is drawn in ``wire/batchshare.py``.
+``AHEAD`` parts per target are in flight at once, so every target reads its
+disk and sends while the gateway writes another target's items; what the
+gateway has not taken yet waits in socket buffers (the gateway reads a share
+only when it writes that share's item: TCP pushes back on the target), so
+memory stays bounded whatever the batch's size.
 
 A ``ShareItem``'s ``head`` resolves when its part's manifest arrives: the
 object's size, a ``Failed`` (the item's error as a GET would have answered
@@ -26,15 +27,15 @@ from __future__ import annotations
 import asyncio
 import json
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
+from etl_runtime.cluster.hrw import hrw_owner, object_key
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.errors import NoTargets, SluiceError
 from etl_runtime.gateway.batch.items import ERROR_BODY_MAX, ITEM_TIMEOUT, Failed, relayed
 from etl_runtime.gateway.batch.request import BatchRequest, Item
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.placement import route
 from etl_runtime.wire.batchshare import (
     ELSEWHERE,
     MANIFEST_LEN,
@@ -229,18 +230,43 @@ class TargetShare:
             self._consumed(part)
 
 
+def read_router(gw: Gateway) -> Callable[[str, str], TargetInfo | None]:
+    """``placement.route(gw, "GET", ...)`` for many items: the map, liveness and
+    addresses looked up once. None where ``route`` would raise (the item then takes
+    the GET path, whose ``route`` answers the error)."""
+    if gw.cmap is None:
+        try:
+            live = gw.live_targets()
+        except SluiceError:
+            return lambda bucket, name: None
+        return lambda bucket, name: hrw_owner(live, object_key(bucket, name))
+    cmap, alive, suspect = gw.cmap.get(), gw.alive_ids(), gw.suspect_ids()
+    known = {t.id: t for t in gw.known_targets()}
+
+    def owner(bucket: str, name: str) -> TargetInfo | None:
+        if bucket not in cmap.buckets or not cmap.members:
+            return None
+        reachable = [t for t in cmap.owners(bucket, name) if t in alive]
+        for tid in sorted(reachable, key=lambda t: t in suspect):  # stable: owner order
+            info = known.get(tid)
+            if info is None and tid in cmap.urls:
+                info = TargetInfo(id=tid, url=cmap.urls[tid])
+            if info is not None:
+                return info
+        return None
+
+    return owner
+
+
 def plan(gw: Gateway, req: BatchRequest) -> tuple[list[ShareItem | None], list[TargetShare]]:
     """Per item, its ``ShareItem`` (None: read with a GET); the shares, not started."""
     shares: dict[str, TargetShare] = {}
     out: list[ShareItem | None] = []
+    owner = read_router(gw)
     for item in req.items:
-        if not shareable(req, item):
+        target = owner(item.bucket, item.name) if shareable(req, item) else None
+        if target is None:
             out.append(None)
-            continue
-        try:
-            target = route(gw, "GET", item.bucket, item.name)
-        except SluiceError:
-            out.append(None)  # the GET path answers the same error for this item
             continue
         share = shares.get(target.id)
         if share is None:
