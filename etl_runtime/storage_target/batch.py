@@ -109,7 +109,7 @@ class _Share:
             self.manifest.append([ELSEWHERE])
             return
         try:
-            f = open(store.local_path(bucket, name), "rb")  # noqa: SIM115 - closed when sent
+            fd = os.open(store.local_path(bucket, name), os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             if placement is not None and placement.may_be_elsewhere(bucket):
                 self.manifest.append([ELSEWHERE])
@@ -118,8 +118,9 @@ class _Share:
             raise ObjectNotFound(  # ais://b/o: the aistore SDK raises ErrObjNotFound
                 f"object ais://{bucket}/{name} does not exist", bucket=bucket, object=name
             ) from None
+        owned = True  # fd is ours to close on a failure
         try:
-            st = os.fstat(f.fileno())
+            st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise ObjectNotFound(
                     f"object ais://{bucket}/{name} does not exist", bucket=bucket, object=name
@@ -135,16 +136,28 @@ class _Share:
                     )
                 offset = start
                 n = size - start if length == -1 else min(length, size - start)
-            entry = _Entry(tar_header(arcname, n, self.mtime), n, f, offset)
+            entry = _Entry(tar_header(arcname, n, self.mtime), n, None, offset)
             if n <= SMALL and self.inline + n <= INLINE_BUDGET:
-                data = os.pread(f.fileno(), n, offset)
+                data = os.pread(fd, n, offset)
                 if len(data) != n:  # objects are replaced by rename, never cut: a disk fault
-                    raise OSError(f"short read of {bucket}/{name}")
-                entry.data, entry.file = data, None
+                    raise OSError(f"a short read ({len(data)} of {n} bytes)")
+                entry.data = data
                 self.inline += n
-                f.close()
-        except BaseException:
-            f.close()
+                owned = False
+                os.close(fd)
+            else:
+                entry.file = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed when sent
+                owned = False
+        except BaseException as e:
+            if owned:
+                os.close(fd)
+            if isinstance(e, OSError):  # the disk failed this item: named, not a bare 500
+                raise SluiceError(
+                    f"target {self.target.id} could not read ais://{bucket}/{name}: {e}",
+                    bucket=bucket,
+                    object=name,
+                    target=self.target.id,
+                ) from e
             raise
         self.entries.append(entry)
         self.manifest.append([OK, n, len(entry.head)])

