@@ -28,6 +28,7 @@ import struct
 import tarfile
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -97,6 +98,16 @@ PIECE_MIN = 64 << 10  # a piece is handed on once it holds this much and the soc
 
 class ShareBroken(ConnectionError):
     """The target's answer ended or went silent before it was complete."""
+
+
+@dataclass(frozen=True)
+class Spliced:
+    """``count`` bytes to be moved from socket ``fd`` to the client by ``wire/splice.py``;
+    ``what`` names them in the error if the source breaks off."""
+
+    fd: int
+    count: int
+    what: str
 
 
 class ShareBody:
@@ -209,6 +220,22 @@ class ShareBody:
                 got += k
             n -= got
             yield view[:got] if got < len(piece) else piece
+
+    async def spliced(self, n: int, what: str) -> AsyncIterator[bytes | Spliced]:
+        """``n`` bytes: those already received, then the rest left in the socket for
+        ``wire/splice.py`` to move (the caller must have it moved before reading on)."""
+        await self._drop()
+        if n > self.left or self._sock is None:
+            raise ShareBroken(f"{n} bytes asked of an answer with {self.left} left")
+        self.left -= n
+        if self._buf:
+            take = min(n, len(self._buf))
+            out = bytes(self._buf[:take])
+            del self._buf[:take]
+            n -= take
+            yield out
+        if n:
+            yield Spliced(self._sock.fileno(), n, what)
 
     async def end(self) -> None:
         """The whole body was taken: the connection goes back to the pool."""

@@ -167,3 +167,48 @@ def test_a_target_killed_mid_share_breaks_the_answer_and_is_named(cluster: Local
         assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
         time.sleep(0.2)
     assert "ais://big/b" in gateway_said()[0]
+
+    # `sluice up` starts the target again: wait until the gateway reaches it (the next
+    # tests need it)
+    while True:
+        try:
+            back = httpx.get(
+                f"{url}/v1/objects/big/{theirs[0]}", follow_redirects=True, trust_env=False
+            )
+            if back.is_success:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline + 60, cluster.output[-3000:]
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("form", ["stream", "multipart", "tgz", "with-a-shard-file"])
+def test_big_items_in_every_answer_form(cluster: LocalCluster, form: str) -> None:
+    """Big entries go socket to socket (a streamed TAR of known length) or through
+    the gateway (multipart, gzip, a batch with an item read by a GET): the same bytes."""
+    url = cluster.endpoint.rstrip("/")
+    names = ["b03", "b07", "b03", "b11"]
+    items: list[dict[str, object]] = [{"objname": n} for n in names]
+    body: dict[str, object] = {"in": items, "strm": form != "multipart"}
+    if form == "tgz":
+        body["mime"] = ".tgz"
+    if form == "with-a-shard-file":  # archpath: read with a GET, so no known length
+        items.append({"objname": "no-shard.tar", "archpath": "a/1.txt"})
+        body["coer"] = True
+    r = requests.get(f"{url}/v1/ml/moss/big", json=body, timeout=120)
+    assert r.status_code == 200, r.text[:500]
+    raw = r.content
+    if form == "multipart":
+        boundary = r.headers["content-type"].split("boundary=")[1].encode()
+        raw = raw.split(b"--" + boundary)[2].split(b"\r\n\r\n", 1)[1][: -len(b"\r\n")]
+    if form == "tgz":
+        import gzip
+
+        raw = gzip.decompress(raw)
+    got = read_tar(raw)
+    want = [(f"big/{n}", bytes([int(n[1:])]) * BIG) for n in names]
+    if form == "with-a-shard-file":  # the shard itself is missing: under __404__
+        assert got == [*want, ("__404__/big/no-shard.tar", b"")]
+        return
+    assert got == want

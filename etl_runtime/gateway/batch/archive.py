@@ -25,10 +25,11 @@ import zlib
 from collections.abc import AsyncIterator
 
 from etl_runtime.core.errors import NotATar
-from etl_runtime.wire.batchshare import tar_header
+from etl_runtime.wire.batchshare import Spliced, tar_header
 
 BLOCK = tarfile.BLOCKSIZE
 Chunk = bytes | bytearray | memoryview  # a piece of the answer, handed to the server as is
+Piece = Chunk | Spliced  # or bytes the server moves from a target's socket itself
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 _PAX = (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)
 

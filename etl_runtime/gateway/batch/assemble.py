@@ -33,12 +33,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from etl_runtime.core.errors import SluiceError
-from etl_runtime.gateway.batch.archive import BLOCK, ArchiveWriter, Chunk
+from etl_runtime.gateway.batch.archive import BLOCK, ArchiveWriter, Chunk, Piece
 from etl_runtime.gateway.batch.items import Failed, Slot, Spool
 from etl_runtime.gateway.batch.request import BatchRequest, Item
 from etl_runtime.gateway.batch.shares import READ_BY_GET, ShareItem, plan
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.wire.batchshare import padding, tar_header
+from etl_runtime.wire.batchshare import Spliced, padding, tar_header
 from etl_runtime.wire.duplex import DuplexClient
 
 WINDOW = 16  # items in flight per batch
@@ -102,6 +102,12 @@ class Assembler:
     def _ends_batch(self, head: object) -> bool:
         return isinstance(head, Failed) and not (head.per_item and self._req.cont_on_err)
 
+    def use_splice(self) -> None:
+        """Big entries of shares go from the target's socket to the client's (the answer
+        has a Content-Length and the server offers ``wire/splice.py``)."""
+        for share in self._shares:
+            share.splice = True
+
     def known_length(self) -> int | None:
         """The answer's exact length, when every item's outcome is already known (a plain
         TAR of items that all come in shares whose manifests are in): the answer then goes
@@ -142,7 +148,7 @@ class Assembler:
             self._stop()
             raise
 
-    async def archive(self) -> AsyncIterator[Chunk]:
+    async def archive(self) -> AsyncIterator[Piece]:
         """The answer's archive, chunk by chunk; raises (after a broken entry) to abort."""
         req, w = self._req, ArchiveWriter(self._req.fmt)
         try:
@@ -185,11 +191,16 @@ class Assembler:
 
     async def _shared_entry(
         self, w: ArchiveWriter, si: ShareItem, name: str, size: int
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncIterator[Piece]:
         """The entry the target wrote (header, bytes), relayed; our own padding."""
         started = False
         try:
             async for piece in si.share.entry(si, size):
+                if isinstance(piece, Spliced):  # the server moves it: what comes before first
+                    if w.pending:
+                        yield w.take()
+                    yield piece
+                    continue
                 if len(piece) >= FLUSH_BYTES and w.pending:
                     yield w.take()  # then the big piece goes on uncopied
                 w.data(piece)
@@ -232,6 +243,7 @@ async def multipart(asm: Assembler, fmt: str) -> tuple[str, AsyncIterator[Chunk]
     spool = asm.spool = Spool()
     try:
         async for chunk in asm.archive():
+            assert not isinstance(chunk, Spliced)  # never asked for (``use_splice``)
             await spool.write(chunk)
     except BaseException:
         spool.close()

@@ -28,10 +28,13 @@ from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
-from etl_runtime.gateway.batch.archive import Chunk
+from etl_runtime.gateway.batch.archive import Piece
 from etl_runtime.gateway.batch.assemble import Assembler, multipart
+from etl_runtime.gateway.batch.items import ITEM_TIMEOUT
 from etl_runtime.gateway.batch.request import parse_request
 from etl_runtime.gateway.context import Gateway
+from etl_runtime.wire import splice
+from etl_runtime.wire.batchshare import Spliced
 from etl_runtime.wire.duplex import DuplexClient
 
 log = logging.getLogger(__name__)
@@ -52,7 +55,7 @@ class BatchResponse(StreamingResponse):
 
     def __init__(
         self,
-        content: AsyncIterator[Chunk],
+        content: AsyncIterator[Piece],
         asm: Assembler,
         media_type: str,
         length: int | None = None,
@@ -62,16 +65,34 @@ class BatchResponse(StreamingResponse):
         super().__init__(
             cast(AsyncIterator[bytes], content), headers=headers, media_type=media_type
         )
+        self._pieces = content
         self._asm = asm
 
     async def stream_response(self, send: Send) -> None:
         start = {"type": "http.response.start", "status": self.status_code}
         await send({**start, "headers": self.raw_headers})
         try:
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            async for chunk in self._pieces:
+                if isinstance(chunk, Spliced):  # wire/splice.py: socket to socket
+                    await send(
+                        {
+                            "type": splice.MESSAGE,
+                            "fd": chunk.fd,
+                            "count": chunk.count,
+                            "timeout": ITEM_TIMEOUT,
+                            "more_body": True,
+                        }
+                    )
+                else:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except SluiceError as e:
             log.warning("GetBatch answer broken off (the connection is dropped): %s", e.message)
+            return
+        except splice.SourceBroken as e:
+            assert isinstance(chunk, Spliced)
+            log.warning(
+                "GetBatch answer broken off (the connection is dropped): %s (%s)", chunk.what, e
+            )
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -108,7 +129,10 @@ async def get_batch(
         boundary, body_iter = await multipart(asm, req.fmt)
         return BatchResponse(body_iter, asm, f"multipart/mixed; boundary={boundary}")
     await asm.prime()  # a failure among the first items: a plain JSON error
-    return BatchResponse(asm.archive(), asm, req.content_type, asm.known_length())
+    length = asm.known_length()
+    if length is not None and splice.MESSAGE in (request.scope.get("extensions") or {}):
+        asm.use_splice()
+    return BatchResponse(asm.archive(), asm, req.content_type, length)
 
 
 def batch_router(gw: Gateway, http: DuplexClient) -> APIRouter:

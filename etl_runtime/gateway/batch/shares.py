@@ -45,6 +45,7 @@ from etl_runtime.wire.batchshare import (
     ShareBody,
     ShareBroken,
     SharePool,
+    Spliced,
     padding,
 )
 
@@ -94,6 +95,7 @@ class TargetShare:
     def __init__(self, gw: Gateway, target: TargetInfo) -> None:
         self._gw, self.target = gw, target
         self.items: list[ShareItem] = []
+        self.splice = False  # big entries go socket to socket (``wire/splice.py``)
         self._parts: deque[_Part] = deque()
         self._started = 0
 
@@ -206,7 +208,7 @@ class TargetShare:
 
     async def entry(
         self, si: ShareItem, size: int
-    ) -> AsyncIterator[bytes | bytearray | memoryview]:
+    ) -> AsyncIterator[bytes | bytearray | memoryview | Spliced]:
         """The item's TAR entry: its header (whole, one piece), bytes, padding; raises if cut.
 
         A small entry comes in one piece (or not at all); a big one's padding is
@@ -220,8 +222,13 @@ class TargetShare:
                 yield await part.body.exactly(si.header_len + size + pad)
             else:
                 yield await part.body.exactly(si.header_len)
-                async for piece in part.body.pieces(size):
-                    yield piece
+                if self.splice:
+                    what = self._away(si, "broke off its share of the batch").message
+                    async for moved in part.body.spliced(size, what):
+                        yield moved
+                else:
+                    async for piece in part.body.pieces(size):
+                        yield piece
                 part.body.skip(pad)
                 if pad:
                     yield bytes(pad)
