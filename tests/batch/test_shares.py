@@ -44,18 +44,24 @@ def read_tar(raw: bytes) -> list[tuple[str, bytes]]:
     return out
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("shares") / "data", targets=3) as c:
-        url = c.endpoint.rstrip("/")
-        with httpx.Client(base_url=url, timeout=120, trust_env=False) as h:
-            for b in ("small", "big"):
-                h.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
-            for i in range(N):
-                h.put(f"/v1/objects/small/o{i:03d}", content=data_of(i)).raise_for_status()
-            for i in range(12):
-                h.put(f"/v1/objects/big/b{i:02d}", content=bytes([i]) * BIG).raise_for_status()
-        yield c
+@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    """``sluice up`` on each event loop (the share reads and splices are loop calls)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SLUICE_LOOP", request.param)  # read by the servers `sluice up` starts
+        with LocalCluster(tmp_path_factory.mktemp("shares") / "data", targets=3) as c:
+            env.delenv("SLUICE_LOOP")
+            url = c.endpoint.rstrip("/")
+            with httpx.Client(base_url=url, timeout=120, trust_env=False) as h:
+                for b in ("small", "big"):
+                    h.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
+                for i in range(N):
+                    h.put(f"/v1/objects/small/o{i:03d}", content=data_of(i)).raise_for_status()
+                for i in range(12):
+                    h.put(f"/v1/objects/big/b{i:02d}", content=bytes([i]) * BIG).raise_for_status()
+            yield c
 
 
 def test_many_parts_per_target_keep_order_ranges_and_missing_items(cluster: LocalCluster) -> None:
