@@ -18,8 +18,9 @@ and drained until ``n`` bytes went through.
 
 The source ending or going silent (``timeout`` seconds without a byte)
 raises ``SourceBroken`` to the app after the connection to the client was
-closed: its answer is then short, never complete-looking. A client that
-went away ends the message quietly, as uvicorn does.
+closed: its answer is then short, never complete-looking. A client that went
+away raises ``ClientGone``: unlike a file, the source socket is then at an
+unknown place, and must not be read on (or pooled).
 """
 
 from __future__ import annotations
@@ -42,6 +43,11 @@ class SourceBroken(ConnectionError):
     """The socket spliced from ended or went silent before ``count`` bytes."""
 
 
+class ClientGone(ConnectionError):
+    """The client's connection closed before ``count`` bytes were moved: the source
+    socket holds an unknown part of them, so its owner must not read it on."""
+
+
 def available() -> bool:
     return hasattr(os, "splice") and hasattr(os, "SPLICE_F_NONBLOCK")
 
@@ -60,7 +66,7 @@ async def send_spliced(cycle: Any, message: Message) -> None:
     if cycle.flow.write_paused and not cycle.disconnected:
         await cycle.flow.drain()
     if cycle.disconnected:
-        return
+        raise ClientGone("the client went away")
     transport: asyncio.Transport = cycle.transport
     reading = transport.is_reading()
     if reading:
@@ -76,10 +82,10 @@ async def send_spliced(cycle: Any, message: Message) -> None:
         cycle.disconnected = True
         transport.close()
         raise
-    except OSError:  # the client went away
+    except OSError as e:  # the client went away
         cycle.disconnected = True
         transport.close()
-        return
+        raise ClientGone(f"the client went away: {e}") from e
     finally:
         if reading and not transport.is_closing():
             transport.resume_reading()

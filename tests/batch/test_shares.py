@@ -218,3 +218,26 @@ def test_big_items_in_every_answer_form(cluster: LocalCluster, form: str) -> Non
         assert got == [*want, ("__404__/big/no-shard.tar", b"")]
         return
     assert got == want
+
+
+def test_clients_that_leave_mid_item_spoil_no_later_batch(cluster: LocalCluster) -> None:
+    """A client gone while a big item moves leaves the share's connection mid-entry:
+    it must be closed, never pooled for the next batch to read from."""
+    url = cluster.endpoint.rstrip("/")
+    names = [f"b{i % 12:02d}" for i in range(24)]
+    body = {"in": [{"objname": n} for n in names], "strm": True}
+    for _ in range(4):
+        r = requests.get(f"{url}/v1/ml/moss/big", json=body, stream=True, timeout=120)
+        assert r.status_code == 200
+        got = 0
+        for chunk in r.iter_content(1 << 16):
+            got += len(chunk)
+            if got > BIG + BIG // 2:  # inside the second item
+                break
+        r.close()
+    want = [(f"big/{n}", bytes([int(n[1:])]) * BIG) for n in names[:9]]
+    for _ in range(3):  # enough batches to reuse every pooled connection
+        body = {"in": [{"objname": n} for n in names[:9]], "strm": True}
+        r = requests.get(f"{url}/v1/ml/moss/big", json=body, timeout=120)
+        assert r.status_code == 200, r.text[:300]
+        assert read_tar(r.content) == want

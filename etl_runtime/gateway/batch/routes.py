@@ -88,6 +88,8 @@ class BatchResponse(StreamingResponse):
         except SluiceError as e:
             log.warning("GetBatch answer broken off (the connection is dropped): %s", e.message)
             return
+        except splice.ClientGone:
+            return  # the share's socket is left mid-entry: closed with the batch, never pooled
         except splice.SourceBroken as e:
             assert isinstance(chunk, Spliced)
             log.warning(
