@@ -28,6 +28,7 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from etl_runtime.cluster.clustermap import ClusterMap
 from etl_runtime.core.access import require_read
 from etl_runtime.core.errors import (
     InvalidRequest,
@@ -93,9 +94,13 @@ class _Share:
         self.entries: list[_Entry] = []
         self.inline = 0
         self.mtime = 0
+        self.cmap: ClusterMap | None = None
 
     def open_all(self, items: list[tuple[str, str, int, int, str]], mtime: int) -> None:
         self.mtime = mtime
+        placement = self.target.placement
+        if placement is not None and placement.cmap is not None:
+            self.cmap = placement.cmap.get()  # one look for the whole share
         for item in items:
             try:
                 self._open(*item)
@@ -105,7 +110,7 @@ class _Share:
     def _open(self, bucket: str, name: str, start: int, length: int, arcname: str) -> None:
         store, placement = self.target.store, self.target.placement
         validate_names(bucket, name)
-        if placement is not None and placement.read_owner(bucket, name, False) is not None:
+        if self._not_an_owner(bucket, name):
             self.manifest.append([ELSEWHERE])
             return
         try:
@@ -161,6 +166,15 @@ class _Share:
             raise
         self.entries.append(entry)
         self.manifest.append([OK, n, len(entry.head)])
+
+    def _not_an_owner(self, bucket: str, name: str) -> bool:
+        """``Placement.read_owner`` is not None, with the map looked up once per share."""
+        cmap, placement = self.cmap, self.target.placement
+        if cmap is None or placement is None:
+            return False
+        if cmap.version == 0 or not cmap.members or bucket not in cmap.buckets:
+            return False
+        return placement.self_id not in cmap.owners(bucket, name)
 
     def close(self) -> None:
         for e in self.entries:
