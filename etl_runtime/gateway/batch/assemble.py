@@ -1,7 +1,9 @@
-"""Putting a GetBatch answer together: a window of items in flight, written in request order.
+"""Putting a GetBatch answer together: items from shares and single GETs, in request order.
 
-``Assembler`` keeps at most ``WINDOW`` items in flight (``items.Slot``); the
-item at the head of the window is written out as soon as its size is known
+``Assembler`` starts every target's share (``shares.py``: the target's plain
+objects, parts of ``PART`` items, read only as they are written) and keeps
+at most ``WINDOW`` other items in flight (``items.Slot``, one GET each); the
+item at the head of the request is written out as soon as its size is known
 and its bytes arrive, and each item written makes room for the next one. Bytes
 are gathered into the archive writer's buffer and handed to the server
 whenever the next step would wait, or past ``FLUSH_BYTES``: small items leave
@@ -10,9 +12,12 @@ awaited.
 
 Errors, for a batch without ``coer`` (or one that ``coer`` does not cover):
 
-* ``prime()`` waits for the first window's heads before the answer starts,
-  so a missing item among the first ``WINDOW`` is a plain JSON error
-  (the status and kind of what the target said, naming the item);
+* ``prime()`` waits for the first window's heads and every share's first
+  manifest before the answer starts, so a missing item among them is a plain
+  JSON error (the status and kind of what the target said, naming the item);
+  an answer whose every item is then known goes with a Content-Length
+  (``known_length``), and its big share entries socket to socket
+  (``use_splice``);
 * later, the stream is made unmistakably broken: a header for the failing
   item that declares bytes that never follow, then the connection is aborted
   (the generator raises, and the server drops it without the final chunk).
