@@ -16,7 +16,8 @@ then both sockets are watched (the client's through a ``dup``, since the
 loops refuse to watch a descriptor a transport owns) and the pipe is filled
 and drained until ``n`` bytes went through.
 
-The source ending or going silent (``timeout`` seconds without a byte)
+The source ending or going silent (``timeout`` seconds without a byte; a
+slow client is waited for, as uvicorn does)
 raises ``SourceBroken`` to the app after the connection to the client was
 closed: its answer is then short, never complete-looking. A client that went
 away raises ``ClientGone``: unlike a file, the source socket is then at an
@@ -123,15 +124,22 @@ async def _relay(src: int, out: int, count: int, timeout: float) -> None:
                 in_pipe -= k
                 moved = moved or k > 0
             if not moved:
-                # the pipe holds bytes: make room first (src may be readable while the pipe is full)
-                await _either(loop, None if in_pipe else src, out if in_pipe else None, timeout)
+                # the pipe holds bytes: make room first (src may be readable while the pipe
+                # is full); only a silent source times out, a slow client is waited for
+                if in_pipe:
+                    await _either(loop, None, out, None)
+                else:
+                    await _either(loop, src, None, timeout)
     finally:
         os.close(r)
         os.close(w)
 
 
 async def _either(
-    loop: asyncio.AbstractEventLoop, readable: int | None, writable: int | None, timeout: float
+    loop: asyncio.AbstractEventLoop,
+    readable: int | None,
+    writable: int | None,
+    timeout: float | None,
 ) -> None:
     """Wait until ``readable`` can be read or ``writable`` written (whichever is given)."""
     ready = loop.create_future()
