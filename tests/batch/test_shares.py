@@ -241,3 +241,27 @@ def test_clients_that_leave_mid_item_spoil_no_later_batch(cluster: LocalCluster)
         r = requests.get(f"{url}/v1/ml/moss/big", json=body, timeout=120)
         assert r.status_code == 200, r.text[:300]
         assert read_tar(r.content) == want
+
+
+def test_the_sdk_raises_on_a_batch_that_breaks_off_never_ends_short(
+    cluster: LocalCluster,
+) -> None:
+    """``Client.get_batch``: a missing object past the first parts breaks the answer
+    mid-stream; the SDK raises (naming how far it got), it never just stops early."""
+    from etl_runtime import Client
+    from etl_runtime.sdk.errors import StreamError
+
+    far = 4 * 3 * PART
+    items = [("small", f"o{i % N:03d}") for i in range(far)] + [("small", "gone")]
+    with Client(cluster.endpoint) as c:
+        got = 0
+        with pytest.raises(StreamError, match=f"broke off after .* of {far + 1} items") as e:
+            for item in c.get_batch(items):
+                assert item.data == data_of(int(item.name[1:]))
+                got += 1
+        # what came was whole and in order (tarfile may hold the last few back: it reads
+        # ahead), and the error says how far it got
+        assert far - 16 < got <= far and f"after {got} of" in str(e.value)
+        # with missing_ok the same batch ends with an item without data, in its place
+        out = list(c.get_batch(items, missing_ok=True))
+        assert len(out) == far + 1 and out[-1].data is None and out[-1].name == "gone"
