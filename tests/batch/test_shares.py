@@ -265,3 +265,25 @@ def test_the_sdk_raises_on_a_batch_that_breaks_off_never_ends_short(
         # with missing_ok the same batch ends with an item without data, in its place
         out = list(c.get_batch(items, missing_ok=True))
         assert len(out) == far + 1 and out[-1].data is None and out[-1].name == "gone"
+
+
+def test_an_item_not_on_its_targets_disk_is_read_by_a_get(cluster: LocalCluster) -> None:
+    """A copy gone from the target the gateway picked (copies=2): the target's share
+    says "not here", the gateway reads that item with a GET, which pulls the copy
+    from the other owner; the batch is whole and in order."""
+    url = cluster.endpoint.rstrip("/")
+    with httpx.Client(base_url=url, timeout=60, trust_env=False) as h:
+        r = h.post("/v1/buckets/twice", json={"action": "create-bck", "props": {"copies": 2}})
+        assert r.status_code == 200 or "exists" in r.text, r.text
+        for i in range(6):
+            h.put(f"/v1/objects/twice/t{i}", content=data_of(i)).raise_for_status()
+        moved = h.get("/v1/objects/twice/t3", follow_redirects=False)
+    assert moved.status_code == 307
+    owner = _target_process(cluster, urlsplit(moved.headers["location"]).port or 0)
+    tid = owner.cmdline()[owner.cmdline().index("--id") + 1]
+    (cluster.data_dir / "targets" / tid / "buckets" / "twice" / "t3").unlink()
+    names = ["t0", "t3", "t5", "t3"]
+    body = {"in": [{"objname": n} for n in names], "strm": True}
+    r = requests.get(f"{url}/v1/ml/moss/twice", json=body, timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    assert read_tar(r.content) == [(f"twice/{n}", data_of(int(n[1:]))) for n in names]
