@@ -6,5 +6,6 @@ plain objects (the target's ``storage_target/batch.py`` answers, the exchange
 is ``wire/batchshare.py``), ``items.py`` fetches any other item (ETL,
 ``archpath``, remote bucket) with a GET to the target that owns it,
 ``archive.py`` writes the answer's TAR and reads files out of shards,
-``assemble.py`` merges both in request order with bounded memory. docs/architecture.md, "AIStore compatibility", has the API.
+``assemble.py`` merges both in request order with bounded memory.
+docs/architecture.md, "AIStore compatibility", has the API.
 """
