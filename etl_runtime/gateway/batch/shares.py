@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
@@ -48,6 +49,8 @@ from etl_runtime.wire.batchshare import (
     Spliced,
     padding,
 )
+
+log = logging.getLogger(__name__)
 
 PART = 128  # items per share request
 AHEAD = 2  # share requests in flight per target
@@ -142,7 +145,9 @@ class TargetShare:
                 await part.consumed.wait()
         except asyncio.CancelledError:
             raise
-        except (OSError, ValueError) as e:  # ValueError: a manifest that is not JSON
+        except Exception as e:  # every item still open fails, naming the target: no hang
+            if not isinstance(e, OSError | ValueError):  # ValueError: a manifest not JSON
+                log.exception("GetBatch share of target %s failed", self.target.id)
             for si in part.items:
                 if not si.head.done():
                     err = self._away(si, f"did not answer ({type(e).__name__}: {e})")
