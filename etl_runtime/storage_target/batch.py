@@ -74,8 +74,11 @@ def _items(body: Any) -> list[tuple[str, str, int, int, str]]:
         ok = isinstance(it, list) and len(it) == 5
         if ok:
             b, o, start, length, arcname = it
-            ok = all(isinstance(x, str) for x in (b, o, arcname)) and all(
-                isinstance(x, int) and not isinstance(x, bool) for x in (start, length)
+            ok = (
+                all(isinstance(x, str) for x in (b, o, arcname))
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in (start, length))
+                and 0 <= start < 1 << 62
+                and -1 <= length < 1 << 62
             )
         if not ok:
             raise InvalidRequest(
@@ -103,7 +106,10 @@ class _Share:
             self.cmap = placement.cmap.get()  # one look for the whole share
         for item in items:
             try:
-                self._open(*item)
+                try:
+                    self._open(*item)
+                except (ValueError, UnicodeError) as e:  # a name no TAR header can carry
+                    raise InvalidRequest(f"{item[0]}/{item[1]}: {e}") from e
             except SluiceError as e:
                 self.manifest.append([e.status, e.body()])
 
