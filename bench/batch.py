@@ -20,6 +20,10 @@ item and the servers' (gateway, targets: psutil over ``sluice up``'s
 processes, the warm-up share included) and the batch / get ratios.
 
     .venv/bin/python bench/batch.py [--clients 8] [--batch 64] [--seconds 4] [--rounds 2]
+
+``--rss-gb 2`` then reads one GetBatch of 2 GB (8 MiB objects) to its end and
+prints the gateway's and the largest target's RSS before and at their peak
+(``--sizes ""`` for that alone).
 """
 
 from __future__ import annotations
@@ -71,6 +75,67 @@ def cpu_by_role() -> dict[str, float]:
         if role:
             out[role] = out.get(role, 0.0) + t.user + t.system
     return out
+
+
+def rss_by_role() -> dict[str, int]:
+    """Resident memory: the gateway's, and the largest target's."""
+    out: dict[str, int] = {}
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+            rss = proc.memory_info().rss
+        except psutil.Error:
+            continue
+        for role in ("gateway", "storage_target"):
+            if f"etl_runtime.{role}" in cmd:
+                out[role] = max(out.get(role, 0), rss)
+    return out
+
+
+def rss_check(url: str, gigabytes: float) -> None:
+    """One GetBatch of ``gigabytes`` (8 MiB objects, 16 of them over and over), read
+    to its end while the servers' RSS is sampled every 0.1 s."""
+    size, names = 8 << 20, [f"rss/{i:02d}" for i in range(16)]
+    upload(url, names, size)
+    n = int(gigabytes * 1e9) // size
+    body = json.dumps({"in": [{"objname": names[i % 16]} for i in range(n)], "strm": True})
+    before = rss_by_role()
+    peak = dict(before)
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            for k, v in rss_by_role().items():
+                peak[k] = max(peak.get(k, 0), v)
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    got, t0 = 0, time.perf_counter()
+    try:
+        with httpx.stream(
+            "GET",
+            f"{url}/v1/ml/moss/{BUCKET}",
+            content=body.encode(),
+            headers={"Content-Type": "application/json"},
+            timeout=300,
+        ) as r:
+            r.raise_for_status()
+            for chunk in r.iter_raw(1 << 20):
+                got += len(chunk)
+    finally:
+        stop.set()
+        sampler.join()
+    secs = time.perf_counter() - t0
+    if got != tar_size([size] * n):
+        raise SystemExit(f"RSS check: {got} bytes, expected {tar_size([size] * n)}")
+    print(
+        f"# RSS over one GetBatch of {got / 1e9:.2f} GB ({n} x 8 MiB, {got / secs / 1e6:.0f} "
+        f"MB/s): gateway {before['gateway'] >> 20} -> peak {peak['gateway'] >> 20} MiB, "
+        f"largest target {before['storage_target'] >> 20} -> peak "
+        f"{peak['storage_target'] >> 20} MiB",
+        flush=True,
+    )
 
 
 def tar_size(sizes: list[int]) -> int:
@@ -196,6 +261,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--clients-kinds", default="raw,sdk", help="raw, sdk or both")
     ap.add_argument("--sizes", default=",".join(SIZES), help="of " + ", ".join(SIZES))
+    ap.add_argument("--rss-gb", type=float, default=0, help="then one batch this big: RSS")
     args = ap.parse_args()
     kinds = [k for k in args.clients_kinds.split(",") if k]
     counts = {"10KiB": args.small_count, "1MiB": args.large_count}
@@ -212,7 +278,7 @@ def main() -> None:
         httpx.post(f"{url}/v1/buckets/{BUCKET}", json={"action": "create-bck"}).raise_for_status()
         header = f"{'size':6} {'client':6} {'mode':6} {'items/s':>9} {'MB/s':>8} "
         print(header + f"{'client ms':>10} {'gateway ms':>11} {'targets ms':>11}  per item")
-        for label in args.sizes.split(","):
+        for label in filter(None, args.sizes.split(",")):
             size = SIZES[label]
             names = [f"{label}/{i:05d}" for i in range(counts[label])]
             upload(url, names, size)
@@ -242,6 +308,8 @@ def main() -> None:
                     f"{servers_b / max(servers_g, 1e-9):.2f}",
                     flush=True,
                 )
+        if args.rss_gb:
+            rss_check(url, args.rss_gb)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,8 @@
   sample per object, ``(name, bytes)`` or ``transform(name, bytes)``;
 * ``ShardReader`` (iterable): ``(key, {ext: bytes or decoded})`` per
   WebDataset sample of tar shards;
+* ``BatchIterDataset`` (iterable): whole batches, one GetBatch request each,
+  resumable from the index of the next batch;
 * ``DynamicBatchSampler``: batches bounded in bytes, AIStore's rule;
 * ``Source``: a prefix, names or a brace template of a bucket; the errors
   ``DatasetError``, ``EmptySource``, ``ShardError``.
@@ -30,6 +32,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from etl_runtime.pytorch.batches import BatchIterDataset
     from etl_runtime.pytorch.datasets import ObjectDataset, ObjectIterDataset
     from etl_runtime.pytorch.errors import DatasetError, EmptySource, ShardError
     from etl_runtime.pytorch.sampler import DynamicBatchSampler, dynamic_batches
@@ -37,6 +40,7 @@ if TYPE_CHECKING:
     from etl_runtime.pytorch.sources import Source
 
 _WHERE = {
+    "BatchIterDataset": "batches",
     "ObjectDataset": "datasets",
     "ObjectIterDataset": "datasets",
     "ShardReader": "shards",
@@ -49,6 +53,7 @@ _WHERE = {
 }
 
 __all__ = [
+    "BatchIterDataset",
     "DatasetError",
     "DynamicBatchSampler",
     "EmptySource",

@@ -11,6 +11,7 @@ bucket.object("a.txt").get_bytes(etl_name="upper")  # b"HELLO"
 
 from __future__ import annotations
 
+from etl_runtime.sdk.batch import BatchItem
 from etl_runtime.sdk.bucket import Bucket
 from etl_runtime.sdk.client import Client
 from etl_runtime.sdk.errors import (
@@ -35,6 +36,7 @@ from etl_runtime.sdk.retry import RetryPolicy
 
 __all__ = [
     "BadRequest",
+    "BatchItem",
     "Bucket",
     "Client",
     "Conflict",

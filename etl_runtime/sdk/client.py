@@ -20,7 +20,7 @@ import contextlib
 import json
 import os
 import urllib.parse
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -30,6 +30,7 @@ from etl_runtime.sdk.errors import SluiceError
 from etl_runtime.sdk.retry import RETRY_STATUSES, RETRY_TRANSPORT_ERRORS, Attempts, RetryPolicy
 
 if TYPE_CHECKING:
+    from etl_runtime.sdk.batch import BatchItem
     from etl_runtime.sdk.bucket import Bucket
     from etl_runtime.sdk.etl import Etl, EtlSummary
     from etl_runtime.sdk.job import Job
@@ -147,6 +148,19 @@ class Client:
         from etl_runtime.sdk.job import Job
 
         return Job(self, str(self.request_json("POST", "/v1/dsort", json_body=dict(spec))["id"]))
+
+    def get_batch(
+        self,
+        items: Iterable[tuple[str, str]],
+        *,
+        etl_name: EtlName = None,
+        etl_args: EtlArgs = None,
+        missing_ok: bool = False,
+    ) -> Iterator[BatchItem]:
+        """Many ``(bucket, object)`` in one request (GetBatch), in order: ``sdk/batch.py``."""
+        from etl_runtime.sdk.batch import get_batch
+
+        return get_batch(self, items, etl_name=etl_name, etl_args=etl_args, missing_ok=missing_ok)
 
     def list_buckets(self) -> list[str]:
         return list(self.request_json("GET", "/v1/buckets")["buckets"])

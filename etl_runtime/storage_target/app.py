@@ -30,6 +30,7 @@ from etl_runtime.storage.copies import Placement
 from etl_runtime.storage.peers import Peers
 from etl_runtime.storage.rebalance import Rebalancer
 from etl_runtime.storage.store import ObjectStore
+from etl_runtime.storage_target.batch import batch_router
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.internal import internal_router
 from etl_runtime.storage_target.objects import object_router
@@ -113,6 +114,7 @@ def create_target_app(
     app.include_router(internal_router(store, cluster_key or None, rebalancer))
     app.include_router(remote_router(target))
     app.include_router(jobs.router)
+    app.include_router(batch_router(target))  # GetBatch: this target's share
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:

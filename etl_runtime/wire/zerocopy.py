@@ -62,6 +62,8 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from etl_runtime.wire import splice
+
 EXTENSION = "http.response.zerocopysend"
 ENV = "SLUICE_SENDFILE"
 COPY_BLOCK = 1 << 20  # the fallback's read size
@@ -343,10 +345,14 @@ def _with_zerocopy(app: ASGIApp, cycle: Any) -> ASGIApp:
     async def app_with_zerocopy(scope: Scope, receive: Receive, send: Send) -> None:
         if cycle.transport.get_extra_info("sslcontext") is None:
             scope.setdefault("extensions", {})[EXTENSION] = {}
+            if splice.available():
+                scope["extensions"][splice.MESSAGE] = {}
 
         async def send_or_sendfile(message: Message) -> None:
             if message["type"] == EXTENSION:
                 await _send_file(cycle, message)
+            elif message["type"] == splice.MESSAGE:  # wire/splice.py: socket to socket
+                await splice.send_spliced(cycle, message)
             else:
                 await send(message)
 

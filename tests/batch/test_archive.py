@@ -13,6 +13,7 @@ import pytest
 from etl_runtime.core.errors import InvalidName, InvalidRequest, NotATar
 from etl_runtime.gateway.batch.archive import ArchiveWriter, ShardReader
 from etl_runtime.gateway.batch.request import parse_request
+from etl_runtime.wire.batchshare import tar_header
 
 
 def shard(members: dict[str, bytes], fmt: int = tarfile.GNU_FORMAT, gz: bool = False) -> bytes:
@@ -120,3 +121,23 @@ def test_request_names_unknown_fields_and_bad_items() -> None:
     )
     assert req.fmt == ".tgz" and req.name_in_archive(req.items[0]) == "o/x/y"
     assert req.missing_name(req.items[0], shard_missing=True) == "__404__/o"
+
+
+@pytest.mark.parametrize(
+    "name, size, mtime",
+    [
+        ("a", 0, 0),
+        ("bench/10KiB/00012", 10240, 1_700_000_000),
+        ("x" * 100, 5, 1),  # the longest name a ustar header holds
+        ("x" * 101, 5, 1),  # a pax record
+        ("é/ü.txt", 3, 3),  # not ASCII: a pax record
+        ("a/b c", 8**11 - 1, 123),  # the largest size in 11 octal digits
+        ("a", 8**11, 5),  # bigger: a pax size record
+    ],
+)
+def test_the_fast_tar_header_is_the_one_tarfile_writes(name: str, size: int, mtime: int) -> None:
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = size, mtime, 0o644
+    assert tar_header(name, size, mtime) == info.tobuf(
+        tarfile.PAX_FORMAT, "utf-8", "surrogateescape"
+    )

@@ -20,6 +20,7 @@ import requests
 import urllib3
 
 from etl_runtime import Client as SluiceClient
+from etl_runtime.gateway.batch.shares import PART
 from etl_runtime.local import LocalCluster
 
 aistore = pytest.importorskip("aistore")
@@ -151,9 +152,18 @@ def test_missing_item_without_cont_on_err(cluster: tuple[str, Path]) -> None:
         with pytest.raises(ErrObjNotFound, match="ais://one/no-such-object"):
             list(batch.get())
 
-    # far into the batch (past the first window): the answer has started, so it
-    # must break: a header that promises bytes that never come, then an abort
+    # also inside the first part of its target's share (every target says what it
+    # lacks before it sends a byte): still a clean 404
     names = [f"obj-{i % N:03d}" for i in range(40)] + ["no-such-object"]
+    body = {"in": [{"objname": n} for n in names], "strm": True, "coer": False}
+    r = requests.get(f"{url}/v1/ml/moss/one", json=body)
+    assert r.status_code == 404 and "ais://one/no-such-object" in r.json()["error"]
+
+    # far into the batch (past the first parts of every share): the answer has
+    # started, so it must break: a header that promises bytes that never come,
+    # then an abort
+    far = 4 * 3 * PART
+    names = [f"obj-{i % N:03d}" for i in range(far)] + ["no-such-object"]
     body = {"in": [{"objname": n} for n in names], "strm": True, "coer": False}
     r = requests.get(f"{url}/v1/ml/moss/one", json=body, stream=True)
     assert r.status_code == 200
@@ -169,8 +179,8 @@ def test_missing_item_without_cont_on_err(cluster: tuple[str, Path]) -> None:
                 f = tar.extractfile(m)
                 assert f is not None
                 f.read()
-    assert seen[:40] == [f"one/{n}" for n in names[:40]]
-    assert seen[40:] == ["one/no-such-object"]  # declared, never delivered
+    assert seen[:far] == [f"one/{n}" for n in names[:far]]
+    assert seen[far:] == ["one/no-such-object"]  # declared, never delivered
     batch = ais.batch(bucket=bck, cont_on_err=False)
     for n in names:
         batch.add(n)

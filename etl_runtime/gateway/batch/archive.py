@@ -25,8 +25,11 @@ import zlib
 from collections.abc import AsyncIterator
 
 from etl_runtime.core.errors import NotATar
+from etl_runtime.wire.batchshare import Spliced, tar_header
 
 BLOCK = tarfile.BLOCKSIZE
+Chunk = bytes | bytearray | memoryview  # a piece of the answer, handed to the server as is
+Piece = Chunk | Spliced  # or bytes the server moves from a target's socket itself
 _REGULAR = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
 _PAX = (tarfile.XHDTYPE, tarfile.SOLARIS_XHDTYPE)
 
@@ -40,11 +43,11 @@ class ArchiveWriter:
 
     def __init__(self, fmt: str) -> None:
         self._gz = zlib.compressobj(6, zlib.DEFLATED, 31) if fmt == ".tgz" else None
-        self._out: list[bytes | bytearray] = []
+        self._out: list[Chunk] = []
         self.pending = 0  # bytes waiting in the buffer
         self._mtime = int(time.time())
 
-    def _put(self, data: bytes | bytearray) -> None:
+    def _put(self, data: Chunk) -> None:
         if self._gz is not None:
             data = self._gz.compress(data)
         if data:
@@ -52,11 +55,9 @@ class ArchiveWriter:
             self.pending += len(data)
 
     def header(self, name: str, size: int) -> None:
-        info = tarfile.TarInfo(name)
-        info.size, info.mtime, info.mode = size, self._mtime, 0o644
-        self._put(info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+        self._put(tar_header(name, size, self._mtime))
 
-    def data(self, chunk: bytes | bytearray) -> None:
+    def data(self, chunk: Chunk) -> None:
         self._put(chunk)
 
     def pad(self, size: int) -> None:
@@ -82,7 +83,7 @@ class ArchiveWriter:
                 self._out.append(tail)
                 self.pending += len(tail)
 
-    def take(self) -> bytes | bytearray:
+    def take(self) -> Chunk:
         """Everything written so far (a gzip stream is sync-flushed: readable now).
 
         One piece is handed on as it is: a big chunk written alone is not copied."""

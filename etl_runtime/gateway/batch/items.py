@@ -73,13 +73,13 @@ class Spool:
 
     def __init__(self, memory: int = SPOOL_MEMORY) -> None:
         self._memory = memory
-        self._mem: list[bytes | bytearray] = []
-        self._pending: list[bytes | bytearray] = []
+        self._mem: list[bytes | bytearray | memoryview] = []
+        self._pending: list[bytes | bytearray | memoryview] = []
         self._pending_size = 0
         self._file: IO[bytes] | None = None
         self.size = 0
 
-    async def write(self, data: bytes | bytearray) -> None:
+    async def write(self, data: bytes | bytearray | memoryview) -> None:
         if not data:
             return
         self.size += len(data)
@@ -100,7 +100,7 @@ class Spool:
         self._pending, self._pending_size = [], 0
         await anyio.to_thread.run_sync(self._file.write, data)
 
-    async def chunks(self) -> AsyncIterator[bytes | bytearray]:
+    async def chunks(self) -> AsyncIterator[bytes | bytearray | memoryview]:
         """Everything written, once, in order; the file is closed after it."""
         try:
             for chunk in self._mem:
@@ -149,7 +149,7 @@ class Slot:
         self.item = item
         self.head: asyncio.Future[int | Failed] = asyncio.get_running_loop().create_future()
         self.broken: SluiceError | None = None  # after head: the stream broke off
-        self._chunks: deque[bytes | bytearray] = deque()
+        self._chunks: deque[bytes | bytearray | memoryview] = deque()
         self._buffered = 0
         self._ended = False
         self._data = asyncio.Event()  # a chunk or the end arrived
@@ -161,7 +161,7 @@ class Slot:
         """``next()`` will not wait."""
         return bool(self._chunks) or self._ended
 
-    async def next(self) -> bytes | bytearray | None:
+    async def next(self) -> bytes | bytearray | memoryview | None:
         """The next chunk; None at the end (then check ``broken``)."""
         while not self._chunks:
             if self._ended:
@@ -173,7 +173,7 @@ class Slot:
         self._room.set()
         return chunk
 
-    async def _put(self, chunk: bytes | bytearray) -> None:
+    async def _put(self, chunk: bytes | bytearray | memoryview) -> None:
         while self._buffered >= ITEM_BUFFER:  # the assembler is behind: stop reading
             self._room.clear()
             await self._room.wait()
@@ -214,7 +214,9 @@ class Slot:
             self.broken = failed.error
             self._end()
 
-    async def _start(self, size: int, chunks: AsyncIterator[bytes | bytearray]) -> None:
+    async def _start(
+        self, size: int, chunks: AsyncIterator[bytes | bytearray | memoryview]
+    ) -> None:
         self.head.set_result(size)
         async for chunk in chunks:
             if chunk:

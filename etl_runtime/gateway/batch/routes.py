@@ -28,9 +28,13 @@ from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
+from etl_runtime.gateway.batch.archive import Piece
 from etl_runtime.gateway.batch.assemble import Assembler, multipart
+from etl_runtime.gateway.batch.items import ITEM_TIMEOUT
 from etl_runtime.gateway.batch.request import parse_request
 from etl_runtime.gateway.context import Gateway
+from etl_runtime.wire import splice
+from etl_runtime.wire.batchshare import Spliced
 from etl_runtime.wire.duplex import DuplexClient
 
 log = logging.getLogger(__name__)
@@ -44,24 +48,53 @@ class BatchResponse(StreamingResponse):
     A batch that fails after its answer started returns without the final
     empty chunk: the server then closes the connection (uvicorn logs one line,
     "ASGI callable returned without completing response"), and the client's
-    HTTP library sees a chunked body that never ended.
+    HTTP library sees a chunked body that never ended, or, for an answer sent
+    with a ``length`` (``Assembler.known_length``), a body shorter than its
+    Content-Length.
     """
 
     def __init__(
-        self, content: AsyncIterator[bytes | bytearray], asm: Assembler, media_type: str
+        self,
+        content: AsyncIterator[Piece],
+        asm: Assembler,
+        media_type: str,
+        length: int | None = None,
     ) -> None:
         # bytearray pieces too: the server writes any bytes-like body as is
-        super().__init__(cast(AsyncIterator[bytes], content), media_type=media_type)
+        headers = {"Content-Length": str(length)} if length is not None else None
+        super().__init__(
+            cast(AsyncIterator[bytes], content), headers=headers, media_type=media_type
+        )
+        self._pieces = content
         self._asm = asm
 
     async def stream_response(self, send: Send) -> None:
         start = {"type": "http.response.start", "status": self.status_code}
         await send({**start, "headers": self.raw_headers})
         try:
-            async for chunk in self.body_iterator:
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            async for chunk in self._pieces:
+                if isinstance(chunk, Spliced):  # wire/splice.py: socket to socket
+                    await send(
+                        {
+                            "type": splice.MESSAGE,
+                            "fd": chunk.fd,
+                            "count": chunk.count,
+                            "timeout": ITEM_TIMEOUT,
+                            "more_body": True,
+                        }
+                    )
+                else:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except SluiceError as e:
             log.warning("GetBatch answer broken off (the connection is dropped): %s", e.message)
+            return
+        except splice.ClientGone:
+            return  # the share's socket is left mid-entry: closed with the batch, never pooled
+        except splice.SourceBroken as e:
+            assert isinstance(chunk, Spliced)
+            log.warning(
+                "GetBatch answer broken off (the connection is dropped): %s (%s)", chunk.what, e
+            )
             return
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
@@ -98,7 +131,10 @@ async def get_batch(
         boundary, body_iter = await multipart(asm, req.fmt)
         return BatchResponse(body_iter, asm, f"multipart/mixed; boundary={boundary}")
     await asm.prime()  # a failure among the first items: a plain JSON error
-    return BatchResponse(asm.archive(), asm, req.content_type)
+    length = asm.known_length()
+    if length is not None and splice.MESSAGE in (request.scope.get("extensions") or {}):
+        asm.use_splice()
+    return BatchResponse(asm.archive(), asm, req.content_type, length)
 
 
 def batch_router(gw: Gateway, http: DuplexClient) -> APIRouter:

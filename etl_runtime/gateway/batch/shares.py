@@ -1,0 +1,295 @@
+"""GetBatch items read in shares: one request to each target for all of its items.
+
+Caller: ``assemble.Assembler``. Items a target can send straight from its
+disk (whole objects or byte ranges of ``ais`` buckets, no ``archpath``, no
+ETL: ``shareable``) are grouped by the target a GET would be sent to
+(``read_router``: ``placement.route``'s choice), in request order, and asked
+for in parts of ``PART`` items; the exchange (a manifest of every item's
+outcome, then the TAR entries back to back) is drawn in ``wire/batchshare.py``.
+``AHEAD`` parts per target are in flight at once, so every target reads its
+disk and sends while the gateway writes another target's items; what the
+gateway has not taken yet waits in socket buffers (the gateway reads a share
+only when it writes that share's item: TCP pushes back on the target), so
+memory stays bounded whatever the batch's size.
+
+A ``ShareItem``'s ``head`` resolves when its part's manifest arrives: the
+object's size, a ``Failed`` (the item's error as a GET would have answered
+it, classified by ``items.relayed``), or ``ELSEWHERE`` (the target does not
+hold it now: the assembler reads it with a plain GET, ``items.Slot``). A
+target that does not answer, answers a share with an error, or breaks off
+mid-share fails the items still to come with an error naming the target;
+after the answer started that means a broken archive and a dropped
+connection, never a short one that looks whole.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Final
+
+from etl_runtime.cluster.hrw import hrw_owner, object_key
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core.errors import NoTargets, SluiceError
+from etl_runtime.gateway.batch.items import ERROR_BODY_MAX, ITEM_TIMEOUT, Failed, relayed
+from etl_runtime.gateway.batch.request import BatchRequest, Item
+from etl_runtime.gateway.context import Gateway
+from etl_runtime.wire.batchshare import (
+    ELSEWHERE,
+    MANIFEST_LEN,
+    MANIFEST_MAX,
+    OK,
+    SHARE_PATH,
+    ShareBody,
+    ShareBroken,
+    SharePool,
+    Spliced,
+    padding,
+)
+
+log = logging.getLogger(__name__)
+
+PART = 128  # items per share request
+AHEAD = 2  # share requests in flight per target
+SMALL_ENTRY = 64 << 10  # an object up to this size is relayed with its header in one piece
+POOL = SharePool()  # this process's connections to targets for shares
+
+
+class Elsewhere:
+    """The target does not hold the item now: read it with a plain GET."""
+
+
+READ_BY_GET: Final = Elsewhere()
+Head = int | Failed | Elsewhere
+
+
+def shareable(req: BatchRequest, item: Item) -> bool:
+    return not req.etl_name and not item.archpath and not item.provider
+
+
+class ShareItem:
+    """One item of a target's share: ``head``, then its entry from ``TargetShare.entry``."""
+
+    def __init__(self, share: TargetShare, item: Item, name: str) -> None:
+        self.share, self.item = share, item
+        self.name = name  # in the answer's archive
+        self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
+        self.header_len = 0  # bytes of the TAR header the target wrote
+        self.part: _Part | None = None
+
+
+class _Part:
+    def __init__(self, items: list[ShareItem]) -> None:
+        self.items = items
+        self.body: ShareBody | None = None
+        self.entries_left = 0  # OK items whose entries are still in the body
+        self.consumed = asyncio.Event()  # the body was read to its end (or given up)
+        self.task: asyncio.Task[None] | None = None
+        for si in items:
+            si.part = self
+
+
+class TargetShare:
+    """Every shareable item of one batch that one target owns, asked for in parts."""
+
+    def __init__(self, gw: Gateway, target: TargetInfo) -> None:
+        self._gw, self.target = gw, target
+        self.items: list[ShareItem] = []
+        self.splice = False  # big entries go socket to socket (``wire/splice.py``)
+        self._parts: deque[_Part] = deque()
+        self._started = 0
+
+    def add(self, item: Item, name: str) -> ShareItem:
+        si = ShareItem(self, item, name)
+        self.items.append(si)
+        return si
+
+    def start(self) -> None:
+        self._parts.extend(_Part(self.items[k : k + PART]) for k in range(0, len(self.items), PART))
+        self._fill()
+
+    def _fill(self) -> None:
+        while self._started < len(self._parts) and self._started < AHEAD + self._done():
+            part = self._parts[self._started]
+            part.task = asyncio.create_task(self._run(part))
+            self._started += 1
+
+    def _done(self) -> int:
+        return sum(1 for p in self._parts if p.consumed.is_set())
+
+    def close(self) -> None:
+        """Stop every part in flight (synchronous: safe while being cancelled)."""
+        for part in self._parts:
+            if part.task is not None:
+                part.task.cancel()
+        self._started = len(self._parts)
+
+    def _away(self, si: ShareItem, why: str) -> NoTargets:
+        item = si.item
+        return NoTargets(
+            f"in[{item.index}] {item.cname()}: target {self.target.id} {why}; retry",
+            bucket=item.bucket,
+            object=item.name,
+            target=self.target.id,
+        )
+
+    async def _run(self, part: _Part) -> None:
+        answer: ShareBody | None = None
+        try:
+            answer = await self._request(part)
+            if answer is not None:
+                await self._manifest(part, answer)
+                await part.consumed.wait()
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # every item still open fails, naming the target: no hang
+            if not isinstance(e, OSError | ValueError):  # ValueError: a manifest not JSON
+                log.exception("GetBatch share of target %s failed", self.target.id)
+            for si in part.items:
+                if not si.head.done():
+                    err = self._away(si, f"did not answer ({type(e).__name__}: {e})")
+                    si.head.set_result(Failed(err, per_item=False))
+        finally:
+            part.consumed.set()
+            self._fill()
+            if answer is not None:
+                answer.close()  # a no-op once the body was read to its end
+
+    async def _request(self, part: _Part) -> ShareBody | None:
+        rows = [
+            [si.item.bucket, si.item.name, si.item.start, si.item.length, si.name]
+            for si in part.items
+        ]
+        body = json.dumps({"in": rows}, separators=(",", ":")).encode()
+        headers = {**self._gw.target_headers(), "Content-Type": "application/json"}
+        answer = await POOL.post(self.target.url, SHARE_PATH, headers, body, ITEM_TIMEOUT)
+        if answer.status == 200:
+            return answer
+        raw = await answer.read_all(ERROR_BODY_MAX)
+        if answer.status in (404, 405):  # a target without shares: plain GETs
+            for si in part.items:
+                si.head.set_result(READ_BY_GET)
+            return None
+        try:
+            payload = json.loads(raw)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            payload = {"error": f"answered {answer.status}: {raw[:300]!r}"}
+        payload.setdefault("target", self.target.id)
+        for si in part.items:
+            failed = relayed(answer.status, payload, si.item, answer.headers.get("retry-after"))
+            si.head.set_result(Failed(failed.error, per_item=False))
+        return None
+
+    async def _manifest(self, part: _Part, answer: ShareBody) -> None:
+        body = part.body = answer
+        (n,) = MANIFEST_LEN.unpack(await body.exactly(MANIFEST_LEN.size))
+        if n > MANIFEST_MAX:
+            raise ShareBroken(f"a share manifest of {n} bytes")
+        entries: list[list[Any]] = json.loads(await body.exactly(n))
+        if len(entries) != len(part.items):
+            raise ShareBroken(f"{len(entries)} manifest entries for {len(part.items)} items")
+        for si, e in zip(part.items, entries, strict=True):
+            status = e[0]
+            if status == OK:
+                si.header_len = e[2]
+                part.entries_left += 1
+                si.head.set_result(e[1])
+            elif status == ELSEWHERE:
+                si.head.set_result(READ_BY_GET)
+            else:
+                si.head.set_result(relayed(status, e[1], si.item, None))
+        if not part.entries_left:
+            await body.end()
+            self._consumed(part)
+
+    def _consumed(self, part: _Part) -> None:
+        part.consumed.set()
+        self._fill()
+
+    async def entry(
+        self, si: ShareItem, size: int
+    ) -> AsyncIterator[bytes | bytearray | memoryview | Spliced]:
+        """The item's TAR entry: its header (whole, one piece), bytes, padding; raises if cut.
+
+        A small entry comes in one piece (or not at all); a big one's padding is
+        ours, the target's is dropped with the next read, so an entry is complete
+        in the answer once its last byte is."""
+        part = si.part
+        assert part is not None and part.body is not None
+        pad = padding(size)
+        try:
+            if size <= SMALL_ENTRY:
+                yield await part.body.exactly(si.header_len + size + pad)
+            else:
+                yield await part.body.exactly(si.header_len)
+                if self.splice:
+                    what = self._away(si, "broke off its share of the batch").message
+                    async for moved in part.body.spliced(size, what):
+                        yield moved
+                else:
+                    async for piece in part.body.pieces(size):
+                        yield piece
+                part.body.skip(pad)
+                if pad:
+                    yield bytes(pad)
+        except OSError as e:
+            raise self._away(
+                si, f"broke off its share of the batch ({type(e).__name__}: {e})"
+            ) from None
+        part.entries_left -= 1
+        if not part.entries_left:
+            try:
+                await part.body.end()
+            except OSError:
+                part.body.close()  # every entry of the part is in: just not reused
+            self._consumed(part)
+
+
+def read_router(gw: Gateway) -> Callable[[str, str], TargetInfo | None]:
+    """``placement.route(gw, "GET", ...)`` for many items: the map, liveness and
+    addresses looked up once. None where ``route`` would raise (the item then takes
+    the GET path, whose ``route`` answers the error)."""
+    if gw.cmap is None:
+        try:
+            live = gw.live_targets()
+        except SluiceError:
+            return lambda bucket, name: None
+        return lambda bucket, name: hrw_owner(live, object_key(bucket, name))
+    cmap, alive, suspect = gw.cmap.get(), gw.alive_ids(), gw.suspect_ids()
+    known = {t.id: t for t in gw.known_targets()}
+
+    def owner(bucket: str, name: str) -> TargetInfo | None:
+        if bucket not in cmap.buckets or not cmap.members:
+            return None
+        reachable = [t for t in cmap.owners(bucket, name) if t in alive]
+        for tid in sorted(reachable, key=lambda t: t in suspect):  # stable: owner order
+            info = known.get(tid)
+            if info is None and tid in cmap.urls:
+                info = TargetInfo(id=tid, url=cmap.urls[tid])
+            if info is not None:
+                return info
+        return None
+
+    return owner
+
+
+def plan(gw: Gateway, req: BatchRequest) -> tuple[list[ShareItem | None], list[TargetShare]]:
+    """Per item, its ``ShareItem`` (None: read with a GET); the shares, not started."""
+    shares: dict[str, TargetShare] = {}
+    out: list[ShareItem | None] = []
+    owner = read_router(gw)
+    for item in req.items:
+        target = owner(item.bucket, item.name) if shareable(req, item) else None
+        if target is None:
+            out.append(None)
+            continue
+        share = shares.get(target.id)
+        if share is None:
+            share = shares[target.id] = TargetShare(gw, target)
+        out.append(share.add(item, req.name_in_archive(item)))
+    return out, list(shares.values())

@@ -1,0 +1,270 @@
+"""The target's half of GetBatch: ``POST /v1/_moss``, this target's share of a batch in one answer.
+
+The caller is the gateway's ``gateway/batch/shares.py``; the exchange
+(manifest, then TAR entries back to back) is drawn in ``wire/batchshare.py``.
+Every item is opened before the answer starts, in one trip to a worker
+thread: its outcome goes into the manifest, a small file's bytes are read
+right there (up to ``INLINE_BUDGET`` per answer), a bigger file stays open
+and is sent with ``os.sendfile`` when its turn comes. An item this target
+should not answer from its own disk (it is not an owner, or a copy may still
+be on a neighbour) is marked "elsewhere" and the gateway reads it with a
+plain GET, which knows how to redirect or pull it.
+
+Errors of one item (a missing object, a bad range) are that item's manifest
+entry, with the body and status a GET would have answered; only a malformed
+request (the gateway's bug, not the user's) is refused as a whole.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from dataclasses import dataclass
+from typing import IO, Any
+
+import anyio.to_thread
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from etl_runtime.cluster.clustermap import ClusterMap
+from etl_runtime.core.access import require_read
+from etl_runtime.core.errors import (
+    InvalidRequest,
+    ObjectNotFound,
+    RangeNotSatisfiable,
+    SluiceError,
+)
+from etl_runtime.core.jsonbody import read_json
+from etl_runtime.core.names import validate_names
+from etl_runtime.storage_target.context import Target
+from etl_runtime.wire.batchshare import (
+    ELSEWHERE,
+    OK,
+    SHARE_PATH,
+    encode_manifest,
+    padding,
+    tar_header,
+)
+from etl_runtime.wire.zerocopy import EXTENSION, offers_zerocopy
+
+SMALL = 64 << 10  # a file up to this size is read with the manifest and sent from memory
+INLINE_BUDGET = 8 << 20  # bytes read that way per answer; the rest goes by sendfile
+FLUSH = 1 << 20  # bytes gathered before a write
+COPY_BLOCK = 1 << 20  # without sendfile: a big file is read in blocks of this size
+MAX_ITEMS = 4096
+
+
+@dataclass
+class _Entry:
+    head: bytes  # the TAR header
+    size: int
+    file: IO[bytes] | None = None  # sent from ``offset`` when its turn comes
+    offset: int = 0
+    data: bytes | None = None  # a small file, already read
+
+
+def _items(body: Any) -> list[tuple[str, str, int, int, str]]:
+    raw = body.get("in") if isinstance(body, dict) else None
+    if not isinstance(raw, list) or len(raw) > MAX_ITEMS:
+        raise InvalidRequest(f"a GetBatch share is {{'in': [...]}} of at most {MAX_ITEMS} items")
+    out = []
+    for i, it in enumerate(raw):
+        ok = isinstance(it, list) and len(it) == 5
+        if ok:
+            b, o, start, length, arcname = it
+            ok = (
+                all(isinstance(x, str) for x in (b, o, arcname))
+                and all(isinstance(x, int) and not isinstance(x, bool) for x in (start, length))
+                and 0 <= start < 1 << 62
+                and -1 <= length < 1 << 62
+            )
+        if not ok:
+            raise InvalidRequest(
+                f"GetBatch share: in[{i}] is not [bucket, object, start, length, name_in_archive]"
+            )
+        out.append((b, o, start, length, arcname))
+    return out
+
+
+class _Share:
+    """Opening every item of a share (in a worker thread) and what came of it."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.manifest: list[list[Any]] = []
+        self.entries: list[_Entry] = []
+        self.inline = 0
+        self.mtime = 0
+        self.cmap: ClusterMap | None = None
+
+    def open_all(self, items: list[tuple[str, str, int, int, str]], mtime: int) -> None:
+        self.mtime = mtime
+        placement = self.target.placement
+        if placement is not None and placement.cmap is not None:
+            self.cmap = placement.cmap.get()  # one look for the whole share
+        for item in items:
+            try:
+                try:
+                    self._open(*item)
+                except (ValueError, UnicodeError) as e:  # a name no TAR header can carry
+                    raise InvalidRequest(f"{item[0]}/{item[1]}: {e}") from e
+            except SluiceError as e:
+                self.manifest.append([e.status, e.body()])
+
+    def _open(self, bucket: str, name: str, start: int, length: int, arcname: str) -> None:
+        store, placement = self.target.store, self.target.placement
+        validate_names(bucket, name)
+        if self._not_an_owner(bucket, name):
+            self.manifest.append([ELSEWHERE])
+            return
+        try:
+            fd = os.open(store.local_path(bucket, name), os.O_RDONLY)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            if placement is not None and placement.may_be_elsewhere(bucket):
+                self.manifest.append([ELSEWHERE])
+                return
+            store.bucket_dir(bucket)  # BucketNotFound before "no such object"
+            raise ObjectNotFound(  # ais://b/o: the aistore SDK raises ErrObjNotFound
+                f"object ais://{bucket}/{name} does not exist", bucket=bucket, object=name
+            ) from None
+        owned = True  # fd is ours to close on a failure
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise ObjectNotFound(
+                    f"object ais://{bucket}/{name} does not exist", bucket=bucket, object=name
+                )
+            size = st.st_size
+            offset, n = 0, size
+            if start or length:
+                if start >= size:
+                    raise RangeNotSatisfiable(
+                        f"start={start} is past the end of the object ({size} bytes)",
+                        bucket=bucket,
+                        object=name,
+                    )
+                offset = start
+                n = size - start if length == -1 else min(length, size - start)
+            entry = _Entry(tar_header(arcname, n, self.mtime), n, None, offset)
+            if n <= SMALL and self.inline + n <= INLINE_BUDGET:
+                data = os.pread(fd, n, offset)
+                if len(data) != n:  # objects are replaced by rename, never cut: a disk fault
+                    raise OSError(f"a short read ({len(data)} of {n} bytes)")
+                entry.data = data
+                self.inline += n
+                owned = False
+                os.close(fd)
+            else:
+                entry.file = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed when sent
+                owned = False
+        except BaseException as e:
+            if owned:
+                os.close(fd)
+            if isinstance(e, OSError):  # the disk failed this item: named, not a bare 500
+                raise SluiceError(
+                    f"target {self.target.id} could not read ais://{bucket}/{name}: {e}",
+                    bucket=bucket,
+                    object=name,
+                    target=self.target.id,
+                ) from e
+            raise
+        self.entries.append(entry)
+        self.manifest.append([OK, n, len(entry.head)])
+
+    def _not_an_owner(self, bucket: str, name: str) -> bool:
+        """``Placement.read_owner`` is not None, with the map looked up once per share."""
+        cmap, placement = self.cmap, self.target.placement
+        if cmap is None or placement is None:
+            return False
+        if cmap.version == 0 or not cmap.members or bucket not in cmap.buckets:
+            return False
+        return placement.self_id not in cmap.owners(bucket, name)
+
+    def close(self) -> None:
+        for e in self.entries:
+            if e.file is not None:
+                e.file.close()
+
+
+class ShareResponse(Response):
+    """The manifest, then every entry; big files by ``os.sendfile`` where the server offers it."""
+
+    def __init__(self, share: _Share, zerocopy: bool) -> None:
+        super().__init__(None, media_type="application/octet-stream")
+        self.share, self.zerocopy = share, zerocopy
+        self.manifest = encode_manifest(share.manifest)
+        total = len(self.manifest) + sum(
+            len(e.head) + e.size + padding(e.size) for e in share.entries
+        )
+        self.headers["content-length"] = str(total)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            pending, size = [self.manifest], len(self.manifest)
+            for e in self.share.entries:
+                pending.append(e.head)
+                size += len(e.head)
+                if e.data is None:
+                    await send(
+                        {"type": "http.response.body", "body": b"".join(pending), "more_body": True}
+                    )
+                    pending, size = [], 0
+                    await self._send_file(send, e)
+                elif e.size:
+                    pending.append(e.data)
+                    size += e.size
+                if pad := padding(e.size):
+                    pending.append(bytes(pad))
+                    size += pad
+                if size >= FLUSH:
+                    await send(
+                        {"type": "http.response.body", "body": b"".join(pending), "more_body": True}
+                    )
+                    pending, size = [], 0
+            await send({"type": "http.response.body", "body": b"".join(pending)})
+        finally:
+            self.share.close()
+
+    async def _send_file(self, send: Send, e: _Entry) -> None:
+        assert e.file is not None
+        if self.zerocopy:
+            await send(
+                {
+                    "type": EXTENSION,
+                    "file": e.file,
+                    "offset": e.offset,
+                    "count": e.size,
+                    "more_body": True,
+                }
+            )
+            return
+        fd, offset, left = e.file.fileno(), e.offset, e.size
+        while left > 0:
+            block = await anyio.to_thread.run_sync(os.pread, fd, min(left, COPY_BLOCK), offset)
+            if not block:  # cannot happen (objects are replaced by rename): drop the connection
+                raise OSError(f"an object of the batch ended {left} bytes early")
+            offset += len(block)
+            left -= len(block)
+            await send({"type": "http.response.body", "body": block, "more_body": True})
+
+
+def batch_router(target: Target) -> APIRouter:
+    router = APIRouter()
+
+    @router.post(SHARE_PATH)
+    async def batch_share(request: Request) -> Response:
+        require_read(request, target.read_token, target.token, target.cluster_key)
+        items = _items(await read_json(request, "a GetBatch share"))
+        share = _Share(target)
+        mtime = int(time.time())
+        try:
+            await anyio.to_thread.run_sync(share.open_all, items, mtime)
+        except BaseException:
+            share.close()
+            raise
+        return ShareResponse(share, offers_zerocopy(request.scope))
+
+    return router

@@ -1,0 +1,289 @@
+"""GetBatch's per-target shares (``POST /v1/_moss`` on each target), seen from a client.
+
+A real ``sluice up`` with 3 targets. The gateway asks every target once per
+part of ``PART`` items and merges the shares in request order: a batch of
+several parts per target keeps its order, byte ranges and missing items land
+where they were asked, the multipart answer's ``MossOut`` sizes are the bytes
+delivered, and a target killed while its share streams breaks the answer
+(a tar reader fails, the HTTP body never ends) with the gateway naming the
+target, never a short archive that reads as complete.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+import tarfile
+import time
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import psutil
+import pytest
+import requests
+
+from etl_runtime.gateway.batch.shares import PART
+from etl_runtime.local import LocalCluster
+
+N = 40
+BIG = 4 << 20
+
+
+def data_of(i: int) -> bytes:
+    return f"obj-{i:03d}|".encode() * (1 + i * 53 % 400)
+
+
+def read_tar(raw: bytes) -> list[tuple[str, bytes]]:
+    out = []
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r|") as tar:
+        for m in tar:
+            f = tar.extractfile(m)
+            out.append((m.name, f.read() if f is not None else b""))
+    return out
+
+
+@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
+def cluster(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LocalCluster]:
+    """``sluice up`` on each event loop (the share reads and splices are loop calls)."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SLUICE_LOOP", request.param)  # read by the servers `sluice up` starts
+        with LocalCluster(tmp_path_factory.mktemp("shares") / "data", targets=3) as c:
+            env.delenv("SLUICE_LOOP")
+            url = c.endpoint.rstrip("/")
+            with httpx.Client(base_url=url, timeout=120, trust_env=False) as h:
+                for b in ("small", "big"):
+                    h.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
+                for i in range(N):
+                    h.put(f"/v1/objects/small/o{i:03d}", content=data_of(i)).raise_for_status()
+                for i in range(12):
+                    h.put(f"/v1/objects/big/b{i:02d}", content=bytes([i]) * BIG).raise_for_status()
+            yield c
+
+
+def test_many_parts_per_target_keep_order_ranges_and_missing_items(cluster: LocalCluster) -> None:
+    url = cluster.endpoint.rstrip("/")
+    count = 3 * PART + 77  # well over one part per target
+    items: list[dict[str, object]] = []
+    want: list[tuple[str, bytes]] = []
+    for k in range(count):
+        i = (k * 7) % N
+        if k % 97 == 50:
+            items.append({"objname": f"gone-{k}"})
+            want.append((f"__404__/small/gone-{k}", b""))
+        elif k % 5 == 3:
+            start, length = k % 11, 5 + k % 13
+            items.append({"objname": f"o{i:03d}", "start": start, "length": length})
+            want.append((f"small/o{i:03d}", data_of(i)[start : start + length]))
+        elif k % 5 == 4:
+            items.append({"objname": f"o{i:03d}", "start": 3, "length": -1})
+            want.append((f"small/o{i:03d}", data_of(i)[3:]))
+        else:
+            items.append({"objname": f"o{i:03d}"})
+            want.append((f"small/o{i:03d}", data_of(i)))
+    body = {"in": items, "strm": True, "coer": True}
+    r = requests.get(f"{url}/v1/ml/moss/small", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    assert read_tar(r.content) == want
+
+    # the buffered answer: one MossOut per item, sizes as delivered, errors named
+    body["strm"] = False
+    r = requests.get(f"{url}/v1/ml/moss/small", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    boundary = r.headers["content-type"].split("boundary=")[1].encode()
+    parts = r.content.split(b"--" + boundary)
+    meta = json.loads(parts[1].split(b"\r\n\r\n", 1)[1])
+    assert [o["size"] for o in meta["out"]] == [len(d) for _, d in want]
+    missing = [o for o in meta["out"] if o.get("err_msg")]
+    assert len(missing) == sum(1 for n, _ in want if n.startswith("__404__/"))
+    assert all("does not exist" in o["err_msg"] for o in missing)
+    archive = parts[2].split(b"\r\n\r\n", 1)[1][: -len(b"\r\n")]
+    assert read_tar(archive) == want
+
+
+def test_a_range_past_the_end_names_the_item(cluster: LocalCluster) -> None:
+    url = cluster.endpoint.rstrip("/")
+    size = len(data_of(4))
+    body = {"in": [{"objname": "o001"}, {"objname": "o004", "start": size, "length": 2}]}
+    r = requests.get(f"{url}/v1/ml/moss/small", json={**body, "strm": True}, timeout=60)
+    assert r.status_code == 416
+    assert "in[1] ais://small/o004" in r.json()["error"] and str(size) in r.json()["error"]
+
+
+def _target_process(cluster: LocalCluster, port: int) -> psutil.Process:
+    for p in psutil.Process(cluster.pid).children(recursive=True):
+        try:
+            cmd = p.cmdline()
+        except psutil.NoSuchProcess:
+            continue
+        if "etl_runtime.storage_target" in cmd and str(port) in cmd:
+            return p
+    raise AssertionError(f"no target on port {port} below sluice up:\n{cluster.output}")
+
+
+def test_a_target_killed_mid_share_breaks_the_answer_and_is_named(cluster: LocalCluster) -> None:
+    url = cluster.endpoint.rstrip("/")
+    names = [f"b{i:02d}" for i in range(12)]
+    owner = {}
+    for n in names:
+        r = httpx.get(f"{url}/v1/objects/big/{n}", follow_redirects=False, trust_env=False)
+        assert r.status_code == 307
+        owner[n] = urlsplit(r.headers["location"]).port
+    victim_port = owner[names[-1]]
+    victim = _target_process(cluster, victim_port)
+    victim_id = victim.cmdline()[victim.cmdline().index("--id") + 1]
+    # the victim's items come last, many times over: far more than socket buffers hold
+    first = [n for n in names if owner[n] != victim_port]
+    theirs = [n for n in names if owner[n] == victim_port]
+    order = first + theirs * 8
+    body = {"in": [{"objname": n} for n in order], "strm": True}
+    r = requests.get(f"{url}/v1/ml/moss/big", json=body, stream=True, timeout=120)
+    assert r.status_code == 200
+    raw = bytearray()
+    it = r.iter_content(1 << 16)
+    while len(raw) < 2 * BIG:  # the answer is under way
+        raw += next(it)
+    victim.send_signal(signal.SIGKILL)
+    with pytest.raises(requests.exceptions.ChunkedEncodingError):
+        for chunk in it:
+            raw += chunk
+    got = []
+    with pytest.raises(tarfile.ReadError):
+        with tarfile.open(fileobj=io.BytesIO(bytes(raw)), mode="r|") as tar:
+            for m in tar:
+                f = tar.extractfile(m)
+                assert f is not None
+                got.append((m.name, f.read()))
+    # what came whole is what was asked, in order; nothing after the break reads as whole
+    assert len(got) < len(order)
+    for (name, data), n in zip(got, order, strict=False):
+        assert name == f"big/{n}" and data == bytes([int(n[1:])]) * BIG
+
+    log = cluster.data_dir / "logs" / "gateway.log"
+
+    def gateway_said() -> list[str]:
+        lines = log.read_text(errors="replace").splitlines()
+        return [x for x in lines if "GetBatch" in x and f"target {victim_id} " in x]
+
+    deadline = time.monotonic() + 60
+    while not gateway_said():
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        time.sleep(0.2)
+    assert "ais://big/b" in gateway_said()[0]
+
+    # `sluice up` starts the target again: wait until the gateway reaches it (the next
+    # tests need it)
+    while True:
+        try:
+            back = httpx.get(
+                f"{url}/v1/objects/big/{theirs[0]}", follow_redirects=True, trust_env=False
+            )
+            if back.is_success:
+                break
+        except httpx.HTTPError:
+            pass
+        assert time.monotonic() < deadline + 60, cluster.output[-3000:]
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("form", ["stream", "multipart", "tgz", "with-a-shard-file"])
+def test_big_items_in_every_answer_form(cluster: LocalCluster, form: str) -> None:
+    """Big entries go socket to socket (a streamed TAR of known length) or through
+    the gateway (multipart, gzip, a batch with an item read by a GET): the same bytes."""
+    url = cluster.endpoint.rstrip("/")
+    names = ["b03", "b07", "b03", "b11"]
+    items: list[dict[str, object]] = [{"objname": n} for n in names]
+    body: dict[str, object] = {"in": items, "strm": form != "multipart"}
+    if form == "tgz":
+        body["mime"] = ".tgz"
+    if form == "with-a-shard-file":  # archpath: read with a GET, so no known length
+        items.append({"objname": "no-shard.tar", "archpath": "a/1.txt"})
+        body["coer"] = True
+    r = requests.get(f"{url}/v1/ml/moss/big", json=body, timeout=120)
+    assert r.status_code == 200, r.text[:500]
+    raw = r.content
+    if form == "multipart":
+        boundary = r.headers["content-type"].split("boundary=")[1].encode()
+        raw = raw.split(b"--" + boundary)[2].split(b"\r\n\r\n", 1)[1][: -len(b"\r\n")]
+    if form == "tgz":
+        import gzip
+
+        raw = gzip.decompress(raw)
+    got = read_tar(raw)
+    want = [(f"big/{n}", bytes([int(n[1:])]) * BIG) for n in names]
+    if form == "with-a-shard-file":  # the shard itself is missing: under __404__
+        assert got == [*want, ("__404__/big/no-shard.tar", b"")]
+        return
+    assert got == want
+
+
+def test_clients_that_leave_mid_item_spoil_no_later_batch(cluster: LocalCluster) -> None:
+    """A client gone while a big item moves leaves the share's connection mid-entry:
+    it must be closed, never pooled for the next batch to read from."""
+    url = cluster.endpoint.rstrip("/")
+    names = [f"b{i % 12:02d}" for i in range(24)]
+    body = {"in": [{"objname": n} for n in names], "strm": True}
+    for _ in range(4):
+        r = requests.get(f"{url}/v1/ml/moss/big", json=body, stream=True, timeout=120)
+        assert r.status_code == 200
+        got = 0
+        for chunk in r.iter_content(1 << 16):
+            got += len(chunk)
+            if got > BIG + BIG // 2:  # inside the second item
+                break
+        r.close()
+    want = [(f"big/{n}", bytes([int(n[1:])]) * BIG) for n in names[:9]]
+    for _ in range(3):  # enough batches to reuse every pooled connection
+        body = {"in": [{"objname": n} for n in names[:9]], "strm": True}
+        r = requests.get(f"{url}/v1/ml/moss/big", json=body, timeout=120)
+        assert r.status_code == 200, r.text[:300]
+        assert read_tar(r.content) == want
+
+
+def test_the_sdk_raises_on_a_batch_that_breaks_off_never_ends_short(
+    cluster: LocalCluster,
+) -> None:
+    """``Client.get_batch``: a missing object past the first parts breaks the answer
+    mid-stream; the SDK raises (naming how far it got), it never just stops early."""
+    from etl_runtime import Client
+    from etl_runtime.sdk.errors import StreamError
+
+    far = 4 * 3 * PART
+    items = [("small", f"o{i % N:03d}") for i in range(far)] + [("small", "gone")]
+    with Client(cluster.endpoint) as c:
+        got = 0
+        with pytest.raises(StreamError, match=f"broke off after .* of {far + 1} items") as e:
+            for item in c.get_batch(items):
+                assert item.data == data_of(int(item.name[1:]))
+                got += 1
+        # what came was whole and in order (tarfile may hold the last few back: it reads
+        # ahead), and the error says how far it got
+        assert far - 16 < got <= far and f"after {got} of" in str(e.value)
+        # with missing_ok the same batch ends with an item without data, in its place
+        out = list(c.get_batch(items, missing_ok=True))
+        assert len(out) == far + 1 and out[-1].data is None and out[-1].name == "gone"
+
+
+def test_an_item_not_on_its_targets_disk_is_read_by_a_get(cluster: LocalCluster) -> None:
+    """A copy gone from the target the gateway picked (copies=2): the target's share
+    says "not here", the gateway reads that item with a GET, which pulls the copy
+    from the other owner; the batch is whole and in order."""
+    url = cluster.endpoint.rstrip("/")
+    with httpx.Client(base_url=url, timeout=60, trust_env=False) as h:
+        r = h.post("/v1/buckets/twice", json={"action": "create-bck", "props": {"copies": 2}})
+        assert r.status_code == 200 or "exists" in r.text, r.text
+        for i in range(6):
+            h.put(f"/v1/objects/twice/t{i}", content=data_of(i)).raise_for_status()
+        moved = h.get("/v1/objects/twice/t3", follow_redirects=False)
+    assert moved.status_code == 307
+    owner = _target_process(cluster, urlsplit(moved.headers["location"]).port or 0)
+    tid = owner.cmdline()[owner.cmdline().index("--id") + 1]
+    (cluster.data_dir / "targets" / tid / "buckets" / "twice" / "t3").unlink()
+    names = ["t0", "t3", "t5", "t3"]
+    body = {"in": [{"objname": n} for n in names], "strm": True}
+    r = requests.get(f"{url}/v1/ml/moss/twice", json=body, timeout=60)
+    assert r.status_code == 200, r.text[:300]
+    assert read_tar(r.content) == [(f"twice/{n}", data_of(int(n[1:]))) for n in names]
