@@ -53,8 +53,8 @@ def _exit_when_server_hangs_up(sock: socket.socket) -> None:
     The main thread may be deep in user code (a slow import, a stuck
     transform) and never read the socket again; if the transformer was killed
     outright we must not live on as an orphan. (Dying with our parent does not
-    help: the parent is the multiprocessing forkserver, which itself lives as
-    long as any worker does.) Polling for hang-up only never consumes data.
+    help: the parent is the pool's forker helper, which lives as long as the
+    server's end of its control socket is open.) Polling for hang-up only never consumes data.
     """
     poller = select.poll()
     poller.register(sock.fileno(), _HANGUP)
