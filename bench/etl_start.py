@@ -171,13 +171,13 @@ class RecordWatch:
         self._thread.join()
 
 
-def transformer_procs(cluster_pid: int, etl: str) -> list[psutil.Process]:
-    """The transformer processes of ``etl`` and their descendants (forkserver, workers)."""
+def transformer_procs(pids: list[int]) -> list[psutil.Process]:
+    """The transformer processes ``pids`` and their descendants (worker helper, workers)."""
     out: list[psutil.Process] = []
-    for p in psutil.Process(cluster_pid).children(recursive=True):
+    for pid in pids:
         try:
-            if p.environ().get("SLUICE_ETL_NAME") == etl:
-                out.append(p)
+            p = psutil.Process(pid)
+            out += [p, *p.children(recursive=True)]
         except psutil.Error:
             continue
     return out
@@ -222,11 +222,11 @@ def one_start(
         assert len(members) == 8, f"the wds ETL answered {members}"
     t_get = time.time()
     watch.stop()
-    cpu = cpu_seconds(transformer_procs(cluster.pid, name))
+    records = [json.loads(f.read_text()) for f in (state / "run").glob(f"etl-{name}-*.json")]
+    cpu = cpu_seconds(transformer_procs([int(rec["pid"]) for rec in records]))
 
     times: dict[str, list[float]] = {}
-    for pid_file in (state / "run").glob(f"etl-{name}-*.json"):
-        rec = json.loads(pid_file.read_text())
+    for rec in records:
         started = proc_start_wall(rec.get("startTime"))
         marks = log_times(Path(rec["log"]), t0)
         if started is not None:
