@@ -1,6 +1,6 @@
 """The local ETL controller's handle on the pre-started transformer runtime (the zygote).
 
-``python -m etl_runtime.webserver.zygote`` (see its docstring) imports the
+``python -m etl_runtime.webserver --zygote-fd N`` (``webserver/zygote.py``) imports the
 transformer's modules and the heavy libraries once; the controller then asks
 it to fork each new transformer instead of starting ``python -m
 etl_runtime.webserver`` afresh. ``Zygote`` starts it (through the launcher, so
@@ -139,7 +139,8 @@ class Zygote:
         ours, theirs = socket.socketpair()
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "etl_runtime.webserver.zygote", "--fd", str(theirs.fileno())]
+        fd = str(theirs.fileno())
+        argv = [sys.executable, "-m", "etl_runtime.webserver", "--zygote-fd", fd]
         self._ready = asyncio.Event()
         self.ready = False
         self._started_at = time.monotonic()
@@ -153,8 +154,7 @@ class Zygote:
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     pass_fds=(theirs.fileno(),),
-                    start_new_session=True,
-                )
+                )  # in the gateway's process group: not a transformer, no session of its own
         except OSError as e:
             log.warning("cannot start the zygote: %s; transformers start afresh", e)
             self._failed_at = time.monotonic()

@@ -43,6 +43,8 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from etl_runtime.core.procs import set_process_name
+
 _LEN = struct.Struct("!I")
 
 
@@ -236,6 +238,7 @@ def _helper_main(control: socket.socket, preload: Sequence[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     close_sockets(keep=control.fileno())
+    set_process_name("sluice-forker")
     for name in preload:
         try:
             importlib.import_module(name)
@@ -272,6 +275,7 @@ def _helper_main(control: socket.socket, preload: Sequence[str]) -> None:
                     os.close(end)
                 control.close()
                 code = 0
+                set_process_name("sluice-worker")
                 try:
                     target(socket.socket(fileno=fds[0]), *args)
                 except SystemExit as e:

@@ -1,4 +1,4 @@
-"""``python -m etl_runtime.webserver.zygote --fd N``: a pre-started transformer runtime.
+"""``python -m etl_runtime.webserver --zygote-fd N``: a pre-started transformer runtime.
 
 A transformer started from scratch spends most of its start-up importing:
 the interpreter, FastAPI and uvicorn (about a second of CPU), then in wds mode
@@ -32,7 +32,6 @@ exits; its children are told by their death signal (``core.procs``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import gc
 import importlib
@@ -122,6 +121,8 @@ def serve(control: socket.socket, names: list[str]) -> None:
     preloaded = preload(names)
     gc.collect()
     gc.freeze()  # what the preload made is never collected: fewer pages copied per child
+    seconds = round(time.monotonic() - started, 3)
+    print(f"sluice zygote: ready in {seconds}s: {', '.join(preloaded)}", flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
     wake_r, wake_w = os.pipe()
@@ -136,7 +137,7 @@ def serve(control: socket.socket, names: list[str]) -> None:
             "ready": True,
             "pid": me,
             "preloaded": preloaded,
-            "seconds": round(time.monotonic() - started, 3),
+            "seconds": seconds,
         },
     )
     poller = select.poll()
@@ -208,15 +209,11 @@ def _reap(control: socket.socket) -> None:
         _send(control, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="sluice-zygote", description=__doc__)
-    p.add_argument("--fd", type=int, required=True, help="the controller's socket")
-    args = p.parse_args(argv)
-    control = socket.socket(fileno=args.fd)
+def main(fd: int) -> int:
+    """Serve the controller on socket ``fd``. Started as ``python -m etl_runtime.webserver
+    --zygote-fd N``: its children then show in ``ps`` as transformers."""
+    control = socket.socket(fileno=fd)
+    procs.set_process_name("sluice-zygote")
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the controller stops us (or its death does)
     serve(control, preload_modules())
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
