@@ -60,9 +60,10 @@ log = logging.getLogger(__name__)
 # in a row, so one slow answer under load does not bounce traffic.
 PROBE_FAILURES_TO_UNREADY = 3
 MAX_BACKOFF_SECONDS = 30.0
-# While a transformer starts, it is probed this often (else every ``interval``):
-# Running is reported within this much of the transformer being ready.
+# In its first STARTING_WINDOW seconds a starting transformer is probed this often
+# (else every ``interval``): Running is reported within this much of it being ready.
 STARTING_PROBE_SECONDS = 0.05
+STARTING_WINDOW = 10.0
 # The transformer runtime; ``--host``/``--port`` are appended.
 TRANSFORMER_COMMAND = (sys.executable, "-m", "etl_runtime.webserver")
 
@@ -250,11 +251,13 @@ class LocalEtlBackend:
                 await self.reconcile()
             except Exception:
                 log.exception("local ETL reconcile pass failed")
+            now = time.monotonic()
+            starting = any(
+                not p.ready and not p.terminated and now - p.started < STARTING_WINDOW
+                for p in self._all_procs()
+            )
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
             # cancellation that stops this loop if a kick() lands at the same time.
-            starting = any(
-                not p.ready and not p.terminated for ps in self._procs.values() for p in ps
-            )
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(STARTING_PROBE_SECONDS if starting else self.interval):
                     await self._wake.wait()

@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 
 ENV = "SLUICE_ZYGOTE"
 MODES = ("eager", "lazy", "off")
-WAIT_FOR_WARMUP = 60.0  # a new transformer waits this long for a warming zygote
+WAIT_FOR_WARMUP = 30.0  # a new transformer waits this long for a warming zygote
 RESTART_BACKOFF = 30.0
 # spec.env variables read when a library is imported (the zygote imported it already).
 IMPORT_TIME_ENV = (
