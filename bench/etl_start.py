@@ -21,18 +21,20 @@ and max over the repetitions, and where the time went, each a median of the
 * ``PUT answered``: the gateway registered the ETL (``init_code(wait=False)``);
 * ``process started``: the transformer's process exists (``/proc`` start time
   of the pid in the local controller's pid file: the controller's reaction
-  plus the launcher);
+  plus the launcher, or the zygote's fork);
 * ``server code imported``: the transformer's first log line (``main()`` runs:
   the interpreter and the server's imports are done);
 * ``workers starting``: the transformer's ``starting N workers`` line;
 * ``transformer ready``: its ``ETL ... ready`` line (every worker loaded the
-  code: forkserver, preloads, the user's imports);
+  code: the worker helper (``forkserver`` before issue 23), preloads, the
+  user's imports);
 * ``record Running``: the gateway's record says Running (this script watches
   the record file every 5 ms: the controller's ``/health`` polling);
 * ``SDK returned``: ``init_code`` came back (the SDK's polling of the phase).
 
 The CPU seconds the transformer processes of one ETL spent (servers, the
-forkserver and the workers, summed over targets) until the first GET answered
+worker helper and the workers, summed over targets; for a transformer forked
+by the zygote, only what it spent after the fork) until the first GET answered
 are printed too: on 2 shared cores, CPU is what the starts of several
 transformers compete for.
 
@@ -42,6 +44,7 @@ transformers compete for.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import io
 import json
@@ -256,6 +259,31 @@ def settle(cluster_pid: int, quiet: float, limit: float = 30.0) -> None:
             return
 
 
+def zygote_line(cluster: LocalCluster, wait: float = 300.0) -> str:
+    """The zygote's memory and its start-up line, or that there is none (waits for
+    it to finish its imports: an ETL registered before would wait for it)."""
+    zygotes = []
+    for p in psutil.Process(cluster.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name() == "sluice-zygote":
+                zygotes.append(p)
+    if not zygotes:
+        return "no zygote (SLUICE_ZYGOTE=off, or a Sluice without one)"
+    log = cluster.data_dir / "etl" / "logs" / "zygote.log"
+    deadline = time.monotonic() + wait
+    ready: list[str] = []
+    while not ready and time.monotonic() < deadline:
+        text = log.read_text() if log.exists() else ""
+        ready = [ln for ln in text.splitlines() if "ready in" in ln]
+        time.sleep(0.2)
+    mem = zygotes[0].memory_full_info()
+    mib = 1 << 20
+    return (
+        f"zygote pid {zygotes[0].pid}: RSS {mem.rss / mib:.0f} MiB (USS {mem.uss / mib:.0f} MiB); "
+        + (ready[-1] if ready else "not ready")
+    )
+
+
 def machine() -> str:
     load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return f"{os.cpu_count()} cores, load average {load}; Python {platform.python_version()}"
@@ -284,6 +312,8 @@ def main() -> None:
         bucket.object("obj-0").put_content(b"x" * 1024)
         shard_name = "shard-000.tar"
         bucket.object(shard_name).put_content(make_shard())
+        settle(cluster.pid, args.settle)
+        print(zygote_line(cluster), flush=True)
         results: dict[str, list[dict[str, float]]] = {c: [] for c in cases}
         for rep in range(args.reps):
             for case in cases:
