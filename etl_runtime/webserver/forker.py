@@ -152,6 +152,8 @@ class Forker:
         if self._control is None or self._gone:
             raise OSError("the worker forker is not running")
         with self._lock:
+            if self._gone:  # checked under the lock: the reader's wake-up cannot be missed
+                raise OSError("the worker forker exited")
             if self._reader is None:
                 self._reader = threading.Thread(
                     target=self._read, name="sluice-forker", daemon=True
@@ -162,12 +164,18 @@ class Forker:
             done: tuple[threading.Event, list[int]] = (threading.Event(), [])
             self._waiting[rid] = done
             _send(self._control, (rid, target, args), [sock.fileno()])
-        if not done[0].wait(60) or not done[1]:
-            raise OSError("the worker forker did not answer (it died?)")
+        # No timeout: the helper may still be importing (torch on a busy machine); if
+        # it dies, the reader sees the end of the socket and wakes us.
+        done[0].wait()
+        if not done[1]:
+            raise OSError("the worker forker exited")
         pid = done[1][0]
         with self._lock:
             self._children[pid] = proc
             early = self._early_exits.pop(pid, None)
+            if early is None and self._gone:  # no one will report its exit now
+                del self._children[pid]
+                early = -signal.SIGKILL
         if early is not None:
             proc._reaped(early)
         return pid
@@ -193,8 +201,8 @@ class Forker:
                         proc._reaped(code)
         except (EOFError, OSError):
             pass
-        self._gone = True
         with self._lock:
+            self._gone = True
             waiting, self._waiting = list(self._waiting.values()), {}
             children, self._children = list(self._children.values()), {}
         for event, _out in waiting:
