@@ -181,3 +181,22 @@ def test_dependencies_are_installed_in_a_fresh_transformer(
         psutil.Process(p).ppid() != zygote for p in transformers_of(cluster, "zy-deps").values()
     )
     client.etl("zy-deps").delete()
+
+
+def test_forked_workers_draw_different_random_numbers(client: Client) -> None:
+    """numpy is imported before the fork: each worker must still get its own seed."""
+
+    def draw(data: bytes) -> bytes:
+        import numpy as np
+
+        return str(np.random.randint(1 << 62)).encode()
+
+    bucket = client.bucket("z")
+    names = [f"r{i}" for i in range(12)]  # spread over the 3 targets by HRW
+    for n in names:
+        bucket.object(n).put_content(b"x")
+    client.etl("zy-random").init_code(transform=draw, workers=1)
+    values = [bucket.object(n).get_bytes(etl_name="zy-random") for n in names]
+    # One worker per transformer: with a shared seed the 3 would repeat each other's draws.
+    assert len(set(values)) == len(values), values
+    client.etl("zy-random").delete()
