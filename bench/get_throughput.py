@@ -176,10 +176,12 @@ def cpu_by_role() -> dict[str, float]:
     for proc in me.children(recursive=True):
         try:
             cmd = " ".join(proc.cmdline())
+            name = proc.name()
             t = proc.cpu_times()
         except psutil.Error:
             continue
-        if "multiprocessing" in cmd:  # forkserver and its workers
+        # workers and their helper are forks of the transformer, named by prctl
+        if name in ("sluice-worker", "sluice-forker") or "multiprocessing" in cmd:
             role = "worker"
         elif "etl_runtime.webserver" in cmd:
             role = "transformer"

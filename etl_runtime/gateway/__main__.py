@@ -83,6 +83,7 @@ def local_parts(args: argparse.Namespace, key: str) -> tuple[Any, Any, list[Hook
     from etl_runtime.cluster.local.discovery import StaticTargets
     from etl_runtime.cluster.records import TargetInfo
     from etl_runtime.local.controller import LocalEtlBackend
+    from etl_runtime.local.zygote import mode_from_env
 
     targets = []
     for item in args.targets.split(","):
@@ -91,7 +92,11 @@ def local_parts(args: argparse.Namespace, key: str) -> tuple[Any, Any, list[Hook
             raise SystemExit(f"sluice-gateway: bad --targets item {item!r}: expected ID=URL")
         targets.append(TargetInfo(id=tid.strip(), url=url.strip().rstrip("/")))
     discovery = StaticTargets(targets, down_file=Path(args.down_file) if args.down_file else None)
-    backend = LocalEtlBackend(Path(args.state_dir), discovery, key)
+    try:
+        zygote_mode = mode_from_env()
+    except ValueError as e:
+        raise SystemExit(f"sluice-gateway: {e}") from None
+    backend = LocalEtlBackend(Path(args.state_dir), discovery, key, zygote_mode=zygote_mode)
     return discovery, backend, [discovery.start, backend.start], [discovery.stop, backend.stop]
 
 

@@ -68,7 +68,9 @@ ANY_DURATION = re.compile(rf"(?:{DURATION.pattern})+")
 UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
 UNITS["d"] = 86400
 TRUE = ("true", "1", "yes", "y", "on")
-POLL_SECONDS = 0.25
+# How often an AIStore init re-reads the ETL's record while it starts: an in-memory
+# lookup (local) or a watch cache (Kubernetes), so Running is answered within 20 ms.
+POLL_SECONDS = 0.02
 ANSWER_MARGIN = 5.0  # answer before the SDK's own request timeout (= init_timeout)
 START_WAIT = 290.0  # the SDK's start() times out after 5 minutes
 

@@ -13,6 +13,7 @@ and recent errors, gathered from every target's internal
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 from typing import Any
 
@@ -32,6 +33,10 @@ from etl_runtime.gateway import aiscompat, aisetl
 from etl_runtime.gateway.context import Gateway
 
 LAST_ERRORS = 20
+# ``GET /v1/etl/{name}?wait=S``: answer once the ETL leaves Initializing (at most S seconds,
+# at most MAX_WAIT): the SDK's init_code waits without polling a fan-out of stats.
+MAX_WAIT = 30.0
+WAIT_POLL = 0.02  # the backend's record is in memory (local) or a watch cache (Kubernetes)
 
 
 def _not_found(name: str) -> EtlNotFound:
@@ -123,6 +128,19 @@ async def details(gw: Gateway, record: EtlRecord) -> dict[str, Any]:
     }
 
 
+def _seconds(raw: str, name: str) -> float:
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= MAX_WAIT:  # also refuses nan
+        raise InvalidRequest(
+            f"wait={raw!r}: give the seconds to wait while ETL {name!r} starts, 0 to {MAX_WAIT:g}",
+            etl=name,
+        )
+    return seconds
+
+
 def refuse_unknown_etl_params(request: Request) -> None:
     """The ETL routes take no query parameters but ``tail`` on logs and ``uuid`` on
     details (the aistore SDK's ``view()`` sends it, empty or the ETL's uid)."""
@@ -130,7 +148,7 @@ def refuse_unknown_etl_params(request: Request) -> None:
     if request.url.path.endswith("/logs"):
         known: tuple[str, ...] = ("tail",)
     elif name and request.method == "GET":
-        known = ("uuid",)
+        known = ("uuid", "wait")
     else:
         known = ()
     refuse_unknown(request, known, etl=name)
@@ -183,12 +201,22 @@ def etl_router(gw: Gateway) -> APIRouter:
     async def get_etl(name: str, request: Request) -> dict[str, Any]:
         gw.require_read(request)
         record = await existing(name)
+        if (wait := request.query_params.get("wait")) is not None:
+            record = await _wait_while_starting(name, record, _seconds(wait, name))
         uuid = request.query_params.get("uuid")
         if uuid and uuid != record.uid:
             raise EtlNotFound(f"ETL {name!r} has uid {record.uid!r}, not {uuid!r}", etl=name)
         if aiscompat.from_ais_sdk(request):  # ETLDetails
             return aiscompat.etl_details(record, (await gather_stats(gw, name))[1])
         return await details(gw, record)
+
+    async def _wait_while_starting(name: str, record: EtlRecord, seconds: float) -> EtlRecord:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + seconds
+        while record.phase == "Initializing" and loop.time() < deadline:
+            await asyncio.sleep(WAIT_POLL)
+            record = await existing(name)
+        return record
 
     async def set_stopped(name: str, request: Request, stopped: bool) -> dict[str, Any]:
         gw.require_write(request)

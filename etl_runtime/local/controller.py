@@ -50,8 +50,9 @@ from etl_runtime.core import auth
 from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.core.procs import SUPERVISOR_ENV
 from etl_runtime.core.spec import EtlSpec, validate_name
-from etl_runtime.local import processes
+from etl_runtime.local import processes, zygote
 from etl_runtime.local.processes import TransformerProcess
+from etl_runtime.local.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ log = logging.getLogger(__name__)
 # in a row, so one slow answer under load does not bounce traffic.
 PROBE_FAILURES_TO_UNREADY = 3
 MAX_BACKOFF_SECONDS = 30.0
+# In its first STARTING_WINDOW seconds a starting transformer is probed this often
+# (else every ``interval``): Running is reported within this much of it being ready.
+STARTING_PROBE_SECONDS = 0.05
+STARTING_WINDOW = 10.0
 # The transformer runtime; ``--host``/``--port`` are appended.
 TRANSFORMER_COMMAND = (sys.executable, "-m", "etl_runtime.webserver")
 
@@ -87,7 +92,10 @@ class LocalEtlBackend:
         grace: float = 10.0,
         probe_timeout: float = 2.0,
         command: Sequence[str] = TRANSFORMER_COMMAND,
+        zygote_mode: str = "off",
     ) -> None:
+        """``zygote_mode``: ``eager``, ``lazy`` or ``off`` (``local.zygote``; only
+        for the default ``command``: it forks ``python -m etl_runtime.webserver``)."""
         self.state_dir = Path(state_dir)
         self.registry = FileRegistry(self.state_dir)
         self.discovery = discovery
@@ -105,6 +113,14 @@ class LocalEtlBackend:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
+        self._last_full_probe = 0.0
+        self.zygote_mode = zygote_mode if self.command == TRANSFORMER_COMMAND else "off"
+        self.zygote: Zygote | None = None
+        if self.zygote_mode != "off":
+            env = processes.transformer_env(dict(os.environ), (), {"PYTHONUNBUFFERED": "1"})
+            if preload := os.environ.get("SLUICE_ZYGOTE_PRELOAD"):
+                env["SLUICE_ZYGOTE_PRELOAD"] = preload
+            self.zygote = Zygote(self.state_dir, env, on_ready=self.kick)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -116,6 +132,8 @@ class LocalEtlBackend:
         self._records = {r.name: r for r in await asyncio.to_thread(self.registry.list)}
         self._adopt()
         self._client = httpx.AsyncClient(timeout=self.probe_timeout, trust_env=False)
+        if self.zygote is not None and self.zygote_mode == "eager":
+            await self.zygote.ensure()
         self._task = asyncio.create_task(self._loop(), name="sluice-local-etl-controller")
 
     async def stop(self) -> None:
@@ -135,6 +153,8 @@ class LocalEtlBackend:
                         rec, phase="Initializing", message="local cluster is down", transformers=()
                     )
                     await self._save(idle)
+        if self.zygote is not None:
+            await self.zygote.stop()  # after its transformers: it reports their exits
         if self._client is not None:
             await self._client.aclose()
             self._client = None
@@ -231,16 +251,29 @@ class LocalEtlBackend:
                 await self.reconcile()
             except Exception:
                 log.exception("local ETL reconcile pass failed")
+            now = time.monotonic()
+            starting = any(
+                not p.ready and not p.terminated and now - p.started < STARTING_WINDOW
+                for p in self._all_procs()
+            )
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow the
             # cancellation that stops this loop if a kick() lands at the same time.
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self.interval):
+                async with asyncio.timeout(STARTING_PROBE_SECONDS if starting else self.interval):
                     await self._wake.wait()
             self._wake.clear()
 
+    def _all_procs(self) -> builtins.list[TransformerProcess]:
+        return [p for procs in self._procs.values() for p in procs]
+
     async def reconcile(self) -> None:
-        """One pass over every ETL: observe, plan, act, report."""
-        snapshot = [p for procs in self._procs.values() for p in procs]
+        """One pass over every ETL: observe, plan, act, report.
+
+        Starting transformers are probed on every pass, ready ones once per ``interval``."""
+        now = time.monotonic()
+        full = now - self._last_full_probe >= self.interval
+        self._last_full_probe = now if full else self._last_full_probe
+        snapshot = [p for procs in self._procs.values() for p in procs if full or not p.ready]
         await asyncio.gather(*(self._probe(p) for p in snapshot))  # no lock: slow-ish
         async with self._lock:
             targets = self.discovery.targets()
@@ -248,27 +281,8 @@ class LocalEtlBackend:
                 await self._reconcile_one(self._records[name], targets)
 
     async def _probe(self, p: TransformerProcess) -> None:
-        if p.poll() or self._client is None:
-            return
-        try:
-            r = await self._client.get(f"{p.endpoint}/health")
-            ok, why = r.status_code == 200, f"not ready: /health answered {r.status_code}"
-            if ok and not _answered_by(p, r):
-                # The port was taken by another server before our child bound it
-                # (free_port() -> bind race); the child will die on EADDRINUSE.
-                ok, why = False, f"not ready: port {p.port} is answered by another process"
-        except httpx.HTTPError as e:
-            ok, why = False, f"not ready: {type(e).__name__}"
-        if ok:
-            p.ready, p.probe_failures, p.message = True, 0, None
-            if p.ready_at is None:
-                p.ready_at = time.monotonic()
-            return
-        p.probe_failures += 1
-        if not p.ready:
-            p.message = "starting" if why.endswith("ConnectError") else why
-        elif p.probe_failures >= PROBE_FAILURES_TO_UNREADY:
-            p.ready, p.message = False, f"health check failing ({why})"
+        if not p.poll() and self._client is not None:
+            await p.probe(self._client, PROBE_FAILURES_TO_UNREADY)
 
     async def _reconcile_one(self, rec: EtlRecord, targets: builtins.list[TargetInfo]) -> None:
         spec, want = rec.spec, rec.spec.content_hash()
@@ -296,8 +310,8 @@ class LocalEtlBackend:
             if self._is_transient(p, spec, want) and p.target not in backing_off:
                 self._restarts[(rec.name, p.target)] = (want, reconcile.next_restarts(p.observed()))
         for target in todo.create:
-            if target.id not in backing_off:
-                procs.append(await self._spawn(rec, target))
+            if target.id not in backing_off and (proc := await self._spawn(rec, target)):
+                procs.append(proc)
         current = [p for p in procs if p.spec_hash == want and not p.terminated]
         pending = {p.target for p in current} - {p.target for p in current if p.ready}
         for p in victims:
@@ -351,7 +365,15 @@ class LocalEtlBackend:
 
     # -- actuation ----------------------------------------------------------------
 
-    async def _spawn(self, rec: EtlRecord, target: TargetInfo) -> TransformerProcess:
+    async def _spawn(self, rec: EtlRecord, target: TargetInfo) -> TransformerProcess | None:
+        """Start the transformer of ``rec`` beside ``target``; None: not yet (the
+        zygote is warming up: it kicks a pass when ready)."""
+        z = self.zygote if self.zygote is not None and zygote.fits(rec.spec) else None
+        if z is not None:
+            await z.ensure()
+            if z.warming:
+                return None
+            z = z if z.ready else None
         name = reconcile.transformer_name(rec.name, target.id)
         want = rec.spec.content_hash()
         prev_hash, restarts = self._restarts.get((rec.name, target.id), (want, 0))
@@ -382,6 +404,7 @@ class LocalEtlBackend:
             state_dir=self.state_dir,
             restarts=restarts,
             command=self.command,
+            zygote=z,
         )
         log.info("started transformer %s (pid %d, port %d)", name, proc.pid, proc.port)
         return proc
@@ -414,19 +437,3 @@ class LocalEtlBackend:
 
     def _remove_deps(self, etl: str) -> None:
         shutil.rmtree(self.state_dir / "deps" / etl, ignore_errors=True)
-
-
-def _answered_by(p: TransformerProcess, r: httpx.Response) -> bool:
-    """Whether a 200 ``/health`` came from ``p`` itself (its ETL name and pid).
-
-    Fields a transformer does not report (an older runtime, a stand-in) are
-    not held against it; a different ETL or pid is.
-    """
-    try:
-        body = r.json()
-    except ValueError:
-        return True
-    if not isinstance(body, dict):
-        return True
-    etl, pid = body.get("etl"), body.get("pid")
-    return (etl is None or etl == p.etl) and (pid is None or pid == p.pid)

@@ -35,8 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
 from etl_runtime.core import procs as launch
+from etl_runtime.local.zygote import Zygote, ZygoteChild
 
 LOG_TAIL_BYTES = 16 * 1024
 LOG_ROTATE_BYTES = 10 * 1024 * 1024
@@ -120,7 +123,8 @@ class TransformerProcess:
     log_offset: int = 0
     start_time: str | None = None
     restarts: int = 0
-    popen: asyncio.subprocess.Process | None = field(default=None, repr=False)
+    # What reaps it and keeps its exit code: the asyncio subprocess, or the zygote.
+    popen: asyncio.subprocess.Process | ZygoteChild | None = field(default=None, repr=False)
     started: float = field(default_factory=time.monotonic)
     ready: bool = False
     ready_at: float | None = None  # time.monotonic() when it first answered /health
@@ -142,14 +146,13 @@ class TransformerProcess:
         """Refresh ``terminated``/``exit_code``/``message``; True once it has exited."""
         if self.terminated:
             return True
-        if self.popen is not None:
-            code = self.popen.returncode  # kept current by asyncio's child watcher
-            if code is None:
+        # kept current by asyncio's child watcher, or by the zygote's exit notices
+        code = None if self.popen is None else self.popen.returncode
+        if code is None:
+            if self.popen is not None and not getattr(self.popen, "orphaned", False):
                 return False
-        elif pid_alive(self.pid, self.start_time):
-            return False
-        else:
-            code = None
+            if pid_alive(self.pid, self.start_time):
+                return False
         self.terminated, self.exit_code, self.ready = True, code, False
         self.exited_at = time.monotonic()
         self.message = self.kill_reason or describe_exit(
@@ -174,6 +177,28 @@ class TransformerProcess:
                 else None
             ),
         )
+
+    async def probe(self, client: httpx.AsyncClient, failures_to_unready: int) -> None:
+        """``GET /health``: ready, or why not (unready after that many failures in a row)."""
+        try:
+            r = await client.get(f"{self.endpoint}/health")
+            ok, why = r.status_code == 200, f"not ready: /health answered {r.status_code}"
+            if ok and not answered_by(self, r):
+                # The port was taken by another server before our child bound it
+                # (free_port() -> bind race); the child will die on EADDRINUSE.
+                ok, why = False, f"not ready: port {self.port} is answered by another process"
+        except httpx.HTTPError as e:
+            ok, why = False, f"not ready: {type(e).__name__}"
+        if ok:
+            self.ready, self.probe_failures, self.message = True, 0, None
+            if self.ready_at is None:
+                self.ready_at = time.monotonic()
+            return
+        self.probe_failures += 1
+        if not self.ready:
+            self.message = "starting" if why.endswith("ConnectError") else why
+        elif self.probe_failures >= failures_to_unready:
+            self.ready, self.message = False, f"health check failing ({why})"
 
     # -- pid files ------------------------------------------------------------
 
@@ -256,11 +281,14 @@ async def spawn(
     state_dir: Path,
     restarts: int = 0,
     command: Sequence[str] = (sys.executable, "-m", "etl_runtime.webserver"),
+    zygote: Zygote | None = None,
 ) -> TransformerProcess:
     """Start ``command --host 127.0.0.1 --port P`` for one target.
 
-    An asyncio subprocess, forked by the event loop's thread, through the
-    launcher that ties the transformer's life to this process.
+    Forked by ``zygote`` when one is given (``python -m etl_runtime.webserver``
+    with everything already imported), else an asyncio subprocess, forked by
+    the event loop's thread, through the launcher that ties the transformer's
+    life to this process.
     """
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -272,23 +300,32 @@ async def spawn(
     # Under `sluice up` (a subreaper) a transformer outlives a gateway killed with -9:
     # the gateway comes back and adopts it from its pid file (issue 20 #6).
     adoptable = launch.SUPERVISOR_ENV in env
-    argv = launch.command(
-        os.getpid(), [*command, "--host", "127.0.0.1", "--port", str(port)], adoptable
-    )
+    where = ["--host", "127.0.0.1", "--port", str(port)]
+    argv = launch.command(os.getpid(), [*command, *where], adoptable)
     with open(log_path, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        log.write(f"--- {stamp} sluice: starting {name} on port {port} ---\n".encode())
+        how = f" (forked by the zygote, pid {zygote.pid})" if zygote is not None else ""
+        log.write(f"--- {stamp} sluice: starting {name} on port {port}{how} ---\n".encode())
         log.flush()
         offset = log.tell()
-        child = await asyncio.create_subprocess_exec(
-            *argv,
-            env=env,
-            cwd=state_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        child: asyncio.subprocess.Process | ZygoteChild | None
+        child = None
+        if zygote is not None:
+            try:
+                child = await zygote.spawn(where, env, state_dir, log_path, adoptable)
+            except (OSError, TimeoutError) as e:
+                log.write(f"--- the zygote could not fork ({e}): starting afresh ---\n".encode())
+                log.flush()
+        if child is None:
+            child = await asyncio.create_subprocess_exec(
+                *argv,
+                env=env,
+                cwd=state_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
     proc = TransformerProcess(
         etl=etl,
         target=target,
@@ -332,3 +369,19 @@ def read_pid_files(state_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
             with contextlib.suppress(OSError):
                 path.unlink()
     return out
+
+
+def answered_by(p: TransformerProcess, r: httpx.Response) -> bool:
+    """Whether a 200 ``/health`` came from ``p`` itself (its ETL name and pid).
+
+    Fields a transformer does not report (an older runtime, a stand-in) are
+    not held against it; a different ETL or pid is.
+    """
+    try:
+        body = r.json()
+    except ValueError:
+        return True
+    if not isinstance(body, dict):
+        return True
+    etl, pid = body.get("etl"), body.get("pid")
+    return (etl is None or etl == p.etl) and (pid is None or pid == p.pid)

@@ -59,7 +59,7 @@ HEALTH_TIMEOUT = 120.0
 RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
 TARGET_DOWN_RETRY = 60.0  # a target marked down (crash loop) is tried again this often
 # passed on to the targets: remote buckets' settings, the ETL output cache's budget
-PASSED_ENV = ("SLUICE_SECRETS_DIR", "SLUICE_REMOTE_", "SLUICE_ETL_CACHE_BYTES")
+PASSED_ENV = ("SLUICE_SECRETS_DIR", "SLUICE_REMOTE_", "SLUICE_ETL_CACHE_BYTES", "SLUICE_ZYGOTE")
 
 
 class StartupFailed(RuntimeError):
@@ -155,8 +155,9 @@ class Supervisor:
 
     def env(self, key: str) -> dict[str, str]:
         # AWS_* (remote buckets' endpoint and keys) pass through like the rest;
-        # of SLUICE_*, only the remote-bucket settings (etl_runtime/providers/) and the
-        # ETL output cache's budget (etl_runtime/etl/cacheindex.py).
+        # of SLUICE_*, only the remote-bucket settings (etl_runtime/providers/), the
+        # ETL output cache's budget (etl_runtime/etl/cacheindex.py) and the zygote's
+        # settings (etl_runtime/local/zygote.py).
         env = {
             k: v
             for k, v in os.environ.items()

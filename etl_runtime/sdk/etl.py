@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from etl_runtime.sdk.client import Client
 
 POLL_SECONDS = 0.2
+# Each details request asks the gateway to answer as soon as the phase changes
+# (``?wait=``), so Running is seen at once without polling; at most this long.
+WAIT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -253,10 +256,12 @@ class Etl:
         return self.wait_until_running(timeout) if wait else details
 
     def wait_until_running(self, timeout: float = 120.0) -> EtlDetails:
-        """Poll until phase Running; ``EtlError`` on phase Error or after ``timeout``."""
+        """Wait until phase Running; ``EtlError`` on phase Error or after ``timeout``."""
         deadline = time.monotonic() + timeout
+        longest = min(WAIT_SECONDS, self.client.timeout / 2)  # the answer must beat the timeout
         while True:
-            details = self.details()
+            left = deadline - time.monotonic()
+            details = self.details(wait=max(0.0, min(longest, left)))
             if details.phase == "Running":
                 return details
             if details.phase == "Error":
@@ -273,11 +278,15 @@ class Etl:
                     etl=self.name,
                     phase=details.phase,
                 )
-            time.sleep(POLL_SECONDS)
+            if details.phase != "Initializing":
+                time.sleep(POLL_SECONDS)  # Stopped, or a phase this SDK does not know
 
-    def details(self) -> EtlDetails:
+    def details(self, wait: float | None = None) -> EtlDetails:
+        """Phase, transformers, counters; ``wait``: the gateway answers once the ETL
+        leaves Initializing, or after that many seconds (30 at most)."""
+        params = None if wait is None else {"wait": f"{wait:.3f}"}
         return EtlDetails.from_dict(
-            self.client.request_json("GET", self._path, context=self._context)
+            self.client.request_json("GET", self._path, params=params, context=self._context)
         )
 
     def stop(self) -> EtlDetails:

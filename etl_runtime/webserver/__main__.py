@@ -58,6 +58,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--spec-file", default=None, help="ETL spec JSON file (default: $SLUICE_ETL_SPEC text)"
     )
+    p.add_argument(
+        "--zygote-fd",
+        type=int,
+        default=None,
+        help="run as the local cluster's pre-started runtime on this socket, forking "
+        "transformers (see etl_runtime/webserver/zygote.py; started by the local controller)",
+    )
     return p
 
 
@@ -87,6 +94,10 @@ def _load_spec(spec_file: str | None) -> EtlSpec:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.zygote_fd is not None:
+        from etl_runtime.webserver import zygote
+
+        return zygote.main(args.zygote_fd)
     name = os.environ.get("SLUICE_ETL_NAME") or "unnamed"
     procs.outlive_parent_if_adopted()  # local: a killed gateway's transformers live on
     logging.basicConfig(

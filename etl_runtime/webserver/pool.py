@@ -1,8 +1,8 @@
 """The pool of worker processes that run user code, and how tasks reach them.
 
 User code never runs in the server process: ``WorkerPool`` starts N workers
-(``forkserver``: safe next to threads and the event loop, and each worker forks
-from a process that already imported webdataset/numpy/PIL), waits until each
+(forked by the ``forker`` helper: safe next to threads and the event loop, and
+each worker starts with webdataset/torch already imported), waits until each
 has loaded the code, and hands tasks to them over their own socket (``ipc``).
 
 A request ``acquire``s a ``Task`` on a worker with spare capacity, sends its
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import multiprocessing
 import os
 import pickle
 import socket
@@ -36,6 +35,7 @@ from etl_runtime.core.errors import (
 )
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.webserver import ipc
+from etl_runtime.webserver.forker import Forker
 from etl_runtime.webserver.worker import worker_main
 from etl_runtime.wire import streambuf
 from etl_runtime.wire.streambuf import ReceiveStream
@@ -180,11 +180,16 @@ class WorkerPool:
         self.closing = False
         self._changed = asyncio.Condition()
         self._background: set[asyncio.Task[Any]] = set()
-        self._ctx = multiprocessing.get_context("forkserver")
         preload = ["etl_runtime.webserver.worker"]
         if spec.mode == "wds":
             preload.append("etl_runtime.webserver.samples")  # webdataset + torch: seconds
-        self._ctx.set_forkserver_preload(preload)
+        self.forker = Forker(preload)
+
+    def start_forker(self) -> None:
+        """Fork the workers' helper now: call while this process has one thread
+        (``create_app``, before the server runs); ``start()`` does it otherwise."""
+        if not self.forker.pid:
+            self.forker.start()
 
     @property
     def pids(self) -> list[int]:
@@ -192,6 +197,7 @@ class WorkerPool:
 
     async def start(self) -> None:
         """Start every worker and wait until all loaded the code (``CodeLoadError``)."""
+        self.start_forker()
         results = await asyncio.gather(
             *(self._spawn() for _ in range(self.size)), return_exceptions=True
         )
@@ -209,12 +215,7 @@ class WorkerPool:
             # the server's writes then take a syscall or two instead of many
             # wake-ups (the kernel caps this at net.core.wmem_max; still bounded).
             end.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
-        process = self._ctx.Process(
-            target=worker_main,
-            args=(theirs, self.spec.to_json(), self.deps_dir),
-            daemon=True,
-            name="sluice-worker",
-        )
+        process = self.forker.process(worker_main, (theirs, self.spec.to_json(), self.deps_dir))
         await asyncio.to_thread(process.start)
         theirs.close()
         # ReceiveStream: a result frame is received straight into its own buffer.
@@ -309,6 +310,7 @@ class WorkerPool:
             worker.kill()
         for task in list(self._background):
             task.cancel()
+        await asyncio.to_thread(self.forker.close)
 
     @staticmethod
     def default_size(spec: EtlSpec, override: int | None) -> int:

@@ -58,6 +58,9 @@ class Transformer:
         self.inline: InlineRunner | None = None
         if inline and spec.mode == "object":
             self.inline = InlineRunner(spec, self.pool.size, deps_dir, self.logs)
+        else:
+            # Now, in create_app: before uvicorn starts the loop and any thread.
+            self.pool.start_forker()
         self.ready = False
         self.fatal: str | None = None
         self.on_fatal: Callable[[str], None] = lambda reason: None

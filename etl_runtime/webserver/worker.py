@@ -53,8 +53,8 @@ def _exit_when_server_hangs_up(sock: socket.socket) -> None:
     The main thread may be deep in user code (a slow import, a stuck
     transform) and never read the socket again; if the transformer was killed
     outright we must not live on as an orphan. (Dying with our parent does not
-    help: the parent is the multiprocessing forkserver, which itself lives as
-    long as any worker does.) Polling for hang-up only never consumes data.
+    help: the parent is the pool's forker helper, which lives as long as the
+    server's end of its control socket is open.) Polling for hang-up only never consumes data.
     """
     poller = select.poll()
     poller.register(sock.fileno(), _HANGUP)
@@ -62,6 +62,15 @@ def _exit_when_server_hangs_up(sock: socket.socket) -> None:
         for _fd, events in poller.poll():
             if events & _HANGUP:
                 os._exit(0)
+
+
+def _reseed_numpy() -> None:
+    """A fresh seed for numpy's global generator when it was imported before the fork
+    (the forker, the zygote): else every worker would draw the same "random" numbers.
+    (``random`` reseeds itself after a fork; torch's default seed is fixed anyway.)"""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()
 
 
 def worker_main(sock: socket.socket, spec_json: str, deps_dir: str | None) -> None:
@@ -73,6 +82,7 @@ def worker_main(sock: socket.socket, spec_json: str, deps_dir: str | None) -> No
         target=_exit_when_server_hangs_up, args=(sock,), name="hangup-watch", daemon=True
     ).start()
     frames = ipc.FrameSocket(sock)
+    _reseed_numpy()
     spec = EtlSpec.from_dict(__import__("json").loads(spec_json))
     os.environ.update(dict(spec.env))
     if deps_dir:

@@ -74,6 +74,10 @@ async def start(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> N
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
+    # kopf waits this long after an event for more of the same object before handling
+    # it (default 0.1 s); every step of an ETL start (created, pods created, pods
+    # ready) is one event: coalescing is the ReconcileQueue's job anyway.
+    settings.batching.batch_window = 0.02
     config = OperatorConfig.from_env()
     if not config.cluster_key:
         log.warning("SLUICE_CLUSTER_KEY is not set: transformers will accept unauthenticated calls")

@@ -272,11 +272,14 @@ def transformer_pod(
         "command": ["sluice-transformer", "--host", "$(POD_IP)", "--port", str(TRANSFORMER_PORT)],
         "ports": [{"name": "http", "containerPort": TRANSFORMER_PORT, "protocol": "TCP"}],
         "env": env,
+        # Probed every second (the least Kubernetes allows): a new ETL is Running
+        # within a second of its transformers being ready; 6 failures in a row
+        # (6 s, as before with 2 s x 3) before a busy transformer is taken out.
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": TRANSFORMER_PORT},
-            "periodSeconds": 2,
+            "periodSeconds": 1,
             "timeoutSeconds": 2,
-            "failureThreshold": 3,
+            "failureThreshold": 6,
         },
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "securityContext": {

@@ -122,3 +122,31 @@ def test_unknown_query_parameters_on_etl_routes_are_refused(cluster: Cluster) ->
         assert r.json()["kind"] == "InvalidRequest"
         bad = path.split("?")[1].split("&")[-1].split("=")[0]
         assert bad in r.json()["error"]
+
+
+def test_details_wait_answers_when_the_etl_leaves_initializing(cluster: Cluster) -> None:
+    """``GET /v1/etl/{n}?wait=S`` (what the SDK's init_code sends) holds the answer until
+    the phase changes, so a client sees Running without polling."""
+    import dataclasses
+    import threading
+
+    c = cluster.client
+    assert c.put("/v1/etl", json={"name": "rev", "spec": SPEC}).json()["phase"] == "Initializing"
+    assert c.get("/v1/etl/rev", params={"wait": "0.2"}).json()["phase"] == "Initializing"
+
+    registry = cluster.backend.registry
+    record = registry.get("rev")
+    assert record is not None
+    running = threading.Timer(0.5, registry.put, [dataclasses.replace(record, phase="Running")])
+    running.start()
+    try:
+        r = c.get("/v1/etl/rev", params={"wait": "30"}, timeout=60)
+    finally:
+        running.join()
+    assert r.status_code == 200 and r.json()["phase"] == "Running"
+
+    for bad in ("-1", "31", "soon", "nan"):
+        r = c.get("/v1/etl/rev", params={"wait": bad})
+        assert r.status_code == 400 and "wait=" in r.json()["error"], bad
+        assert r.json()["etl"] == "rev"
+    assert c.get("/v1/etl/ghost", params={"wait": "1"}).status_code == 404

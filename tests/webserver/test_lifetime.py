@@ -34,7 +34,7 @@ def test_sigkilled_transformer_leaves_no_workers() -> None:
         parent = psutil.Process(proc.pid)
         deadline = time.monotonic() + 60
         workers: list[psutil.Process] = []
-        while time.monotonic() < deadline:  # forkserver + 2 workers, all loading the code
+        while time.monotonic() < deadline:  # forker helper + 2 workers, all loading the code
             workers = parent.children(recursive=True)
             if len(workers) >= 3:
                 break

@@ -105,7 +105,7 @@ def test_sigkill_leaves_no_server_or_worker() -> None:
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=90, proc=proc)
         kids = psutil.Process(proc.pid).children(recursive=True)
-        assert len(kids) >= 6  # 2 servers, each with a forkserver and a worker
+        assert len(kids) >= 6  # 2 servers, each with a forker helper and a worker
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         _, alive = psutil.wait_procs(kids, timeout=15)
