@@ -101,6 +101,7 @@ class LocalEtlBackend:
         # (etl, target) -> (spec hash, crashes so far): carried into the replacement.
         self._restarts: dict[tuple[str, str], tuple[str, int]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
+        self._watching: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -122,6 +123,8 @@ class LocalEtlBackend:
         """Stop reconciling and terminate every transformer this controller runs."""
         await cancel_and_wait(self._task)
         self._task = None
+        for watch in list(self._watching):
+            await cancel_and_wait(watch)
         async with self._lock:
             everything = [p for procs in self._procs.values() for p in procs]
             self._procs.clear()
@@ -148,6 +151,7 @@ class LocalEtlBackend:
             elif proc.etl in self._records:
                 log.info("adopting transformer %s (pid %d)", proc.name, proc.pid)
                 self._procs.setdefault(proc.etl, []).append(proc)
+                self._watch(proc)
             else:
                 self._stop_in_background(proc)
 
@@ -253,7 +257,7 @@ class LocalEtlBackend:
         try:
             r = await self._client.get(f"{p.endpoint}/health")
             ok, why = r.status_code == 200, f"not ready: /health answered {r.status_code}"
-            if ok and not _answered_by(p, r):
+            if ok and not processes.answered_by(p, _json(r)):
                 # The port was taken by another server before our child bound it
                 # (free_port() -> bind race); the child will die on EADDRINUSE.
                 ok, why = False, f"not ready: port {p.port} is answered by another process"
@@ -297,7 +301,7 @@ class LocalEtlBackend:
                 self._restarts[(rec.name, p.target)] = (want, reconcile.next_restarts(p.observed()))
         for target in todo.create:
             if target.id not in backing_off:
-                procs.append(await self._spawn(rec, target))
+                procs.append(self._watch(await self._spawn(rec, target)))
         current = [p for p in procs if p.spec_hash == want and not p.terminated]
         pending = {p.target for p in current} - {p.target for p in current if p.ready}
         for p in victims:
@@ -348,6 +352,25 @@ class LocalEtlBackend:
             node=target.node,
             message=None if best.ready else best.message,
         )
+
+    def _watch(self, p: TransformerProcess) -> TransformerProcess:
+        """Act on ``p``'s exit at once, not at the next pass: until the record says it
+        is gone, targets send clients to its dead port (issue 20 #4b)."""
+
+        async def run() -> None:
+            await p.exited()
+            async with self._lock:
+                rec, procs = self._records.get(p.etl), self._procs.get(p.etl, [])
+                if rec is not None and any(q is p for q in procs) and p.poll():
+                    try:
+                        await self._reconcile_one(rec, self.discovery.targets())
+                    except Exception:
+                        log.exception("reconcile of ETL %r after %s exited failed", p.etl, p.name)
+
+        task = asyncio.create_task(run(), name=f"watch-{p.name}-{p.pid}")
+        self._watching.add(task)
+        task.add_done_callback(self._watching.discard)
+        return p
 
     # -- actuation ----------------------------------------------------------------
 
@@ -416,17 +439,8 @@ class LocalEtlBackend:
         shutil.rmtree(self.state_dir / "deps" / etl, ignore_errors=True)
 
 
-def _answered_by(p: TransformerProcess, r: httpx.Response) -> bool:
-    """Whether a 200 ``/health`` came from ``p`` itself (its ETL name and pid).
-
-    Fields a transformer does not report (an older runtime, a stand-in) are
-    not held against it; a different ETL or pid is.
-    """
+def _json(r: httpx.Response) -> object:
     try:
-        body = r.json()
+        return r.json()
     except ValueError:
-        return True
-    if not isinstance(body, dict):
-        return True
-    etl, pid = body.get("etl"), body.get("pid")
-    return (etl is None or etl == p.etl) and (pid is None or pid == p.pid)
+        return None

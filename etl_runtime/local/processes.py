@@ -213,6 +213,30 @@ class TransformerProcess:
             p.log_offset = p.log_path.stat().st_size
         return p
 
+    async def exited(self) -> None:
+        """Return as soon as the process has exited (not at the next poll).
+
+        A child: asyncio's own child watcher. An adopted process is no child of
+        ours: a pidfd (Linux 5.3+) becomes readable when it exits; elsewhere poll.
+        """
+        if self.popen is not None:
+            await self.popen.wait()
+            return
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            while not self.poll():
+                await asyncio.sleep(0.5)
+            return
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        loop.add_reader(fd, _settle, gone)
+        try:
+            await gone
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+
     # -- stopping ---------------------------------------------------------------
 
     def _signal(self, sig: int, group: bool) -> None:
@@ -234,6 +258,23 @@ class TransformerProcess:
         deadline = time.monotonic() + 5
         while not self.poll() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+def answered_by(p: TransformerProcess, health: Any) -> bool:
+    """Whether a 200 ``/health`` body (parsed JSON) came from ``p`` itself (its ETL
+    name and pid): a port picked with ``free_port()`` can be taken by another
+    server before our child binds it. Fields a transformer does not report (an
+    older runtime, a stand-in) are not held against it; a different ETL or pid is.
+    """
+    if not isinstance(health, dict):
+        return True
+    etl, pid = health.get("etl"), health.get("pid")
+    return (etl is None or etl == p.etl) and (pid is None or pid == p.pid)
 
 
 def transformer_env(
