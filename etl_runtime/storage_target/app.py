@@ -101,7 +101,7 @@ def create_target_app(
 
     app = FastAPI(title=f"Sluice target {target_id}", lifespan=lifespan)
     app.state.target = target
-    install_error_handlers(app)
+    install_error_handlers(app, {"target": target_id})
     collectors: list[Collector] = [StorageCollector(target_id, data_dir)]
     if target.remote is not None:
         collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
