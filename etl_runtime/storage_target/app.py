@@ -136,6 +136,7 @@ def create_target_app(
     @app.get("/v1/_etl/{name}/stats")
     async def etl_stats(name: str, request: Request) -> dict[str, Any]:
         require_token(request)
+        refuse_unknown(request, (), etl=name)
         return await forwarder.stats(name)
 
     @app.get("/v1/_etl/{name}/logs", response_class=PlainTextResponse)
@@ -143,6 +144,7 @@ def create_target_app(
         name: str, request: Request, tail: int = Query(200, ge=1, le=100_000)
     ) -> str:
         require_token(request)
+        refuse_unknown(request, ("tail",), etl=name)
         return await forwarder.logs(name, tail)
 
     return app
