@@ -50,7 +50,7 @@ from etl_runtime.core import auth
 from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.core.procs import SUPERVISOR_ENV
 from etl_runtime.core.spec import EtlSpec, validate_name
-from etl_runtime.local import processes
+from etl_runtime.local import processes, runas
 from etl_runtime.local.processes import TransformerProcess
 
 log = logging.getLogger(__name__)
@@ -87,6 +87,7 @@ class LocalEtlBackend:
         grace: float = 10.0,
         probe_timeout: float = 2.0,
         command: Sequence[str] = TRANSFORMER_COMMAND,
+        run_as: runas.TransformerUser | None = None,
     ) -> None:
         self.state_dir = Path(state_dir)
         self.registry = FileRegistry(self.state_dir)
@@ -96,6 +97,8 @@ class LocalEtlBackend:
         self.grace = grace
         self.probe_timeout = probe_timeout
         self.command = tuple(command)
+        # Another OS user for ETL code, chosen by `sluice up` (local/runas.py).
+        self.run_as = run_as if run_as is not None else runas.from_env()
         self._records: dict[str, EtlRecord] = {}
         self._procs: dict[str, list[TransformerProcess]] = {}
         # (etl, target) -> (spec hash, crashes so far): carried into the replacement.
@@ -257,7 +260,7 @@ class LocalEtlBackend:
         try:
             r = await self._client.get(f"{p.endpoint}/health")
             ok, why = r.status_code == 200, f"not ready: /health answered {r.status_code}"
-            if ok and not processes.answered_by(p, _json(r)):
+            if ok and not processes.answered_by(p, r.content):
                 # The port was taken by another server before our child bound it
                 # (free_port() -> bind race); the child will die on EADDRINUSE.
                 ok, why = False, f"not ready: port {p.port} is answered by another process"
@@ -381,6 +384,8 @@ class LocalEtlBackend:
         if prev_hash != want:
             restarts = 0
         deps = self.state_dir / "deps" / rec.name / target.id
+        if self.run_as is not None:  # it pip-installs `dependencies` there itself
+            await asyncio.to_thread(self.run_as.own, deps)
         env = processes.transformer_env(
             dict(os.environ),
             rec.spec.env,
@@ -405,6 +410,7 @@ class LocalEtlBackend:
             state_dir=self.state_dir,
             restarts=restarts,
             command=self.command,
+            user=self.run_as.popen_kwargs() if self.run_as else None,
         )
         log.info("started transformer %s (pid %d, port %d)", name, proc.pid, proc.port)
         return proc
@@ -437,10 +443,3 @@ class LocalEtlBackend:
 
     def _remove_deps(self, etl: str) -> None:
         shutil.rmtree(self.state_dir / "deps" / etl, ignore_errors=True)
-
-
-def _json(r: httpx.Response) -> object:
-    try:
-        return r.json()
-    except ValueError:
-        return None

@@ -265,12 +265,16 @@ def _settle(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-def answered_by(p: TransformerProcess, health: Any) -> bool:
-    """Whether a 200 ``/health`` body (parsed JSON) came from ``p`` itself (its ETL
+def answered_by(p: TransformerProcess, body: bytes) -> bool:
+    """Whether a 200 ``/health`` body came from ``p`` itself (its ETL
     name and pid): a port picked with ``free_port()`` can be taken by another
     server before our child binds it. Fields a transformer does not report (an
     older runtime, a stand-in) are not held against it; a different ETL or pid is.
     """
+    try:
+        health = json.loads(body)
+    except ValueError:
+        return True
     if not isinstance(health, dict):
         return True
     etl, pid = health.get("etl"), health.get("pid")
@@ -297,11 +301,14 @@ async def spawn(
     state_dir: Path,
     restarts: int = 0,
     command: Sequence[str] = (sys.executable, "-m", "etl_runtime.webserver"),
+    user: dict[str, Any] | None = None,
 ) -> TransformerProcess:
     """Start ``command --host 127.0.0.1 --port P`` for one target.
 
     An asyncio subprocess, forked by the event loop's thread, through the
-    launcher that ties the transformer's life to this process.
+    launcher that ties the transformer's life to this process (run by the
+    command's own interpreter). ``user``: ``user``/``group`` arguments of
+    ``subprocess`` to run it as another user (``local/runas.py``).
     """
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -314,7 +321,7 @@ async def spawn(
     # the gateway comes back and adopts it from its pid file (issue 20 #6).
     adoptable = launch.SUPERVISOR_ENV in env
     argv = launch.command(
-        os.getpid(), [*command, "--host", "127.0.0.1", "--port", str(port)], adoptable
+        os.getpid(), [*command, "--host", "127.0.0.1", "--port", str(port)], adoptable, command[0]
     )
     with open(log_path, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -329,6 +336,7 @@ async def spawn(
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
+            **(user or {}),
         )
     proc = TransformerProcess(
         etl=etl,
