@@ -6,7 +6,9 @@ controller keeps, for every ETL, one ``python -m etl_runtime.webserver`` child
 process per live target and writes what it observes (phase, message, per-target
 endpoint and readiness) back into the record.
 
-Each reconcile pass, run on every change and about once a second:
+Each reconcile pass, run on every change, about once a second, and for an ETL
+at once when one of its transformers exits (``_watch``: targets must stop
+sending clients to a dead port before the next pass):
 
 1. observe: poll every transformer process for exit and probe ``GET /health``;
 2. decide: ``etl_runtime.cluster.reconcile.plan()`` -- the very function the operator
