@@ -69,4 +69,34 @@ async def read_bucket_action(
     if action not in actions:
         known = " or ".join(f'{{"action": "{a}"}}' for a in actions)
         raise InvalidRequest(f"unknown bucket action {action!r}; send {known}", bucket=bucket)
-    return body  # type: ignore[return-value]  # a dict, checked above
+    assert isinstance(body, dict)
+    if body.get("value") not in (None, {}):  # AIStore's ActionMsg carries props as "value"
+        if "props" in body:
+            raise InvalidRequest(
+                f"bucket {bucket!r}: send the props as 'props' or as 'value', not both",
+                bucket=bucket,
+            )
+        body = {**body, "props": aistore_props(bucket, body["value"])}
+    return body
+
+
+def aistore_props(bucket: str, value: Any) -> dict[str, Any]:
+    """The ``value`` of AIStore's create-bck/set-bprops as Sluice props: its mirror
+    (``{"mirror": {"enabled": true, "copies": N}}``) is ``copies``; anything else
+    is a 400 naming the field, never ignored."""
+    if not isinstance(value, dict):
+        raise InvalidRequest(
+            f"'value' of bucket {bucket!r} must be an object of bucket props", bucket=bucket
+        )
+    props: dict[str, Any] = {}
+    for key, field in value.items():
+        if key == "mirror" and isinstance(field, dict) and set(field) <= {"enabled", "copies"}:
+            props["copies"] = field.get("copies", 2) if field.get("enabled", True) else 1
+            continue
+        raise InvalidRequest(
+            f"bucket prop 'value.{key}' of {bucket!r} is not supported: Sluice takes "
+            '\'value.mirror\' ({"enabled": true, "copies": N}), or its own '
+            "'props' ({\"copies\": N}, and a remote bucket's backend props)",
+            bucket=bucket,
+        )
+    return props

@@ -14,7 +14,10 @@ FastAPI's scalar ``Query``) keeps the last value and drops the others, so
 calls it, so every route that refuses unknown parameters refuses repeats too,
 and the listings (which take any parameter) call it themselves. Every query
 parameter Sluice reads is single-valued; one that may repeat belongs in
-``MULTI_VALUED``.
+``MULTI_VALUED``. The internal routes targets and the gateway call on each
+other (``/v1/_replica``, ``/v1/_jobs``, ``/v1/_etl``, ``/v1/_remote``,
+``/v1/_rebalance``) refuse unknown and repeated parameters the same way, and
+so does the transformer's hpush ``PUT`` (``webserver/app.py``).
 """
 
 from __future__ import annotations

@@ -55,10 +55,13 @@ def set_process_name(name: str) -> None:
             pass
 
 
-def command(parent: int, argv: list[str], adoptable: bool = False) -> list[str]:
-    """The argv that runs ``argv`` through this launcher."""
+def command(
+    parent: int, argv: list[str], adoptable: bool = False, python: str | None = None
+) -> list[str]:
+    """The argv that runs ``argv`` through this launcher (run by ``python``, default ours)."""
     flag = ["--adoptable"] if adoptable else []
-    return [sys.executable, "-m", "etl_runtime.core.procs", *flag, str(parent), *argv]
+    launcher = [python or sys.executable, "-m", "etl_runtime.core.procs"]
+    return [*launcher, *flag, str(parent), *argv]
 
 
 def outlive_parent_if_adopted() -> None:

@@ -29,7 +29,6 @@ from etl_runtime.core.errors import (
     BucketExists,
     BucketNotFound,
     Conflict,
-    InsufficientStorage,
     InvalidRequest,
     NoTargets,
     bucket_not_found,
@@ -49,12 +48,13 @@ def _not_found(bucket: str) -> BucketNotFound:
 
 
 def _unwell(status: int) -> bool:
-    """A 5xx that says the target is unwell: answered as 503 ``NoTargets``.
+    """A 5xx that says the target is unwell (502, 503, 504): answered as 503 ``NoTargets``.
 
     A 507 (``InsufficientStorage``: its disk is full) is an answer, passed on
     as it is: trying again cannot help, so it must not become a retryable 503.
+    So is a 500: a bug on that target, whose JSON names it (``wire/http_errors.py``).
     """
-    return status >= 500 and status != InsufficientStorage.status
+    return status in (502, 503, 504)
 
 
 def bucket_props(

@@ -30,7 +30,7 @@ from fastapi import APIRouter, Request
 
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core import auth
-from etl_runtime.core.errors import InvalidRequest, JobNotFound, NoTargets
+from etl_runtime.core.errors import InsufficientStorage, InvalidRequest, JobNotFound, NoTargets
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.context import Gateway
@@ -86,19 +86,34 @@ async def start_job(gw: Gateway, kind: str, spec: dict[str, Any]) -> str:
     }
     headers = _headers(gw)
 
+    full: list[InsufficientStorage] = []
+
     async def one(t: TargetInfo) -> str | None:
         try:
             r = await gw.http.post(f"{t.url}/v1/_jobs", json=doc, headers=headers)
         except httpx.HTTPError as e:
             return f"target {t.id!r} not reachable ({e!r})"
+        if r.status_code == InsufficientStorage.status:  # retrying cannot help: say so
+            message = _error_text(r)
+            full.append(InsufficientStorage(message, target=t.id, job=job_id))
+            return f"target {t.id!r}: {message}"
         return None if r.status_code == 200 else f"target {t.id!r}: {r.status_code} {r.text}"
 
     problems = [p for p in await asyncio.gather(*(one(t) for t in members)) if p]
     if problems:
         reason = f"the job could not start on every target: {problems[0]}"
         await _end_everywhere(gw, job_id, [t.url for t in members], FAILED, reason)
+        if full:
+            raise full[0]
         raise NoTargets(reason, retry_after=2, job=job_id)
     return job_id
+
+
+def _error_text(r: httpx.Response) -> str:
+    try:
+        return str(r.json()["error"])
+    except (ValueError, KeyError, TypeError):
+        return r.text[:500]
 
 
 async def _end_everywhere(

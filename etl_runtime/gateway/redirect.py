@@ -41,6 +41,7 @@ from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
+from etl_runtime.wire.routes import each_method
 
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH"]
@@ -149,11 +150,11 @@ async def _view_read(
 def redirect_router(gw: Gateway) -> APIRouter:
     router = APIRouter()
 
-    @router.api_route("/v1/objects/{bucket}", methods=METHODS)
+    @each_method(router, "/v1/objects/{bucket}", METHODS)
     async def missing_object_name(bucket: str) -> None:
         raise InvalidName(f"missing object name: use /v1/objects/{bucket}/<object>", bucket=bucket)
 
-    @router.api_route("/v1/objects/{bucket}/{name:path}", methods=METHODS)
+    @each_method(router, "/v1/objects/{bucket}/{name:path}", METHODS)
     async def object_call(bucket: str, name: str, request: Request) -> Response:
         proxy = _should_proxy(request)
         try:

@@ -17,7 +17,7 @@ import httpx
 
 from etl_runtime.cluster.clustermap import hrw_order
 from etl_runtime.core.access import object_url
-from etl_runtime.core.errors import Unavailable
+from etl_runtime.core.errors import InsufficientStorage, Unavailable
 from etl_runtime.jobs.state import ABORTED, FAILED, MAX_ERRORS, TERMINAL, JobPart
 
 if TYPE_CHECKING:
@@ -164,7 +164,8 @@ class JobContext:
             info = await self.store.write_object(bucket, name, _as_stream(body))
             assert info is not None
             return info.size
-        kept = await _keep(body, self.workdir)
+        with self.store.full_disk_is_507(bucket, name):  # the spool is on this disk
+            kept = await _keep(body, self.workdir)
         try:
             return await self.retrying(
                 f"PUT {bucket}/{name}", lambda: self._put(bucket, name, kept)
@@ -186,6 +187,17 @@ class JobContext:
         r = await self.manager.http.put(url, content=_replay(kept), headers=headers)
         if r.status_code == 503:
             raise Unavailable(f"target {owners[0]!r} answered 503: {r.text[:300]}")
+        if r.status_code == InsufficientStorage.status:  # its disk is full: no retry helps
+            try:
+                error = str(r.json()["error"])
+            except (ValueError, KeyError, TypeError):
+                error = f"target {owners[0]!r} has no space left for {bucket}/{name}"
+            raise InsufficientStorage(
+                error,
+                target=owners[0],
+                bucket=bucket,
+                object=name,
+            )
         if r.status_code != 200:
             raise OSError(f"PUT {bucket}/{name} on target {owners[0]!r}: {r.status_code} {r.text}")
         return int(r.json().get("size", 0))

@@ -16,12 +16,19 @@ import httpx
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.core import auth
-from etl_runtime.core.errors import Conflict, JobNotFound, SluiceError, Unavailable
+from etl_runtime.core.errors import (
+    Conflict,
+    InsufficientStorage,
+    JobNotFound,
+    SluiceError,
+    Unavailable,
+)
 from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.jobs.context import JobAborted, JobContext, JobFailed, Target
 from etl_runtime.jobs.kinds import get_kind
 from etl_runtime.jobs.state import ABORTED, FAILED, FINISHED, RUNNING, TERMINAL, JobFiles, JobPart
 from etl_runtime.storage.peers import INTERNAL_HEADER
+from etl_runtime.storage.store import NO_SPACE
 
 log = logging.getLogger(__name__)
 FLUSH_SECONDS = 0.5
@@ -110,7 +117,7 @@ class JobManager:
             await asyncio.sleep(FLUSH_SECONDS)
             try:
                 await self._flush()
-            except OSError as e:
+            except (OSError, InsufficientStorage) as e:
                 log.warning("saving job state failed: %s", e)
 
     async def _flush(self) -> None:
@@ -123,7 +130,18 @@ class JobManager:
         self._dirty.add(job_id)
 
     async def persist(self, part: JobPart) -> None:
-        await anyio.to_thread.run_sync(self.files.save, part)
+        """Save ``part``; a full disk (or spent quota) is the 507 naming target and job."""
+        try:
+            await anyio.to_thread.run_sync(self.files.save, part)
+        except OSError as e:
+            if e.errno not in NO_SPACE:
+                raise
+            raise InsufficientStorage(
+                f"target {self.target.id!r} has no space left to record job {part.id!r} "
+                f"({os.strerror(e.errno)}): free space or add capacity, then try again",
+                target=self.target.id,
+                job=part.id,
+            ) from e
 
     # -- the API the routes call ----------------------------------------------------
 
@@ -225,7 +243,10 @@ class JobManager:
                     await anyio.to_thread.run_sync(
                         lambda: shutil.rmtree(self.files.workdir(part.id), ignore_errors=True)
                     )
-                await self.persist(part)
+                try:
+                    await self.persist(part)
+                except InsufficientStorage as e:  # the outcome stays in memory, and is served
+                    log.warning("%s", e)
 
 
 def get_kind_or_none(name: str) -> Any:

@@ -6,7 +6,9 @@ controller keeps, for every ETL, one ``python -m etl_runtime.webserver`` child
 process per live target and writes what it observes (phase, message, per-target
 endpoint and readiness) back into the record.
 
-Each reconcile pass, run on every change and about once a second:
+Each reconcile pass, run on every change, about once a second, and for an ETL
+at once when one of its transformers exits (``_watch``: targets must stop
+sending clients to a dead port before the next pass):
 
 1. observe: poll every transformer process for exit and probe ``GET /health``;
 2. decide: ``etl_runtime.cluster.reconcile.plan()`` -- the very function the operator
@@ -48,9 +50,8 @@ from etl_runtime.cluster.local.registry import FileRegistry
 from etl_runtime.cluster.records import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
 from etl_runtime.core import auth
 from etl_runtime.core.eventloop import cancel_and_wait
-from etl_runtime.core.procs import SUPERVISOR_ENV
 from etl_runtime.core.spec import EtlSpec, validate_name
-from etl_runtime.local import processes, zygote
+from etl_runtime.local import processes, runas, zygote
 from etl_runtime.local.processes import TransformerProcess
 from etl_runtime.local.zygote import Zygote
 
@@ -93,6 +94,7 @@ class LocalEtlBackend:
         probe_timeout: float = 2.0,
         command: Sequence[str] = TRANSFORMER_COMMAND,
         zygote_mode: str = "off",
+        run_as: runas.TransformerUser | None = None,
     ) -> None:
         """``zygote_mode``: ``eager``, ``lazy`` or ``off`` (``local.zygote``; only
         for the default ``command``: it forks ``python -m etl_runtime.webserver``)."""
@@ -104,17 +106,22 @@ class LocalEtlBackend:
         self.grace = grace
         self.probe_timeout = probe_timeout
         self.command = tuple(command)
+        # Another OS user for ETL code, chosen by `sluice up` (local/runas.py).
+        self.run_as = run_as if run_as is not None else runas.from_env()
         self._records: dict[str, EtlRecord] = {}
         self._procs: dict[str, list[TransformerProcess]] = {}
         # (etl, target) -> (spec hash, crashes so far): carried into the replacement.
         self._restarts: dict[tuple[str, str], tuple[str, int]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
+        self._watching: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
         self._last_full_probe = 0.0
-        self.zygote_mode = zygote_mode if self.command == TRANSFORMER_COMMAND else "off"
+        # The zygote forks as this process's user: none when ETL code runs as another.
+        own = self.command == TRANSFORMER_COMMAND and self.run_as is None
+        self.zygote_mode = zygote_mode if own else "off"
         self.zygote: Zygote | None = None
         if self.zygote_mode != "off":
             env = processes.transformer_env(dict(os.environ), (), {"PYTHONUNBUFFERED": "1"})
@@ -140,6 +147,8 @@ class LocalEtlBackend:
         """Stop reconciling and terminate every transformer this controller runs."""
         await cancel_and_wait(self._task)
         self._task = None
+        for watch in list(self._watching):
+            await cancel_and_wait(watch)
         async with self._lock:
             everything = [p for procs in self._procs.values() for p in procs]
             self._procs.clear()
@@ -168,6 +177,7 @@ class LocalEtlBackend:
             elif proc.etl in self._records:
                 log.info("adopting transformer %s (pid %d)", proc.name, proc.pid)
                 self._procs.setdefault(proc.etl, []).append(proc)
+                self._watch(proc)
             else:
                 self._stop_in_background(proc)
 
@@ -311,7 +321,7 @@ class LocalEtlBackend:
                 self._restarts[(rec.name, p.target)] = (want, reconcile.next_restarts(p.observed()))
         for target in todo.create:
             if target.id not in backing_off and (proc := await self._spawn(rec, target)):
-                procs.append(proc)
+                procs.append(self._watch(proc))
         current = [p for p in procs if p.spec_hash == want and not p.terminated]
         pending = {p.target for p in current} - {p.target for p in current if p.ready}
         for p in victims:
@@ -323,7 +333,9 @@ class LocalEtlBackend:
             self._stop_in_background(p)
 
         summary = reconcile.summarize(spec, targets, [p.observed() for p in procs])
-        status = tuple(self._status(t, procs, want) for t in targets) if not spec.stopped else ()
+        status = (
+            tuple(processes.status_of(t, procs, want) for t in targets) if not spec.stopped else ()
+        )
         new = dataclasses.replace(
             rec, phase=summary.phase, message=summary.message, transformers=status
         )
@@ -340,28 +352,24 @@ class LocalEtlBackend:
             and not spec.stopped
         )
 
-    @staticmethod
-    def _status(
-        target: TargetInfo, procs: builtins.list[TransformerProcess], want: str
-    ) -> TransformerStatus:
-        mine = [p for p in procs if p.target == target.id]
+    def _watch(self, p: TransformerProcess) -> TransformerProcess:
+        """Act on ``p``'s exit at once, not at the next pass: until the record says it
+        is gone, targets send clients to its dead port (issue 20 #4b)."""
 
-        def rank(p: TransformerProcess) -> tuple[bool, bool, bool]:
-            return (not p.ready, p.spec_hash != want, p.terminated)
+        async def run() -> None:
+            await p.exited()
+            async with self._lock:
+                rec, procs = self._records.get(p.etl), self._procs.get(p.etl, [])
+                if rec is not None and any(q is p for q in procs) and p.poll():
+                    try:
+                        await self._reconcile_one(rec, self.discovery.targets())
+                    except Exception:
+                        log.exception("reconcile of ETL %r after %s exited failed", p.etl, p.name)
 
-        if not mine:
-            return TransformerStatus(
-                target=target.id, endpoint=None, ready=False, message="pending"
-            )
-        best = min(mine, key=rank)
-        return TransformerStatus(
-            target=target.id,
-            endpoint=best.endpoint,
-            ready=best.ready,
-            pod=best.name,
-            node=target.node,
-            message=None if best.ready else best.message,
-        )
+        task = asyncio.create_task(run(), name=f"watch-{p.name}-{p.pid}")
+        self._watching.add(task)
+        task.add_done_callback(self._watching.discard)
+        return p
 
     # -- actuation ----------------------------------------------------------------
 
@@ -380,6 +388,8 @@ class LocalEtlBackend:
         if prev_hash != want:
             restarts = 0
         deps = self.state_dir / "deps" / rec.name / target.id
+        if self.run_as is not None:  # it pip-installs `dependencies` there itself
+            await asyncio.to_thread(self.run_as.own, deps)
         env = processes.transformer_env(
             dict(os.environ),
             rec.spec.env,
@@ -393,7 +403,7 @@ class LocalEtlBackend:
                 "SLUICE_DATA_ROOTS": str(self.state_dir.parent / "targets" / target.id),
                 "PYTHONUNBUFFERED": "1",
             }
-            | self._supervisor_env(),
+            | processes.supervisor_env(),
         )
         proc = await processes.spawn(
             etl=rec.name,
@@ -405,16 +415,10 @@ class LocalEtlBackend:
             restarts=restarts,
             command=self.command,
             zygote=z,
+            user=self.run_as.popen_kwargs() if self.run_as else None,
         )
         log.info("started transformer %s (pid %d, port %d)", name, proc.pid, proc.port)
         return proc
-
-    @staticmethod
-    def _supervisor_env() -> dict[str, str]:
-        """``sluice up``'s pid, when it supervises us: transformers then outlive a
-        gateway killed with -9 and are adopted by its successor (``core.procs``)."""
-        pid = os.environ.get(SUPERVISOR_ENV)
-        return {SUPERVISOR_ENV: pid} if pid else {}
 
     def _stop_in_background(
         self, p: TransformerProcess, keep_listed: bool = False

@@ -38,6 +38,7 @@ from typing import Any
 import httpx
 
 from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
+from etl_runtime.cluster.records import TargetInfo, TransformerStatus
 from etl_runtime.core import procs as launch
 from etl_runtime.local.zygote import Zygote, ZygoteChild
 
@@ -238,6 +239,30 @@ class TransformerProcess:
             p.log_offset = p.log_path.stat().st_size
         return p
 
+    async def exited(self) -> None:
+        """Return as soon as the process has exited (not at the next poll).
+
+        A child: asyncio's own child watcher. An adopted process is no child of
+        ours: a pidfd (Linux 5.3+) becomes readable when it exits; elsewhere poll.
+        """
+        if self.popen is not None:
+            await self.popen.wait()
+            return
+        try:
+            fd = os.pidfd_open(self.pid)
+        except (AttributeError, OSError):
+            while not self.poll():
+                await asyncio.sleep(0.5)
+            return
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        loop.add_reader(fd, _settle, gone)
+        try:
+            await gone
+        finally:
+            loop.remove_reader(fd)
+            os.close(fd)
+
     # -- stopping ---------------------------------------------------------------
 
     def _signal(self, sig: int, group: bool) -> None:
@@ -261,6 +286,11 @@ class TransformerProcess:
             await asyncio.sleep(0.05)
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def transformer_env(
     base: dict[str, str], spec_env: tuple[tuple[str, str], ...], ours: dict[str, str]
 ) -> dict[str, str]:
@@ -282,13 +312,16 @@ async def spawn(
     restarts: int = 0,
     command: Sequence[str] = (sys.executable, "-m", "etl_runtime.webserver"),
     zygote: Zygote | None = None,
+    user: dict[str, Any] | None = None,
 ) -> TransformerProcess:
     """Start ``command --host 127.0.0.1 --port P`` for one target.
 
     Forked by ``zygote`` when one is given (``python -m etl_runtime.webserver``
-    with everything already imported), else an asyncio subprocess, forked by
-    the event loop's thread, through the launcher that ties the transformer's
-    life to this process.
+    with everything already imported) and no ``user`` is asked for, else an
+    asyncio subprocess, forked by the event loop's thread, through the launcher
+    that ties the transformer's life to this process (run by the command's own
+    interpreter). ``user``: ``user``/``group`` arguments of ``subprocess`` to
+    run it as another user (``local/runas.py``; the zygote runs as this process).
     """
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -301,16 +334,17 @@ async def spawn(
     # the gateway comes back and adopts it from its pid file (issue 20 #6).
     adoptable = launch.SUPERVISOR_ENV in env
     where = ["--host", "127.0.0.1", "--port", str(port)]
-    argv = launch.command(os.getpid(), [*command, *where], adoptable)
+    argv = launch.command(os.getpid(), [*command, *where], adoptable, command[0])
     with open(log_path, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        how = f" (forked by the zygote, pid {zygote.pid})" if zygote is not None else ""
+        forked = zygote is not None and not user
+        how = f" (forked by the zygote, pid {zygote.pid})" if forked and zygote else ""
         log.write(f"--- {stamp} sluice: starting {name} on port {port}{how} ---\n".encode())
         log.flush()
         offset = log.tell()
         child: asyncio.subprocess.Process | ZygoteChild | None
         child = None
-        if zygote is not None:
+        if zygote is not None and not user:
             try:
                 child = await zygote.spawn(where, env, state_dir, log_path, adoptable)
             except (OSError, TimeoutError) as e:
@@ -325,6 +359,7 @@ async def spawn(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                **(user or {}),
             )
     proc = TransformerProcess(
         etl=etl,
@@ -385,3 +420,30 @@ def answered_by(p: TransformerProcess, r: httpx.Response) -> bool:
         return True
     etl, pid = body.get("etl"), body.get("pid")
     return (etl is None or etl == p.etl) and (pid is None or pid == p.pid)
+
+
+def status_of(target: TargetInfo, procs: list[TransformerProcess], want: str) -> TransformerStatus:
+    """What the record says of ``target``'s transformer: its best process's state."""
+    mine = [p for p in procs if p.target == target.id]
+
+    def rank(p: TransformerProcess) -> tuple[bool, bool, bool]:
+        return (not p.ready, p.spec_hash != want, p.terminated)
+
+    if not mine:
+        return TransformerStatus(target=target.id, endpoint=None, ready=False, message="pending")
+    best = min(mine, key=rank)
+    return TransformerStatus(
+        target=target.id,
+        endpoint=best.endpoint,
+        ready=best.ready,
+        pod=best.name,
+        node=target.node,
+        message=None if best.ready else best.message,
+    )
+
+
+def supervisor_env() -> dict[str, str]:
+    """``sluice up``'s pid, when it supervises us: transformers then outlive a
+    gateway killed with -9 and are adopted by its successor (``core.procs``)."""
+    pid = os.environ.get(launch.SUPERVISOR_ENV)
+    return {launch.SUPERVISOR_ENV: pid} if pid else {}

@@ -34,10 +34,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import fcntl
-import getpass
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -46,7 +46,7 @@ from types import FrameType
 import httpx
 
 from etl_runtime.core import auth, procs
-from etl_runtime.local import supervisor
+from etl_runtime.local import runas, supervisor
 from etl_runtime.local.api import LocalCluster
 from etl_runtime.local.processes import TransformerProcess, free_port, pid_dir, read_pid_files
 from etl_runtime.local.supervisor import Child
@@ -121,6 +121,13 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="a target marked down after 5 crashes in a row is tried again this often "
         f"while the rest keeps serving (default {TARGET_DOWN_RETRY:g})",
     )
+    p.add_argument(
+        "--transformer-user",
+        default=os.environ.get(runas.USER_ENV),
+        metavar="USER",
+        help="when run as root: the user ETL code runs as, so it cannot read the cluster "
+        "key (default nobody, if it can run this Python; 'root': as the servers)",
+    )
     args = p.parse_args(argv)
     if args.down_retry <= 0:
         p.error("--down-retry must be positive")
@@ -141,6 +148,8 @@ class Supervisor:
         self.targets: list[Child] = []
         self.members: list[str] = []
         self.gateway: Child | None = None
+        self.run_as: runas.TransformerUser | None = None
+        self.run_as_line = ""
         self.signals = 0
 
     # -- signals ---------------------------------------------------------------
@@ -177,6 +186,11 @@ class Supervisor:
         """Start targets, then the gateway; return the gateway URL once all are healthy."""
         key = load_cluster_key(self.data / "cluster-key")
         env = self.env(key)
+        # Who runs ETL code: tried as that user while the targets start (local/runas.py).
+        chosen: list[tuple[runas.TransformerUser | None, str]] = []
+        user = self.args.transformer_user
+        probe = threading.Thread(target=lambda: chosen.append(runas.choose(user, self.data)))
+        probe.start()
         logs, py, host = self.data / "logs", sys.executable, self.args.host
         cmap = f"file:{self.data / 'cluster.json'}"
         self.members = [f"t{i}" for i in range(self.args.targets)]
@@ -204,6 +218,10 @@ class Supervisor:
             f"{c.name.removeprefix('target ')}={c.health_url.removesuffix('/v1/health')}"
             for c in self.targets
         )
+        probe.join()
+        self.run_as, self.run_as_line = chosen[0] if chosen else (None, "")
+        if self.run_as is not None:  # the gateway's ETL controller spawns the transformers
+            env = {**env, runas.UID_ENV: self.run_as.encode()}
         self.gateway = Child(
             name="gateway",
             argv=[py, "-m", "etl_runtime.gateway", "--host", host, "--port", str(port)]
@@ -397,13 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     code = 0
     try:
         url = sup.start()
-        print(
-            f"sluice: note: ETL code runs as {getpass.getuser()}, like the servers, and can "
-            f"read {sup.data / 'cluster-key'}: register only code you trust here "
-            "(on Kubernetes transformers get no cluster key)",
-            file=sys.stderr,
-            flush=True,
-        )
+        print(sup.run_as_line, file=sys.stderr, flush=True)
         print(f"Sluice is up: {url}", flush=True)
         print(
             f"sluice: {args.targets} target(s), data in {sup.data}, logs in {sup.data / 'logs'}",

@@ -85,6 +85,35 @@ class ZygoteChild:
         self.pid = pid
         self.returncode: int | None = None
         self.orphaned = False  # the zygote died first: no exit code will come
+        self._ended = asyncio.Event()
+
+    def ended(self, code: int) -> None:
+        self.returncode = code
+        self._ended.set()
+
+    async def wait(self) -> int | None:
+        """Until the zygote reports the exit (orphaned: until the pid is gone), as
+        ``asyncio.subprocess.Process.wait`` (``TransformerProcess.exited`` awaits it)."""
+        while not self._ended.is_set():
+            try:
+                await asyncio.wait_for(self._ended.wait(), ORPHAN_POLL_SECONDS)
+            except TimeoutError:
+                if self.orphaned and not _pid_exists(self.pid):
+                    break
+        return self.returncode
+
+
+ORPHAN_POLL_SECONDS = 0.5
+
+
+def _pid_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class Zygote:
@@ -186,7 +215,7 @@ class Zygote:
                     if child is None:
                         self._early[int(msg["exit"])] = int(msg["code"])
                     else:
-                        child.returncode = int(msg["code"])
+                        child.ended(int(msg["code"]))
                 elif (fut := self._pending.pop(int(msg.get("id", -1)), None)) is not None:
                     if not fut.done():
                         fut.set_result(msg)
@@ -234,7 +263,7 @@ class Zygote:
             raise OSError(str(answer.get("error") or "the zygote did not fork"))
         child = ZygoteChild(int(answer["pid"]))
         if child.pid in self._early:
-            child.returncode = self._early.pop(child.pid)
+            child.ended(self._early.pop(child.pid))
         else:
             self._children[child.pid] = child
         return child

@@ -245,7 +245,7 @@ class RemoteCache:
             self._validated[key] = time.monotonic()
         except BaseException as e:
             self.counters.backend_fetch_errors += 1
-            fill.error = self.store.no_space(e, fill.bucket, fill.name) or e  # 507 if full
+            fill.error = self.store.no_space(e, fill.bucket, fill.name, "aws") or e  # 507: full
             if not isinstance(e, SluiceError | asyncio.CancelledError):
                 log.exception("fill of %s/%s failed", fill.bucket, fill.name)
             if f is not None:

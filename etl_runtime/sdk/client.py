@@ -11,7 +11,11 @@ then send the real request to the target named in ``Location`` with the same
 headers.
 
 Every call is retried on 503/429 and connection failures (``retry.py``); an
-object call starts again at the gateway, which may by then redirect elsewhere.
+object call starts again at the gateway, which may by then redirect elsewhere,
+except a read whose redirected hop failed to connect or was reset before its
+answer (the transformer a target sent it to just died): that one goes back to
+the target that redirected it, which then answers 503 + ``Retry-After`` or
+sends it to the transformer's replacement.
 """
 
 from __future__ import annotations
@@ -247,15 +251,25 @@ class Client:
         what = f"{method} {ctx.get('bucket')}/{ctx.get('object')}"
         body = _Body(content)
         attempts = Attempts(self.retry, what)
+        resume: str | None = None
         while True:
+            tried: list[str | None] = []
             try:
-                response = self._follow_redirects(method, path, params, body, headers, what)
+                response = self._follow_redirects(
+                    method, path, params, body, headers, what, resume, tried
+                )
             except httpx.TransportError as exc:
                 error: SluiceError = errors.from_transport(exc, what)
                 retry = isinstance(exc, RETRY_TRANSPORT_ERRORS) and body.resendable
+                # A hop a redirect led to failed before its answer (a transformer
+                # that just died, an owner going away): try again at the URL that
+                # sent us there, which knows by then (503 + Retry-After, or a live
+                # address). That URL failing too starts again at the gateway.
+                resume = tried[-2] if body.empty and len(tried) > 1 else None  # None: gateway
                 if retry and attempts.again(error):
                     continue
                 raise attempts.exhausted(error) from exc
+            resume = None
             if response.status_code < 400:
                 break
             try:
@@ -282,8 +296,15 @@ class Client:
         body: _Body,
         headers: Mapping[str, str] | None,
         what: str,
+        resume: str | None = None,
+        tried: list[str | None] | None = None,
     ) -> httpx.Response:
-        """One try of an object call: gateway, then ``Location`` hops; the last answer."""
+        """One try of an object call: gateway, then ``Location`` hops; the last answer.
+
+        ``resume``: a URL a redirect gave earlier (a bodyless call only), tried
+        instead of the gateway. ``tried`` gets every URL tried, in order (None: the gateway).
+        """
+        tried = [] if tried is None else tried
 
         def send(url: str, params: Mapping[str, str] | None, content: Any) -> httpx.Response:
             extra = headers if content is not None and content != b"" else None
@@ -292,9 +313,10 @@ class Client:
             )
             return self._http.send(request, stream=True)
 
-        url = self.endpoint + path
+        url, query = (self.endpoint + path, params) if resume is None else (resume, None)
         # First hop: no body (the gateway only redirects); later hops carry it.
-        response = send(url, params, None if body.empty else b"")
+        tried.append(resume)
+        response = send(url, query, None if body.empty else b"")
         if not body.empty and response.status_code < 300:
             # The endpoint is a target, not a gateway: the probe was the real call.
             response.close()
@@ -307,6 +329,7 @@ class Client:
                 raise SluiceError(f"{what}: more than {MAX_REDIRECTS} redirects")
             # The Location carries the whole query (and a signature); don't re-add params.
             url = str(response.url.join(response.headers["location"]))
+            tried.append(url)
             response = send(url, None, None if body.empty else body.fresh())
         return response
 

@@ -191,13 +191,14 @@ class ObjectStore:
         return True
 
     def no_space(
-        self, exc: BaseException, bucket: str, name: str | None = None
+        self, exc: BaseException, bucket: str, name: str | None = None, provider: str = "ais"
     ) -> InsufficientStorage | None:
         """``exc`` as the 507 naming target, bucket and object, if it is ENOSPC or EDQUOT."""
         if not isinstance(exc, OSError) or exc.errno not in NO_SPACE:
             return None
         code = errno.errorcode[exc.errno]
-        where = f"ais://{bucket}/{name}" if name is not None else f"bucket ais://{bucket}"
+        bck = f"{provider}://{bucket}"
+        where = f"{bck}/{name}" if name is not None else f"bucket {bck}"
         who = f"target {self.target_id!r}" if self.target_id else "this target"
         return InsufficientStorage(
             f"{who} has no space left for {where} ({code}: {os.strerror(exc.errno)}); "

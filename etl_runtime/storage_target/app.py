@@ -102,7 +102,7 @@ def create_target_app(
 
     app = FastAPI(title=f"Sluice target {target_id}", lifespan=lifespan)
     app.state.target = target
-    install_error_handlers(app)
+    install_error_handlers(app, {"target": target_id})
     collectors: list[Collector] = [StorageCollector(target_id, data_dir)]
     if target.remote is not None:
         collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
@@ -138,6 +138,7 @@ def create_target_app(
     @app.get("/v1/_etl/{name}/stats")
     async def etl_stats(name: str, request: Request) -> dict[str, Any]:
         require_token(request)
+        refuse_unknown(request, (), etl=name)
         return await forwarder.stats(name)
 
     @app.get("/v1/_etl/{name}/logs", response_class=PlainTextResponse)
@@ -145,6 +146,7 @@ def create_target_app(
         name: str, request: Request, tail: int = Query(200, ge=1, le=100_000)
     ) -> str:
         require_token(request)
+        refuse_unknown(request, ("tail",), etl=name)
         return await forwarder.logs(name, tail)
 
     return app

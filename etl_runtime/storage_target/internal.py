@@ -19,6 +19,7 @@ from fastapi.responses import Response, StreamingResponse
 from etl_runtime.core import auth
 from etl_runtime.core.errors import InvalidRequest, NotFound, Unauthorized
 from etl_runtime.core.names import validate_names
+from etl_runtime.core.params import refuse_unknown
 from etl_runtime.storage.peers import INTERNAL_HEADER
 from etl_runtime.storage.rebalance import Rebalancer
 from etl_runtime.storage.store import ObjectStore
@@ -31,12 +32,14 @@ def internal_router(
 ) -> APIRouter:
     router = APIRouter()
 
-    def require(request: Request) -> None:
+    def require(request: Request, params: tuple[str, ...] = ()) -> None:
         if not auth.internal_ok(request.headers.get(INTERNAL_HEADER), cluster_key):
             raise Unauthorized("internal target route: only other targets may call it")
+        refuse_unknown(request, params)  # and repeated ones: 400 naming them
 
     @router.get("/v1/_rebalance")
-    async def rebalance_status() -> dict[str, Any]:
+    async def rebalance_status(request: Request) -> dict[str, Any]:
+        refuse_unknown(request, ())
         if rebalancer is None:
             return {"state": "idle", "rebalance_id": None}
         return rebalancer.status()
@@ -44,7 +47,7 @@ def internal_router(
     @router.put("/v1/_replica/{bucket}/{name:path}")
     async def put_copy(bucket: str, name: str, request: Request) -> dict[str, Any]:
         validate_names(bucket, name)
-        require(request)
+        require(request, ("if_absent",))
         flag = request.query_params.get("if_absent", "0")
         if flag not in ("0", "1"):
             raise InvalidRequest(f"if_absent must be 0 or 1, got {flag!r}", bucket=bucket)

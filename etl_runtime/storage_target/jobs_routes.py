@@ -30,9 +30,10 @@ from etl_runtime.storage.peers import INTERNAL_HEADER
 def jobs_target_router(manager: JobManager, cluster_key: str | None) -> APIRouter:
     router = APIRouter()
 
-    def require(request: Request) -> None:
+    def require(request: Request, params: tuple[str, ...] = ()) -> None:
         if not auth.internal_ok(request.headers.get(INTERNAL_HEADER), cluster_key):
             raise Unauthorized("internal job route: only the gateway and targets may call it")
+        refuse_unknown(request, params)  # and repeated ones: 400 naming them
 
     @router.post("/v1/_jobs")
     async def start(request: Request) -> dict[str, Any]:
@@ -44,8 +45,7 @@ def jobs_target_router(manager: JobManager, cluster_key: str | None) -> APIRoute
 
     @router.get("/v1/_jobs")
     async def list_parts(request: Request) -> dict[str, Any]:
-        require(request)
-        refuse_unknown(request, ("kind",))
+        require(request, ("kind",))
         kind = request.query_params.get("kind")
         return {
             "target": manager.target.id,

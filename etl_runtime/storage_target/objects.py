@@ -39,6 +39,7 @@ from etl_runtime.storage.store import READ_CHUNK, ObjectInfo
 from etl_runtime.storage_target import remote_reads as remote
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.meta import meta_headers, meta_of_headers
+from etl_runtime.wire.routes import each_method
 from etl_runtime.wire.zerocopy import FileRangeResponse, offers_zerocopy
 
 INLINE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
@@ -151,7 +152,7 @@ def object_router(target: Target) -> APIRouter:
         )
         return {"objects": [o.to_dict() for o in page], "next": nxt}
 
-    @router.api_route("/v1/objects/{bucket}", methods=["GET", "HEAD", "PUT", "DELETE"])
+    @each_method(router, "/v1/objects/{bucket}", ("GET", "HEAD", "PUT", "DELETE"))
     async def missing_object_name(bucket: str) -> None:
         raise InvalidName(f"missing object name: use /v1/objects/{bucket}/<object>", bucket=bucket)
 

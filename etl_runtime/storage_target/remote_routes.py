@@ -16,6 +16,7 @@ from etl_runtime.core.access import require_read
 from etl_runtime.core.errors import InvalidRequest
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.names import validate_bucket
+from etl_runtime.core.params import refuse_unknown
 from etl_runtime.providers.cache import RemoteCache
 from etl_runtime.storage_target.context import Target
 
@@ -38,6 +39,7 @@ def remote_router(target: Target) -> APIRouter:
     @router.post("/v1/_remote/{bucket}/cached")
     async def cached(bucket: str, request: Request) -> dict[str, Any]:
         require_read(request, target.read_token, target.token, target.cluster_key)
+        refuse_unknown(request, (), bucket=bucket)
         cache = cache_of(bucket)
         body = await _body(request, bucket)
         names = body.get("names")

@@ -19,8 +19,9 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from etl_runtime.core.auth import bearer_ok
-from etl_runtime.core.errors import NotReady, SluiceError, Unauthorized
+from etl_runtime.core.errors import InvalidRequest, NotReady, SluiceError, Unauthorized
 from etl_runtime.core.metrics import EtlStatsCollector, install_metrics
+from etl_runtime.core.params import refuse_repeated
 from etl_runtime.core.spec import SPEC_HASH_HEADER, EtlSpec
 from etl_runtime.webserver.direct import direct_answer
 from etl_runtime.webserver.fastpath import FastPathApp
@@ -31,6 +32,7 @@ from etl_runtime.webserver.stats import Board, Stats
 from etl_runtime.webserver.transformer import Transformer
 
 LOGGERS = ("sluice", "uvicorn.error")
+HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn"})
 
 
 class _Totals:
@@ -137,8 +139,11 @@ def create_app(
         if not transformer.ready:
             raise NotReady(transformer.fatal or f"ETL {name!r} is still starting; retry shortly")
         obj = f"{bucket}/{object}"
-        args = request.query_params.get("etl_args")
-        fqn = request.query_params.get("etl_fqn") or None
+        q = request.query_params
+        if len(q) > 2 or not HPUSH_PARAMS.issuperset(q) or len(q.multi_items()) > len(q):
+            refuse_hpush_params(request, obj)
+        args = q.get("etl_args")
+        fqn = q.get("etl_fqn") or None
         if fqn is not None:
             fqn = confine(fqn, roots)  # under the target's data dir, or 400 unopened
         stats = transformer.stats
@@ -158,3 +163,15 @@ def create_app(
     app.add_fast_route("PUT", hpush)
     app.add_fast_route("GET", direct)
     return app
+
+
+def refuse_hpush_params(request: Request, obj: str) -> None:
+    """400 naming a query parameter of an hpush ``PUT`` that is unknown or repeated:
+    dropping it (or all but one value) would transform with other arguments."""
+    unknown = sorted(set(request.query_params) - HPUSH_PARAMS)
+    if unknown:
+        raise InvalidRequest(
+            f"unknown query parameter(s) {', '.join(unknown)} on the hpush PUT of {obj!r}; "
+            f"known: {', '.join(sorted(HPUSH_PARAMS))}"
+        )
+    refuse_repeated(request)

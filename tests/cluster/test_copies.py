@@ -125,3 +125,27 @@ def test_a_target_lost_before_handing_over_is_reported_not_hidden(
     assert r.status_code == 503 and r.json()["target"] == "t2", r.text
     kept = next(f"o{i}" for i in range(30) if f"o{i}" not in on_t2)
     assert http.get(f"/v1/objects/b/{kept}").content == b"x" + kept[1:].encode()
+
+
+def test_create_bck_applies_aistore_value_props_or_refuses_them(map_cluster: MapCluster) -> None:
+    """create-bck ignored AIStore's ``value`` (its ActionMsg's props): a bucket asked
+    for with 2 copies silently got 1. Now a mirror is applied, anything else is a 400
+    naming the field, and nothing is created."""
+    three(map_cluster)
+    http = map_cluster.client()
+    mirror = {"mirror": {"enabled": True, "copies": 2}}
+    r = http.post("/v1/buckets/m", json={"action": "create-bck", "name": "", "value": mirror})
+    assert r.status_code == 200 and r.json()["props"]["copies"] == 2, r.text
+    assert http.get("/v1/cluster").json()["buckets"]["m"]["copies"] == 2
+    plain = {"action": "create-bck", "name": "", "value": None}  # the aistore SDK's create
+    assert http.post("/v1/buckets/p", json=plain).json()["props"]["copies"] == 1
+
+    odd = {"action": "create-bck", "value": {"versioning": {"enabled": True}}}
+    r = http.post("/v1/buckets/v", json=odd)
+    assert r.status_code == 400 and "value.versioning" in r.json()["error"], r.text
+    both = {"action": "create-bck", "value": mirror, "props": {"copies": 3}}
+    r = http.post("/v1/buckets/v", json=both)
+    assert r.status_code == 400 and "not both" in r.json()["error"], r.text
+    r = http.post("/v1/buckets/v", json={"action": "create-bck", "value": [1]})
+    assert r.status_code == 400 and "'value'" in r.json()["error"], r.text
+    assert "v" not in http.get("/v1/cluster").json()["buckets"]

@@ -11,7 +11,10 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from etl_runtime.core import auth
+from etl_runtime.storage.peers import INTERNAL_HEADER
 from tests.gateway.conftest import Cluster
+from tests.storage_target.fakes import CLUSTER_KEY
 
 
 @pytest.fixture
@@ -64,3 +67,21 @@ def test_single_parameters_still_work(stored: Cluster) -> None:
     assert c.head("/v1/objects/b/b/1", params={"provider": "ais"}).status_code == 200
     target = httpx.get(f"{stored.targets[0].url}/v1/buckets/b", params={"prefix": "a/"})
     assert target.status_code == 200
+
+
+def test_internal_target_routes_refuse_unknown_and_repeated_parameters(stored: Cluster) -> None:
+    """The routes targets and the gateway call on each other read their parameters
+    the same way: a repeat or an unknown one was dropped silently."""
+    base = stored.targets[0].url
+    inside = {INTERNAL_HEADER: auth.internal_token(CLUSTER_KEY)}
+    r = httpx.put(f"{base}/v1/_replica/b/x?if_absent=1&if_absent=0", content=b"x", headers=inside)
+    refused(r, "if_absent")
+    r = httpx.get(f"{base}/v1/_replica/b/a/1?if_absent=1", headers=inside)
+    assert r.status_code == 400 and "unknown query parameter(s) if_absent" in r.json()["error"]
+    refused(httpx.get(f"{base}/v1/_jobs?kind=a&kind=b", headers=inside), "kind")
+    r = httpx.get(f"{base}/v1/_jobs?knd=a", headers=inside)
+    assert r.status_code == 400 and "knd" in r.json()["error"]
+    r = httpx.get(f"{base}/v1/_rebalance?verbose=1")
+    assert r.status_code == 400 and "verbose" in r.json()["error"]
+    refused(httpx.get(f"{base}/v1/_etl/upper/logs?tail=1&tail=5"), "tail")
+    assert httpx.get(f"{base}/v1/_replica/b/a/1", headers=inside).content == b"data"

@@ -190,6 +190,62 @@ def test_crash_budget_resets_after_a_healthy_run(
     asyncio.run(scenario())
 
 
+def test_a_dead_transformer_is_unready_in_the_record_at_once(
+    tmp_path: Path, transformer_command
+) -> None:
+    """Issue 20 #4b: the record said "ready" until the next reconcile pass, so for up
+    to a second targets sent clients to the dead port (288 ConnectErrors under a
+    read loop). The controller now acts on the exit itself: with passes a minute
+    apart, the record says not ready well before the next one."""
+
+    async def scenario() -> None:
+        state = tmp_path / "etl"
+        async with running(state, FakeTargets(["t0"]), transformer_command) as be:
+            await be.init("upper", spec())
+            await phase_is(state, "upper", "Running", ready=1)
+            be.interval = 60.0
+            await asyncio.sleep(1.0)  # the loop now waits for a minute between passes
+            for pid in transformer_pids("upper"):
+                os.kill(pid, signal.SIGKILL)
+            await wait_until(
+                lambda: must(state, "upper").transformers[0].ready is False,
+                timeout=20,
+                what="the record to say t0's transformer is not ready",
+            )
+            tf = must(state, "upper").transformers[0]
+            assert "SIGKILL" in (tf.message or ""), tf
+
+    asyncio.run(scenario())
+
+
+def test_an_adopted_process_s_exit_is_seen_at_once(tmp_path: Path) -> None:
+    """Adopted transformers are no children of the controller: a pidfd tells of the exit."""
+    import subprocess
+    import sys
+
+    from etl_runtime.local.processes import TransformerProcess, process_start_time
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        p = TransformerProcess(
+            etl="e", target="t0", name="etl-e-t0", spec_hash="h", port=1, pid=child.pid,
+            log_path=tmp_path / "log", start_time=process_start_time(child.pid),
+        )  # fmt: skip
+
+        async def scenario() -> None:
+            waiter = asyncio.create_task(p.exited())
+            await asyncio.sleep(0.3)
+            assert not waiter.done() and not p.poll()
+            child.kill()
+            await asyncio.wait_for(waiter, 10)
+            assert p.poll() and not p.ready
+
+        asyncio.run(scenario())
+    finally:
+        child.kill()
+        child.wait()
+
+
 def _port_of(pid: int) -> int:
     import psutil
 

@@ -198,3 +198,38 @@ def time_in(seconds: int) -> str:
     from email.utils import formatdate
 
     return formatdate(time.time() + seconds, usegmt=True)
+
+
+def test_a_read_whose_transformer_just_died_goes_back_to_the_target() -> None:
+    """Issue 20 #4b: a target's 307 can name a transformer that died a moment ago
+    (connection refused). The SDK tries again at that target, not at the gateway:
+    the target knows by then, and sends it to the replacement (or answers 503)."""
+    calls: list[str] = []
+    with socket.socket() as dead:
+        dead.bind(("127.0.0.1", 0))  # bound, not listening: connections are refused
+        dead_port = dead.getsockname()[1]
+        app = FastAPI()
+
+        @app.get("/v1/objects/{bucket}/{obj:path}")
+        def gateway(bucket: str, obj: str, request: Request) -> Response:
+            calls.append("gateway")
+            return Response(
+                status_code=307, headers={"location": f"/t0{request.url.path}?etl_name=up"}
+            )
+
+        @app.get("/t0/v1/objects/{bucket}/{obj:path}")
+        def target(bucket: str, obj: str, request: Request) -> Response:
+            calls.append(f"target {request.url.query}")
+            there = f"http://127.0.0.1:{dead_port}" if len(calls) == 2 else ""
+            return Response(
+                status_code=307, headers={"location": f"{there}/tf/{bucket}/{obj}?sig=1"}
+            )
+
+        @app.get("/tf/{bucket}/{obj:path}")
+        def transformer(bucket: str, obj: str) -> Response:
+            calls.append("transformer")
+            return Response(b"HELLO")
+
+        with serve_in_thread(app) as url, Client(url, retries=RetryPolicy(2, backoff=0.01)) as c:
+            assert c.bucket("b").object("o").get_bytes(etl_name="up") == b"HELLO"
+    assert calls == ["gateway", "target etl_name=up", "target etl_name=up", "transformer"]

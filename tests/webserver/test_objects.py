@@ -155,6 +155,19 @@ def test_token_required_except_health(url: str) -> None:
     assert body == {"status": "ok", "etl": "objects", "mode": "object", "workers": 2, "servers": 1}
 
 
+def test_unknown_or_repeated_hpush_parameters_are_400_by_name(url: str) -> None:
+    """Only ``etl_args`` and ``etl_fqn``, once each: ``etl_args=upper&etl_args=x``
+    transformed with ``x`` alone, and a misspelt ``etl_arg`` was ignored (200)."""
+    r = httpx.put(f"{url}/bkt/a?etl_args=upper&etl_args=x", content=b"hi", headers=AUTH)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"] == "query parameter 'etl_args' given 2 times; give it once"
+    assert r.json()["etl"] == "objects" and r.json()["object"] == "bkt/a"
+    r = put(url, "bkt/a", b"hi", etl_arg="upper")
+    assert r.status_code == 400 and "unknown query parameter(s) etl_arg" in r.json()["error"]
+    assert "'bkt/a'" in r.json()["error"]
+    assert put(url, "bkt/a", b"hi", etl_args="upper").content == b"HI"  # one each: fine
+
+
 def test_user_exception_is_json_before_first_byte(url: str) -> None:
     r = put(url, "bkt/bad.bin", b"payload", etl_args="raise")
     assert r.status_code == 422

@@ -36,8 +36,10 @@ from etl_runtime.gateway.s3.auth import authorize
 from etl_runtime.gateway.s3.errors import S3Route
 from etl_runtime.gateway.s3.keys import KeyStore
 from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.routes import each_method
 
 XML = "application/xml"
+S3_METHODS = ("GET", "HEAD", "PUT", "DELETE", "POST")
 MAX_KEYS = 1000
 LAST = "\U0010ffff"  # sorts after every character a name can hold: skips a common prefix
 UNSUPPORTED = (
@@ -222,8 +224,8 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
         created = {n: p.created for n, p in cmap.buckets.items()} if cmap else {}
         return _xml(xml.list_buckets(names, created))
 
-    @router.api_route("/s3/{bucket}", methods=["GET", "HEAD", "PUT", "DELETE", "POST"])
-    @router.api_route("/s3/{bucket}/", methods=["GET", "HEAD", "PUT", "DELETE", "POST"])
+    @each_method(router, "/s3/{bucket}", S3_METHODS)
+    @each_method(router, "/s3/{bucket}/", S3_METHODS)
     async def bucket_call(bucket: str, request: Request) -> Response:
         method, q = request.method, request.query_params
         signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
@@ -258,7 +260,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
             return _xml(await delete_objects(gw, request, bucket, sha))
         raise S3Error("NotImplemented", 501, "this bucket POST is not supported")
 
-    @router.api_route("/s3/{bucket}/{key:path}", methods=["GET", "HEAD", "PUT", "DELETE", "POST"])
+    @each_method(router, "/s3/{bucket}/{key:path}", S3_METHODS)
     async def object_call(bucket: str, key: str, request: Request) -> Response:
         method, q = request.method, request.query_params
         signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
