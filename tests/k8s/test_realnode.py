@@ -240,9 +240,13 @@ def test_sluice_target_from_the_built_image(real_cluster: RealNodes, real_namesp
     put = httpx.put(f"http://{ip}:8080/v1/objects/b1/hello.txt", content=b"real node", timeout=30)
     assert put.status_code == 200, put.text
     cluster_ip = real_cluster.core.read_namespaced_service("sluice-target", ns).spec.cluster_ip
-    got = real_cluster.kubectl("-n", ns, "exec", "client", "--", "/echo", "get",
-                               f"http://{cluster_ip}/v1/objects/b1/hello.txt")  # fmt: skip
-    assert got.stdout == "real node"
+
+    url = f"http://{cluster_ip}/v1/objects/b1/hello.txt"
+
+    def through_the_service() -> str:  # retried: kube-proxy may not have synced the Service yet
+        return real_cluster.kubectl("-n", ns, "exec", "client", "--", "/echo", "get", url).stdout
+
+    assert wait_for(through_the_service, timeout=60) == "real node"
     probe = "import os; print(os.getuid(), os.access('/', os.W_OK), os.access('/data', os.W_OK))"
     who = real_cluster.kubectl("-n", ns, "exec", "target-0", "--", "python", "-c", probe)
     assert who.stdout.split() == ["10001", "False", "True"]
