@@ -28,7 +28,7 @@ import cloudpickle
 
 from etl_runtime.core.spec import CodeSpec, EtlSpec, runtime_python_version
 from etl_runtime.sdk.client import quote_path
-from etl_runtime.sdk.errors import EtlError
+from etl_runtime.sdk.errors import BadRequest, EtlError
 
 if TYPE_CHECKING:
     from etl_runtime.sdk.client import Client
@@ -259,9 +259,18 @@ class Etl:
         """Wait until phase Running; ``EtlError`` on phase Error or after ``timeout``."""
         deadline = time.monotonic() + timeout
         longest = min(WAIT_SECONDS, self.client.timeout / 2)  # the answer must beat the timeout
+        long_polls = True
         while True:
             left = deadline - time.monotonic()
-            details = self.details(wait=max(0.0, min(longest, left)))
+            try:
+                details = self.details(wait=max(0.0, min(longest, left)) if long_polls else None)
+            except BadRequest as e:
+                if not long_polls or "wait" not in str(e):
+                    raise
+                long_polls = False  # a gateway older than ?wait= refuses it: poll instead
+                continue
+            if not long_polls and details.phase == "Initializing":
+                time.sleep(POLL_SECONDS)
             if details.phase == "Running":
                 return details
             if details.phase == "Error":

@@ -89,9 +89,12 @@ def gateway_app(state: State) -> FastAPI:
         return {"name": name, "phase": "Initializing", "ready": 0, "total": 3}
 
     @app.get("/v1/etl/{name}")
-    def details(name: str) -> Any:
+    def details(name: str, request: Request) -> Any:
         if name not in state.etls:
             return error(404, f"ETL {name!r} does not exist", "NotFound", etl=name)
+        if name.startswith("old-gw") and "wait" in request.query_params:  # before ?wait=
+            return error(400, f"unknown query parameter(s) wait for GET /v1/etl/{name}",
+                         "InvalidRequest")  # fmt: skip
         state.polls[name] += 1
         if name.startswith("broken"):
             return {"name": name, "phase": "Error", "message": "boom: cannot load code"}

@@ -64,6 +64,12 @@ def test_init_spec_sends_source_and_entrypoint(client, cluster) -> None:
     assert (sent["mode"], sent["decode"]) == ("wds", "pil")
 
 
+def test_a_gateway_without_wait_is_polled(client, cluster) -> None:
+    """A gateway older than ``GET /v1/etl/{n}?wait=`` refuses the parameter: the SDK polls."""
+    details = client.etl("old-gw").init_code(transform=lambda d: d, timeout=10)
+    assert details.phase == "Running" and cluster[1].polls["old-gw"] == 3  # polled without it
+
+
 def test_phase_error_raises_with_the_servers_message(client) -> None:
     with pytest.raises(EtlError) as exc_info:
         client.etl("broken-1").init_code(transform=lambda d: d, timeout=10)
