@@ -12,17 +12,25 @@ each size, then reads them round-robin with one client thread, in one run:
 * **s3 (boto3)** — ``get_object`` signed with SigV4 (verified on the gateway):
   what an S3 user sees, boto3's own client cost included.
 
-Printed per size: requests/s, ms per request, client CPU ms per request
-(``time.process_time``), and each S3 column ÷ native (requests/s). Sequential
-requests, so the figures are per-request latency, not cluster throughput.
+* **minio (boto3)** — the same ``get_object`` calls, same objects, against
+  the project's MinIO test server (``scripts/minio.sh``, one Go process
+  reading its own disk) on the same machine: the "boto3 reading Sluice ÷
+  boto3 reading MinIO" ratio of issue 22.
 
-    .venv/bin/python bench/s3.py [--objects 32] [--seconds 4]
+Printed per size: requests/s, ms per request, client CPU ms per request
+(``time.process_time``), each S3 column ÷ native (requests/s), and boto3 on
+Sluice ÷ boto3 on MinIO. Sequential requests, so the figures are per-request
+latency, not cluster throughput. ``--rounds N`` measures every path N times,
+in turn, and prints the medians (the machine's noise hits all paths alike).
+
+    .venv/bin/python bench/s3.py [--objects 32] [--seconds 4] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -38,6 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from etl_runtime.local.api import LocalCluster  # noqa: E402
+from tests.providers.minio import MinioServer  # noqa: E402
 
 SIZES = {"16 KiB": 16 << 10, "1 MiB": 1 << 20}
 
@@ -53,54 +62,77 @@ def measure(get: Callable[[str], bytes], names: list[str], size: int, seconds: f
     return {"rps": count / wall, "ms": 1000 * wall / count, "cpu_ms": 1000 * cpu / count}
 
 
+def boto3_client(endpoint: str, access: str, secret: str) -> Any:
+    return boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        aws_access_key_id=access,
+        aws_secret_access_key=secret,
+        region_name="us-east-1",
+        config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
+    )
+
+
+def median_run(runs: list[dict]) -> dict:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--objects", type=int, default=32)
     p.add_argument("--seconds", type=float, default=4.0)
+    p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
-    with tempfile.TemporaryDirectory() as tmp, LocalCluster(Path(tmp) / "d", targets=2) as c:
-        ep = c.endpoint.rstrip("/")
-        key = httpx.post(f"{ep}/v1/s3/keys", json={"permission": "write"}).json()
-        s3: Any = boto3.client(
-            "s3",
-            endpoint_url=f"{ep}/s3",
-            aws_access_key_id=key["access_key"],
-            aws_secret_access_key=key["secret_key"],
-            region_name="us-east-1",
-            config=Config(signature_version="s3v4", s3={"addressing_style": "path"}),
-        )
-        s3.create_bucket(Bucket="bench")
-        http = httpx.Client(follow_redirects=True, timeout=30)
-        print(f"cores: {os.cpu_count()}, objects per size: {args.objects}, {args.seconds:g} s each")
-        head = ("size", "path", "req/s", "ms/req", "client CPU ms/req", "÷ native")
-        print(f"{head[0]:>7} {head[1]:<12} {head[2]:>8} {head[3]:>8} {head[4]:>18} {head[5]:>9}")
-        for label, size in SIZES.items():
-            names = [f"{size}/o{i:03d}" for i in range(args.objects)]
-            for n in names:
-                s3.put_object(Bucket="bench", Key=n, Body=os.urandom(size))
-            runs = {
-                "native": measure(
-                    lambda n: http.get(f"{ep}/v1/objects/bench/{n}").content,
-                    names,
-                    size,
-                    args.seconds,
-                ),
-                "s3 (httpx)": measure(
-                    lambda n: http.get(f"{ep}/s3/bench/{n}").content, names, size, args.seconds
-                ),
-                "s3 (boto3)": measure(
-                    lambda n: s3.get_object(Bucket="bench", Key=n)["Body"].read(),
-                    names,
-                    size,
-                    args.seconds,
-                ),
-            }
-            base = runs["native"]["rps"]
-            for path, r in runs.items():
-                print(
-                    f"{label:>7} {path:<12} {r['rps']:>8.0f} {r['ms']:>8.2f} "
-                    f"{r['cpu_ms']:>18.2f} {r['rps'] / base:>9.2f}"
-                )
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        LocalCluster(Path(tmp) / "d", targets=2) as c,
+    ):
+        (Path(tmp) / "minio").mkdir()
+        minio = MinioServer(Path(tmp) / "minio").start()
+        try:
+            run(c.endpoint.rstrip("/"), minio, args)
+        finally:
+            minio.stop()
+
+
+def run(ep: str, minio: MinioServer, args: argparse.Namespace) -> None:
+    key = httpx.post(f"{ep}/v1/s3/keys", json={"permission": "write"}).json()
+    s3 = boto3_client(f"{ep}/s3", key["access_key"], key["secret_key"])
+    ms3 = minio.client()
+    for client in (s3, ms3):
+        client.create_bucket(Bucket="bench")
+    http = httpx.Client(follow_redirects=True, timeout=30)
+    print(
+        f"cores: {os.cpu_count()}, objects per size: {args.objects}, "
+        f"{args.seconds:g} s per path, medians of {args.rounds} round(s)"
+    )
+    head = ("size", "path", "req/s", "ms/req", "client CPU ms/req", "÷ native")
+    print(f"{head[0]:>7} {head[1]:<14} {head[2]:>8} {head[3]:>8} {head[4]:>18} {head[5]:>9}")
+    for label, size in SIZES.items():
+        names = [f"{size}/o{i:03d}" for i in range(args.objects)]
+        for n in names:
+            data = os.urandom(size)
+            s3.put_object(Bucket="bench", Key=n, Body=data)
+            ms3.put_object(Bucket="bench", Key=n, Body=data)
+        paths: dict[str, Callable[[str], bytes]] = {
+            "native": lambda n: http.get(f"{ep}/v1/objects/bench/{n}").content,
+            "s3 (httpx)": lambda n: http.get(f"{ep}/s3/bench/{n}").content,
+            "s3 (boto3)": lambda n: s3.get_object(Bucket="bench", Key=n)["Body"].read(),
+            "minio (boto3)": lambda n: ms3.get_object(Bucket="bench", Key=n)["Body"].read(),
+        }
+        rounds: dict[str, list[dict]] = {path: [] for path in paths}
+        for _ in range(args.rounds):
+            for path, get in paths.items():
+                rounds[path].append(measure(get, names, size, args.seconds))
+        runs = {path: median_run(r) for path, r in rounds.items()}
+        base = runs["native"]["rps"]
+        for path, r in runs.items():
+            print(
+                f"{label:>7} {path:<14} {r['rps']:>8.0f} {r['ms']:>8.2f} "
+                f"{r['cpu_ms']:>18.2f} {r['rps'] / base:>9.2f}"
+            )
+        ratio = runs["s3 (boto3)"]["rps"] / runs["minio (boto3)"]["rps"]
+        print(f"{label:>7} boto3 on Sluice ÷ boto3 on MinIO: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -158,6 +158,8 @@ class ShareBody:
             k, _, v = line.partition(":")
             self.headers[k.strip().lower()] = v.strip()
         length = self.headers.get("content-length", "")
+        if self.status in (204, 304):  # no body, whatever the head says
+            length = "0"
         if not length.isdigit() or "transfer-encoding" in self.headers:
             raise ShareBroken(f"an answer without a Content-Length (status {self.status})")
         self.left = int(length)
@@ -289,9 +291,21 @@ class SharePool:
         self, url: str, path: str, headers: dict[str, str], body: bytes, timeout: float
     ) -> ShareBody:
         """``POST url+path`` with ``body``; returns once the answer's head is in."""
+        return await self.request("POST", url, path, headers, body, timeout)
+
+    async def request(
+        self,
+        method: str,
+        url: str,
+        path: str,
+        headers: dict[str, str],
+        body: bytes,
+        timeout: float,
+    ) -> ShareBody:
+        """``method url+path`` with ``body``; returns once the answer's head is in."""
         parts = urlsplit(url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        head = [f"POST {path} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}"]
+        head = [f"{method} {path} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}"]
         head += [f"{k}: {v}" for k, v in headers.items()]
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
         loop = asyncio.get_running_loop()

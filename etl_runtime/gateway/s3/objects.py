@@ -43,7 +43,9 @@ from etl_runtime.core.errors import DuplexError, InvalidRequest, NoTargets, S3Er
 from etl_runtime.core.names import validate_names
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
+from etl_runtime.gateway.s3 import spliced
 from etl_runtime.gateway.s3.errors import from_target, from_target_parts
+from etl_runtime.wire.batchshare import ShareBody, ShareBroken
 from etl_runtime.wire.duplex import DuplexClient
 
 UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # per read/write, not for the whole body
@@ -110,6 +112,13 @@ async def get(
     url = owner_url(gw, method, bucket, key)
     headers = {**gw.target_headers()}
     headers.update({k: v for k, v in request.headers.items() if k in READ_HEADERS})
+    if not head and spliced.offered(request):
+        try:
+            answer = await spliced.request(url, headers, READ_TIMEOUT)
+        except OSError as e:
+            raise _unreachable(f"{bucket}/{key}", e) from None
+        if answer is not None:
+            return await _relayed(answer, f"{bucket}/{key}")
     if duplex is not None:
         return await _get_duplex(duplex, method, url, headers, f"{bucket}/{key}")
     try:
@@ -136,6 +145,26 @@ async def get(
         media_type=_media(r.headers),
         background=BackgroundTask(r.aclose),
     )
+
+
+async def _relayed(answer: ShareBody, what: str) -> Response:
+    """A GET's answer from the owner on a raw pooled connection (``spliced.request``)."""
+    status, kept = answer.status, _kept(answer.headers)
+    if status >= 400:
+        body = await answer.read_all(ERROR_MAX)
+        raise from_target_parts(status, answer.headers, body)
+    media = _media(answer.headers)
+    if status == 304 or answer.left <= spliced.SPLICE_MIN:
+        try:
+            body = await answer.exactly(answer.left)
+            await answer.end()
+        except ShareBroken as e:
+            answer.close()
+            raise _unreachable(what, e) from None
+        if status == 304:
+            kept.pop("content-length", None)
+        return Response(body, status, headers=kept, media_type=media)
+    return spliced.SplicedResponse(answer, status, kept, media, what, READ_TIMEOUT)
 
 
 async def _get_duplex(
