@@ -305,7 +305,8 @@ class SharePool:
         """``method url+path`` with ``body``; returns once the answer's head is in."""
         parts = urlsplit(url)
         key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        head = [f"{method} {path} HTTP/1.1", f"Host: {parts.netloc}", f"Content-Length: {len(body)}"]
+        head = [f"{method} {path} HTTP/1.1", f"Host: {parts.netloc}"]
+        head.append(f"Content-Length: {len(body)}")
         head += [f"{k}: {v}" for k, v in headers.items()]
         request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
         loop = asyncio.get_running_loop()

@@ -27,7 +27,7 @@ from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from etl_runtime.wire import splice
-from etl_runtime.wire.batchshare import SharePool, ShareBody, ShareBroken, Spliced
+from etl_runtime.wire.batchshare import ShareBody, ShareBroken, SharePool, Spliced
 
 log = logging.getLogger(__name__)
 
