@@ -18,8 +18,10 @@ each size, then reads them round-robin with one client thread, in one run:
   boto3 reading MinIO" ratio of issue 22.
 
 Printed per size: requests/s, ms per request, client CPU ms per request
-(``time.process_time``), each S3 column ÷ native (requests/s), and boto3 on
-Sluice ÷ boto3 on MinIO. Sequential requests, so the figures are per-request
+(``time.process_time``), the servers' CPU ms per request (psutil: the gateway
+and the targets for Sluice, the one process for MinIO; on a loaded machine the
+steadier figure), each S3 column ÷ native (requests/s), and boto3 on Sluice ÷
+boto3 on MinIO. Sequential requests, so the figures are per-request
 latency, not cluster throughput. ``--rounds N`` measures every path N times,
 in turn, and prints the medians (the machine's noise hits all paths alike).
 
@@ -40,6 +42,7 @@ from typing import Any
 
 import boto3
 import httpx
+import psutil
 from botocore.config import Config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -51,15 +54,49 @@ from tests.providers.minio import MinioServer  # noqa: E402
 SIZES = {"16 KiB": 16 << 10, "1 MiB": 1 << 20}
 
 
-def measure(get: Callable[[str], bytes], names: list[str], size: int, seconds: float) -> dict:
+def server_cpu(pids: list[int]) -> float:
+    """CPU seconds (user + system) of these processes so far."""
+    total = 0.0
+    for pid in pids:
+        try:
+            t = psutil.Process(pid).cpu_times()
+        except psutil.Error:
+            continue
+        total += t.user + t.system
+    return total
+
+
+def sluice_pids() -> list[int]:
+    """The gateway's and the targets' (children of ``sluice up``, which runs in this one)."""
+    out = []
+    for proc in psutil.Process().children(recursive=True):
+        try:
+            cmd = " ".join(proc.cmdline())
+        except psutil.Error:
+            continue
+        if "etl_runtime.storage_target" in cmd or "etl_runtime.gateway" in cmd:
+            out.append(proc.pid)
+    return out
+
+
+def measure(
+    get: Callable[[str], bytes], names: list[str], size: int, seconds: float, servers: list[int]
+) -> dict:
     for n in names[:4]:  # warm connections and page cache
         assert len(get(n)) == size
     count, wall0, cpu0 = 0, time.perf_counter(), time.process_time()
+    scpu0 = server_cpu(servers)
     while time.perf_counter() - wall0 < seconds:
         assert len(get(names[count % len(names)])) == size
         count += 1
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    return {"rps": count / wall, "ms": 1000 * wall / count, "cpu_ms": 1000 * cpu / count}
+    scpu = server_cpu(servers) - scpu0
+    return {
+        "rps": count / wall,
+        "ms": 1000 * wall / count,
+        "cpu_ms": 1000 * cpu / count,
+        "server_cpu_ms": 1000 * scpu / count,
+    }
 
 
 def boto3_client(endpoint: str, access: str, secret: str) -> Any:
@@ -83,6 +120,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=1)
     args = p.parse_args()
+    # No ETL here: the eager zygote's warm-up (seconds of CPU after start) would land on
+    # the first rows only. "lazy" starts it with the first ETL, i.e. never in this run.
+    os.environ.setdefault("SLUICE_ZYGOTE", "lazy")
     with (
         tempfile.TemporaryDirectory() as tmp,
         LocalCluster(Path(tmp) / "d", targets=2) as c,
@@ -106,8 +146,13 @@ def run(ep: str, minio: MinioServer, args: argparse.Namespace) -> None:
         f"cores: {os.cpu_count()}, objects per size: {args.objects}, "
         f"{args.seconds:g} s per path, medians of {args.rounds} round(s)"
     )
-    head = ("size", "path", "req/s", "ms/req", "client CPU ms/req", "÷ native")
-    print(f"{head[0]:>7} {head[1]:<14} {head[2]:>8} {head[3]:>8} {head[4]:>18} {head[5]:>9}")
+    head = ("size", "path", "req/s", "ms/req", "client CPU ms/req", "server CPU ms/req", "÷ native")
+    print(
+        f"{head[0]:>7} {head[1]:<14} {head[2]:>8} {head[3]:>8} {head[4]:>18} {head[5]:>18} "
+        f"{head[6]:>9}"
+    )
+    assert minio.process is not None
+    ours, theirs = sluice_pids(), [minio.process.pid]
     for label, size in SIZES.items():
         names = [f"{size}/o{i:03d}" for i in range(args.objects)]
         for n in names:
@@ -121,15 +166,18 @@ def run(ep: str, minio: MinioServer, args: argparse.Namespace) -> None:
             "minio (boto3)": lambda n: ms3.get_object(Bucket="bench", Key=n)["Body"].read(),
         }
         rounds: dict[str, list[dict]] = {path: [] for path in paths}
-        for _ in range(args.rounds):
-            for path, get in paths.items():
-                rounds[path].append(measure(get, names, size, args.seconds))
+        order = list(paths)
+        for i in range(args.rounds):
+            for path in order[i % len(order) :] + order[: i % len(order)]:  # rotated
+                get = paths[path]
+                servers = theirs if path.startswith("minio") else ours
+                rounds[path].append(measure(get, names, size, args.seconds, servers))
         runs = {path: median_run(r) for path, r in rounds.items()}
         base = runs["native"]["rps"]
         for path, r in runs.items():
             print(
                 f"{label:>7} {path:<14} {r['rps']:>8.0f} {r['ms']:>8.2f} "
-                f"{r['cpu_ms']:>18.2f} {r['rps'] / base:>9.2f}"
+                f"{r['cpu_ms']:>18.2f} {r['server_cpu_ms']:>18.2f} {r['rps'] / base:>9.2f}"
             )
         ratio = runs["s3 (boto3)"]["rps"] / runs["minio (boto3)"]["rps"]
         print(f"{label:>7} boto3 on Sluice ÷ boto3 on MinIO: {ratio:.2f}")
