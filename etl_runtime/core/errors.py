@@ -298,6 +298,13 @@ class NotReady(SluiceError):
     status = 503
 
 
+class RegistryUnreadable(SluiceError):
+    """An ETL's record exists but cannot be read or parsed (permissions, a torn file):
+    the operator's to fix, so no ``Retry-After``; never answered as "no such ETL"."""
+
+    status = 503
+
+
 class TransformTimeout(SluiceError):
     status = 504
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import stat
+import tempfile
 import threading
 from pathlib import Path
 
@@ -13,6 +15,7 @@ import pytest
 from etl_runtime.cluster.local import registry as registry_mod
 from etl_runtime.cluster.local.registry import FileRegistry
 from etl_runtime.cluster.records import EtlRecord, TransformerStatus
+from etl_runtime.core.errors import RegistryUnreadable
 from etl_runtime.core.spec import CodeSpec, EtlSpec
 
 
@@ -98,3 +101,52 @@ def test_readers_never_see_a_torn_file(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert bad == []
+
+
+def test_a_torn_record_is_an_error_naming_the_etl_not_a_missing_one(tmp_path: Path) -> None:
+    reg = FileRegistry(tmp_path)
+    (tmp_path / "half.json").write_text('{"name": "half", "spec": {')
+    with pytest.raises(RegistryUnreadable) as e:
+        reg.get("half")
+    assert e.value.status == 503 and "Retry-After" not in e.value.headers
+    assert "'half'" in e.value.message and "half.json" in e.value.message
+    reg.write(record())  # a good version, then a torn one: the last good one is served
+    good = reg.get("upper")
+    (tmp_path / "upper.json").write_text("{")
+    assert reg.get("upper") == good
+    assert [r.name for r in reg.list()] == ["upper"]  # the torn "half" is left out, logged
+
+
+def test_a_record_another_uid_cannot_read_is_an_error_naming_it(tmp_path: Path) -> None:
+    """The case of a target running as another user than the writer (mode 0600 files):
+    read as ``nobody`` in a forked child (root reads any file), which has every module
+    it needs imported already."""
+    if os.getuid() != 0:
+        pytest.fail("this test needs root to change uid, as the CI machine has")
+    shared = Path(tempfile.mkdtemp(prefix="sluice-registry-"))
+    try:
+        shared.chmod(0o755)
+        FileRegistry(shared).write(record())  # mode 0600, owned by root
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into pytest
+            try:
+                os.setgroups([])
+                os.setgid(65534)
+                os.setuid(65534)
+                try:
+                    FileRegistry(shared).get("upper")
+                    out = "no error"
+                except RegistryUnreadable as e:
+                    out = f"{e.status} {e.message}"
+                os.write(w, out.encode())
+            finally:
+                os._exit(0)
+        os.close(w)
+        with os.fdopen(r, "rb") as f:
+            out = f.read().decode()
+        os.waitpid(pid, 0)
+        assert out.startswith("503 "), out
+        assert "'upper'" in out and "Permission denied" in out and "uid 65534" in out
+    finally:
+        shutil.rmtree(shared)

@@ -16,6 +16,7 @@ re-read.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -23,9 +24,11 @@ from pathlib import Path
 
 from etl_runtime.cluster.records import EtlRecord
 from etl_runtime.core.durable import fsync_dir, write_atomic
+from etl_runtime.core.errors import RegistryUnreadable
 from etl_runtime.core.spec import InvalidSpec, validate_name
 
 RACY_SECONDS = 1.0
+log = logging.getLogger(__name__)
 
 _Signature = tuple[int, int, int]  # (st_ino, st_mtime_ns, st_size)
 
@@ -62,27 +65,55 @@ class FileRegistry:
         racy = time.time_ns() - st.st_mtime_ns < RACY_SECONDS * 1e9
         if cached is not None and cached[0] == sig and not racy:
             return cached[1]
-        record = self._read(path)
-        if record is None:
-            # Unreadable (should not happen with atomic writes): keep serving
-            # the last good version rather than failing requests.
-            return cached[1] if cached is not None else None
+        try:
+            record = self._read(path)
+        except RegistryUnreadable:
+            # Unreadable (permissions, or a torn file, which atomic writes should
+            # not leave): keep serving the last good version rather than failing
+            # requests; with none, say so: never "no such ETL".
+            if cached is not None:
+                return cached[1]
+            raise
+        if record is None:  # gone between the stat and the read
+            return None
         with self._lock:
             self._cache[name] = (sig, record)
         return record
 
     @staticmethod
     def _read(path: Path) -> EtlRecord | None:
+        """The record in ``path``; None if it is gone; ``RegistryUnreadable`` naming the
+        ETL, the file and the cause if it cannot be read or parsed."""
         try:
-            return EtlRecord.from_dict(json.loads(path.read_bytes()))
-        except (OSError, ValueError, KeyError, TypeError):
+            data = path.read_bytes()
+        except FileNotFoundError:
             return None
+        except OSError as e:
+            raise RegistryUnreadable(
+                f"the record of ETL {path.stem!r} ({path}) cannot be read by uid "
+                f"{os.getuid()}: {e.strerror or e}; the registry directory must be readable "
+                "by every target",
+                etl=path.stem,
+            ) from None
+        try:
+            return EtlRecord.from_dict(json.loads(data))
+        except (ValueError, KeyError, TypeError) as e:
+            raise RegistryUnreadable(
+                f"the record of ETL {path.stem!r} ({path}) is not a valid record "
+                f"({type(e).__name__}: {e})",
+                etl=path.stem,
+            ) from None
 
     def list(self) -> list[EtlRecord]:
-        """Every readable record, sorted by name."""
+        """Every readable record, sorted by name (an unreadable one is logged and left
+        out: a listing must not fail for one bad file)."""
         out = []
         for path in sorted(self.dir.glob("*.json")):
-            record = self.get(path.stem)
+            try:
+                record = self.get(path.stem)
+            except RegistryUnreadable as e:
+                log.warning("%s", e.message)
+                continue
             if record is not None:
                 out.append(record)
         return out
