@@ -16,7 +16,9 @@ worker never shares a thread or a lock with the server; it is in the
 transformer's process group (a ``killpg`` sweeps it); it exits when the
 server's end of its socket closes (``worker``); the helper exits when the
 server's end of the control socket closes, so nothing outlives a transformer
-killed with ``-9``.
+killed with ``-9``. A helper that dies (the OOM killer) is replaced at the next
+worker start, by fork and exec this time (``Forker._respawn``), and its orphaned
+workers can still be killed (a timed-out task's worker must be).
 
 The control socket carries length-prefixed pickles. Server to helper:
 ``(id, target, args)`` with the worker's socket as an ``SCM_RIGHTS`` fd; the
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import logging
 import os
 import pickle
 import select
@@ -37,6 +40,7 @@ import signal
 import socket
 import stat
 import struct
+import subprocess
 import sys
 import threading
 import traceback
@@ -46,6 +50,13 @@ from typing import Any
 from etl_runtime.core.procs import set_process_name
 
 _LEN = struct.Struct("!I")
+log = logging.getLogger("sluice.transformer")
+# The body of a helper started afresh (``Forker._respawn``): argv = control fd, preload.
+_HELPER_CODE = (
+    "import socket, sys\n"
+    "from etl_runtime.webserver.forker import _helper_main\n"
+    "_helper_main(socket.socket(fileno=int(sys.argv[1])), sys.argv[2:])\n"
+)
 
 
 def _send(sock: socket.socket, msg: Any, fds: Sequence[int] = ()) -> None:
@@ -92,21 +103,25 @@ class ForkedProcess:
         self.pid: int = 0
         self.exitcode: int | None = None
         self._exited = threading.Event()
+        self._orphaned = False
 
     def start(self) -> None:
         """Fork it (blocking: call from a thread); the first argument must be a socket."""
         sock, *rest = self._args
         self.pid = self._forker.fork(self, self._target, sock, tuple(rest))
 
-    def _reaped(self, code: int) -> None:
+    def _reaped(self, code: int, orphaned: bool = False) -> None:
+        """Its exit, as the helper reported it; ``orphaned``: the helper died, so no
+        exit will be reported and the process may still run (``kill`` still kills)."""
         self.exitcode = code
+        self._orphaned = orphaned
         self._exited.set()
 
     def is_alive(self) -> bool:
         return self.pid != 0 and not self._exited.is_set()
 
     def kill(self) -> None:
-        if self.is_alive():
+        if self.is_alive() or self._orphaned:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(self.pid, signal.SIGKILL)
 
@@ -128,6 +143,8 @@ class Forker:
         self._early_exits: dict[int, int] = {}  # reaped before fork() saw its pid
         self._reader: threading.Thread | None = None
         self._gone = False
+        self._popen: subprocess.Popen[bytes] | None = None
+        self.respawns = 0  # helpers started again after one died
 
     def start(self) -> None:
         """Fork the helper. Call while this process has a single thread."""
@@ -146,14 +163,42 @@ class Forker:
         """A worker to be: ``target(*args)`` once its ``start()`` is called."""
         return ForkedProcess(self, target, args)
 
+    def _respawn(self) -> None:
+        """A new helper after the first one died (call under the lock). This process
+        has threads and an event loop now, so the helper is started afresh (fork and
+        exec, which is safe) instead of forked: it imports its preload again, seconds
+        with torch, once. Without it every later worker spawn would fail until the
+        transformer itself is restarted."""
+        old_pid = self.pid
+        if self._control is not None:
+            self._control.close()
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(old_pid, os.WNOHANG)  # the dead helper: no zombie
+        ours, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        child = subprocess.Popen(
+            [sys.executable, "-c", _HELPER_CODE, str(theirs.fileno()), *self.preload],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        self._popen = child  # keeps the handle: its exit is reaped by close()
+        self.pid, self._control = child.pid, ours
+        self._gone, self._reader = False, None
+        self.respawns += 1
+        log.warning(
+            "the worker forker (pid %s) exited; started a new one (pid %s)", old_pid, child.pid
+        )
+
     def fork(
         self, proc: ForkedProcess, target: Callable[..., Any], sock: socket.socket, args: tuple
     ) -> int:
-        if self._control is None or self._gone:
+        if self._control is None:
             raise OSError("the worker forker is not running")
         with self._lock:
             if self._gone:  # checked under the lock: the reader's wake-up cannot be missed
-                raise OSError("the worker forker exited")
+                self._respawn()
             if self._reader is None:
                 self._reader = threading.Thread(
                     target=self._read, name="sluice-forker", daemon=True
@@ -173,18 +218,20 @@ class Forker:
         with self._lock:
             self._children[pid] = proc
             early = self._early_exits.pop(pid, None)
-            if early is None and self._gone:  # no one will report its exit now
+            orphaned = early is None and self._gone  # no one will report its exit now
+            if orphaned:
                 del self._children[pid]
                 early = -signal.SIGKILL
         if early is not None:
-            proc._reaped(early)
+            proc._reaped(early, orphaned)
         return pid
 
     def _read(self) -> None:
-        assert self._control is not None
+        control = self._control
+        assert control is not None
         try:
             while True:
-                msg, _ = _recv(self._control)
+                msg, _ = _recv(control)
                 if msg[0] == "forked":
                     _, rid, pid = msg
                     with self._lock:
@@ -208,7 +255,7 @@ class Forker:
         for event, _out in waiting:
             event.set()
         for proc in children:  # no one reaps them now; unknown exit code
-            proc._reaped(-signal.SIGKILL)
+            proc._reaped(-signal.SIGKILL, orphaned=True)
 
     def close(self) -> None:
         """Close the control socket: the helper exits (its workers exit on their own)."""
@@ -216,10 +263,12 @@ class Forker:
             with contextlib.suppress(OSError):
                 self._control.shutdown(socket.SHUT_RDWR)
             self._control.close()
-        if self.pid:
+        if self._popen is not None:
+            self._popen.wait()
+        elif self.pid:
             with contextlib.suppress(ChildProcessError, OSError):
                 os.waitpid(self.pid, 0)
-            self.pid = 0
+        self.pid = 0
 
 
 def close_sockets(keep: int) -> None:

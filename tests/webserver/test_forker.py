@@ -6,9 +6,16 @@ in a fresh interpreter (``python -c``), as the transformer's ``main()`` does.
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import textwrap
+import time
+
+import httpx
+import psutil
+
+from tests.webserver.conftest import AUTH, source_code, transformer
 
 SCENARIO = textwrap.dedent(
     """
@@ -65,3 +72,48 @@ def test_workers_report_exit_codes_and_the_helper_exits_with_its_server() -> Non
         f"killed {-9}",
         "helper gone",
     ], out.stdout + out.stderr
+
+
+UPPER = "def transform(data):\n    return data.upper()\n"
+
+
+def _by_name(parent: psutil.Process, name: str) -> list[psutil.Process]:
+    out = []
+    for p in parent.children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if p.name() == name and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+    return out
+
+
+def test_a_dead_forker_is_replaced_and_workers_keep_being_replaced() -> None:
+    """The helper that forks workers is killed (say, by the OOM killer), then a worker
+    dies: the transformer starts a new helper for the replacement and keeps serving,
+    instead of failing every later worker start."""
+    with transformer("upper", {"mode": "object", "code": source_code(UPPER)}, workers=2) as url:
+        server = next(
+            p
+            for p in psutil.process_iter(["cmdline"])
+            if url.rsplit(":", 1)[1] in " ".join(p.info["cmdline"] or ())
+            and "etl_runtime.webserver" in " ".join(p.info["cmdline"] or ())
+        )
+        (helper,) = _by_name(server, "sluice-forker")
+        victim = _by_name(server, "sluice-worker")[0]  # the helper's children
+        helper.kill()
+        deadline = time.monotonic() + 30
+        while _by_name(server, "sluice-forker") and time.monotonic() < deadline:
+            time.sleep(0.05)  # a zombie until the server reaps it: not counted
+        victim.kill()
+        for i in range(20):  # one worker left, then two again; none fails
+            r = httpx.put(f"{url}/b/o{i}", content=b"abc", headers=AUTH, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.content == b"ABC"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            helpers, workers = _by_name(server, "sluice-forker"), _by_name(server, "sluice-worker")
+            if len(helpers) == 1 and workers:  # the survivor is no child of ours now
+                break
+            time.sleep(0.2)
+        assert len(helpers) == 1 and helpers[0].pid != helper.pid, helpers
+        assert any(w.ppid() == helpers[0].pid for w in workers), "no worker of the new helper"
+        assert server.is_running() and server.status() != psutil.STATUS_ZOMBIE
