@@ -68,8 +68,14 @@ def check(name: str, spec: EtlSpec) -> None:
     """``InvalidSpec`` (400) when this machine cannot run the ETL's image."""
     if not spec.foreign or podman() is not None:
         return
-    off = os.environ.get(PODMAN_ENV, "").strip()
-    why = f"{PODMAN_ENV}={off}" if off else "podman is not installed on this machine"
+    given = os.environ.get(PODMAN_ENV, "").strip()
+    why = (
+        f"{PODMAN_ENV}={given}"
+        if given.lower() in ("off", "no", "none", "0")
+        else f"there is no {given!r} on this machine"
+        if given
+        else "podman is not installed on this machine"
+    )
     raise InvalidSpec(
         f"ETL {name!r} is the container image {spec.image!r} (an AIStore-style ETL "
         f"image, commType {spec.comm_type}): a local cluster (sluice up) runs such images "

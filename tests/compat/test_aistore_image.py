@@ -151,5 +151,22 @@ def test_without_podman_an_image_is_refused_naming_what_is_missing(
     assert "ETL 'my-etl' is the container image 'me/etl:1'" in e.value.message
     assert "runs such images with podman, and SLUICE_PODMAN=off" in e.value.message
     monkeypatch.setenv(PODMAN_ENV, str(tmp_path / "no-podman-here"))
+    with pytest.raises(InvalidSpec, match="there is no '.*no-podman-here' on this machine"):
+        check("my-etl", spec)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv(PODMAN_ENV)
     with pytest.raises(InvalidSpec, match="podman is not installed on this machine"):
         check("my-etl", spec)
+
+
+def test_sluice_up_without_podman_refuses_an_image_at_init(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv(PODMAN_ENV, "off")  # sluice up passes it on to its gateway
+    with LocalCluster(tmp_path / "data", targets=1) as c:
+        with pytest.raises(AISError) as e:
+            Client(c.endpoint).etl("no-podman").init(image="me/etl:1")
+        assert e.value.status_code == 400
+        assert "ETL 'no-podman' is the container image 'me/etl:1'" in e.value.message
+        assert "runs such images with podman, and SLUICE_PODMAN=off" in e.value.message
+        assert "no-podman" not in [e.name for e in SluiceClient(c.endpoint).list_etls()]
