@@ -88,8 +88,9 @@ def test_an_image_runs_as_an_etl_and_stop_and_delete_remove_its_containers(
     assert r.status_code == 422, r.text
     err = r.json()
     assert err["etl"] == "echo-img" and err["object"] == "fail.txt"
-    assert f"ETL 'echo-img' (image {echo_image!r}) failed to transform 'src/fail.txt'" in (
-        err["error"]
+    assert (
+        f"ETL 'echo-img' (image {echo_image!r}) failed to transform 'src/fail.txt'"
+        in (err["error"])
     )
     assert "its server answered 500: cannot transform /src/fail.txt" in err["error"]
     # AIStore's view and Sluice's own SDK both show it for what it is
