@@ -176,7 +176,7 @@ def _image_spec(
         raise _bad(
             "communication",
             f"{comm!r} with an ETL image: Sluice's targets speak hpush:// to ETL images "
-            "(they PUT the object to the image's server); use comm_type='hpush://'",
+            "(they PUT the object to the image's server); use comm_type='hpush'",
             name,
         )
     if body.get("argument") == "fqn":

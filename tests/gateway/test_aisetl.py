@@ -129,7 +129,7 @@ def test_an_image_with_another_protocol_is_refused_clearly() -> None:
     for comm in ("hpull", "ws"):
         why = refusal(sdk_body("init", image="me/my-etl:1", comm_type=comm))
         assert why.startswith("AIStore ETL init message: communication:")
-        assert f"{comm!r} with an ETL image" in why and "hpush://" in why
+        assert f"'{comm}://' with an ETL image" in why and "hpush://" in why
     body = sdk_body("init", image="me/my-etl:1") | {"argument": "fqn"}
     assert "'fqn' with an ETL image" in refusal(body)
 
