@@ -20,8 +20,9 @@ with what differs decided here:
 * no ``Authorization``: the image knows no Sluice token; nor ``Ais-Node-Url``
   (direct put): the target writes what it gets back;
 * a known ``Content-Length`` on a streamed body (AIStore always sends one; a
-  stdlib ``http.server`` reads no chunked body); only a cold remote object
-  still arriving goes chunked;
+  stdlib ``http.server`` reads no chunked body); as a later step of a pipeline
+  it gets the previous step's output whole (``whole``: held in memory); only a
+  cold remote object still arriving goes chunked;
 * an error the user's server answers is never passed on as data nor with its
   own status: it becomes a 422 ``TransformerFailed`` naming the ETL, image,
   bucket and object with the server's status and text (a 503 from it stays a
@@ -33,6 +34,8 @@ its own counts; logs are the container's (``podman logs`` / ``kubectl logs``).
 """
 
 from __future__ import annotations
+
+from collections.abc import AsyncIterator
 
 from etl_runtime.cluster.records import EtlRecord
 from etl_runtime.core.errors import (
@@ -51,6 +54,15 @@ PORT = 8000  # AIStore's DefaultContainerPort: what its images listen on
 STATS_MESSAGE = (
     "an ETL image (commType {comm}) serves no /stats: these are this target's own counts"
 )
+
+
+async def whole(body: AsyncIterator[bytes]) -> bytes:
+    """A pipeline step's input (the previous ETL's output, of unknown length) in one
+    piece: a user's server may read only a body with ``Content-Length``. In memory."""
+    out = bytearray()
+    async for chunk in body:
+        out += chunk
+    return bytes(out)
 
 
 def request_headers(size: int | None) -> dict[str, str]:

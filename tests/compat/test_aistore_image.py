@@ -122,6 +122,17 @@ def test_sluices_own_sdk_runs_an_image_with_its_command_and_env(
     assert any(e.startswith("AIS_TARGET_URL=http://127.0.0.1:") for e in config["Env"])
     r = requests.get(f"{cluster}/v1/objects/src/a.txt", params={"etl_name": "echo-cmd"})
     assert r.status_code == 200 and r.content == b"HELLO"
+    # a later step of a pipeline: the image gets the previous ETL's output
+    rev = SluiceClient(cluster).etl("rev")
+    rev.init_spec("def transform(data):\n    return data[::-1]\n")
+    for big in (False, True):
+        r = requests.get(
+            f"{cluster}/v1/objects/src/{'big.bin' if big else 'a.txt'}",
+            params={"etl_name": "rev", "etl_pipeline": "echo-cmd"},
+        )
+        assert r.status_code == 200, r.text
+        assert r.content == (BIG[::-1].upper() if big else b"OLLEH")
+    rev.delete()
     etl.delete()
     wait_for("echo-cmd's containers removed", lambda: not containers("echo-cmd"))
 
