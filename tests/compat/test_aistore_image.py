@@ -182,3 +182,12 @@ def test_sluice_up_without_podman_refuses_an_image_at_init(
         assert "ETL 'no-podman' is the container image 'me/etl:1'" in e.value.message
         assert "runs such images with podman, and SLUICE_PODMAN=off" in e.value.message
         assert "no-podman" not in [e.name for e in SluiceClient(c.endpoint).list_etls()]
+
+
+def test_sluice_up_leaves_no_container_behind_when_it_stops(
+    echo_image: str, tmp_path: Path
+) -> None:
+    with LocalCluster(tmp_path / "data", targets=1) as c:
+        Client(c.endpoint).etl("left-img").init(image=echo_image, init_timeout="3m")
+        assert [x["State"] for x in containers("left-img")] == ["running"]
+    wait_for("left-img's container removed at shutdown", lambda: not containers("left-img"))

@@ -112,10 +112,8 @@ def test_an_etl_image_serves_gets_through_a_target_on_a_real_node(
 
         assert transformed({}) == b"REAL NODE"
         assert transformed({"etl_args": "md5"}) == hashlib.md5(b"real node").hexdigest().encode()
-        (tf,) = [
-            p.metadata.name
-            for p in real_cluster.core.list_namespaced_pod(ns, label_selector="sluice.dev/etl").items
-        ]
+        pods = real_cluster.core.list_namespaced_pod(ns, label_selector="sluice.dev/etl").items
+        (tf,) = [p.metadata.name for p in pods]
         probe = "import os; print(os.getuid(), os.access('/', os.W_OK))"
         who = real_cluster.kubectl("-n", ns, "exec", tf, "--", "python3", "-c", probe)
         assert who.stdout.split() == ["10001", "False"]  # the chart's securityContext holds
