@@ -70,6 +70,12 @@ def image(name: str, base: str = BASE_IMAGE) -> str:
     )
     if r.returncode != 0:
         raise RuntimeError(f"building {ref} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    # older builds of this image go (one still used by a container stays)
+    repo = ref.rsplit(":", 1)[0]
+    listed = _run("podman", "images", "--format", "{{.Repository}}:{{.Tag}}", repo).stdout
+    old = [r for r in listed.split() if r.startswith(f"{repo}:") and r != ref]
+    if old:
+        _run("podman", "rmi", *old)
     return ref
 
 

@@ -1,13 +1,17 @@
 """An AIStore-style hpush ETL server (stdlib only): upper-cases or md5s objects.
 
 ``PUT /<bucket>/<object>``: the body (or, with ``?etl_fqn=``, that file) is the
-object; ``?etl_args=md5`` answers its md5 hex digest, anything else the
-upper-cased bytes. An object whose name contains ``fail`` gets a 500 with a
-message. ``GET /health``: ``Running``; with ``FAIL_HEALTH=1`` in the environment
-it answers 503 forever (an image that never becomes ready).
+object; ``?etl_args=md5`` answers its md5 hex digest, ``?etl_args=request`` what
+it was sent (JSON: headers, query, body length), anything else the upper-cased
+bytes. An object whose name contains ``fail`` gets a 500 with a message, ``busy``
+a 503, ``direct`` a 204 (AIStore's "delivered by direct put"). ``GET /health``:
+``Running``; with ``FAIL_HEALTH=1`` in the environment it answers 503 forever (an
+image that never becomes ready). Listens on ``$HOST:$PORT`` (default 0.0.0.0:8000,
+AIStore's port).
 """
 
 import hashlib
+import json
 import os
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlparse
@@ -46,10 +50,21 @@ class Handler(BaseHTTPRequestHandler):
         if "fail" in url.path:
             self._answer(500, f"cannot transform {unquote(url.path)}".encode(), "text/plain")
             return
+        if "busy" in url.path:
+            self._answer(503, b"too busy", "text/plain")
+            return
+        if "direct" in url.path:
+            self._answer(204, b"")
+            return
         args = query.get("etl_args", [""])[0]
+        if args == "request":
+            seen = {"headers": dict(self.headers), "query": query, "length": len(data)}
+            self._answer(200, json.dumps(seen).encode(), "application/json")
+            return
         out = hashlib.md5(data).hexdigest().encode() if args == "md5" else data.upper()
         self._answer(200, out)
 
 
 if __name__ == "__main__":
-    ThreadingHTTPServer(("0.0.0.0", 8000), Handler).serve_forever()
+    where = (os.environ.get("HOST", "0.0.0.0"), int(os.environ.get("PORT", "8000")))
+    ThreadingHTTPServer(where, Handler).serve_forever()
