@@ -19,8 +19,8 @@ import pytest
 from etl_runtime.cluster.records import EtlRecord, TransformerStatus
 from etl_runtime.core.spec import EtlSpec
 from tests.etl.conftest import CacheTarget, running_target
-from tests.servers import free_port
 from tests.k8s.waiting import wait_for
+from tests.servers import free_port
 
 SERVER = Path(__file__).resolve().parents[1] / "images" / "hpush_echo" / "server.py"
 BIG = bytes(range(97, 123)) * (5 * 2**20 // 26 + 1)  # > 4 MiB: streamed, not inline
