@@ -191,3 +191,16 @@ def test_sluice_up_leaves_no_container_behind_when_it_stops(
         Client(c.endpoint).etl("left-img").init(image=echo_image, init_timeout="3m")
         assert [x["State"] for x in containers("left-img")] == ["running"]
     wait_for("left-img's container removed at shutdown", lambda: not containers("left-img"))
+
+
+def test_an_image_that_is_not_there_is_a_clear_error(cluster: str) -> None:
+    ais = Client(cluster)
+    with pytest.raises(AISError) as e:
+        ais.etl("absent-img").init(image="localhost/sluice-test/absent:1", init_timeout="20s")
+    assert e.value.status_code == 400
+    assert "ETL 'absent-img' is not running after" in e.value.message
+    # podman's own error, from the transformer's log (a localhost/ ref: no traffic leaves)
+    assert "exited with code 125: Error: " in e.value.message
+    assert "localhost/sluice-test/absent:1" in e.value.message
+    ais.etl("absent-img").delete()
+    wait_for("absent-img's containers gone", lambda: not containers("absent-img"))
