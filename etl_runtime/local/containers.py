@@ -37,6 +37,7 @@ import logging
 import os
 import shlex
 import shutil
+import sys
 from pathlib import Path
 
 from etl_runtime.cluster.records import EtlRecord, TargetInfo
@@ -125,9 +126,6 @@ async def spawn(
 ) -> TransformerProcess:
     """Start the container of ``rec`` beside ``target`` (``processes.spawn`` runs podman)."""
     binary = podman()
-    if binary is None:  # uninstalled after init: the transformer fails, saying why
-        check(rec.name, rec.spec)
-    assert binary is not None
     want = rec.spec.content_hash()
     cname = container_name(name, want)
     env = container_env(rec.spec, target)
@@ -137,6 +135,13 @@ async def spawn(
     podman_env.update({k: v for k, v in os.environ.items() if k in env})
 
     def argv(port: int) -> list[str]:
+        if binary is None:  # gone since init: a config error (exit 2) that says why
+            why = "sluice: podman is missing"
+            try:
+                check(rec.name, rec.spec)
+            except InvalidSpec as e:
+                why = f"sluice: {e.message}"
+            return [sys.executable, "-c", f"import sys; print({why!r}); sys.exit(2)"]
         return run_argv(binary, cname, rec, env, state_dir, port)
 
     return await processes.spawn(

@@ -5,6 +5,7 @@ under podman, one container per target (``etl_runtime/local/containers.py``)."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import subprocess
@@ -16,10 +17,12 @@ import pytest
 import requests
 
 from etl_runtime import Client as SluiceClient
+from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR
+from etl_runtime.cluster.records import EtlRecord, TargetInfo
 from etl_runtime.core.errors import InvalidSpec
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.local import LocalCluster
-from etl_runtime.local.containers import ETL_LABEL, PODMAN_ENV, check
+from etl_runtime.local.containers import ETL_LABEL, PODMAN_ENV, check, spawn
 from tests.images.build import ImageUnavailable, image
 
 aistore = pytest.importorskip("aistore")
@@ -204,3 +207,19 @@ def test_an_image_that_is_not_there_is_a_clear_error(cluster: str) -> None:
     assert "localhost/sluice-test/absent:1" in e.value.message
     ais.etl("absent-img").delete()
     wait_for("absent-img's containers gone", lambda: not containers("absent-img"))
+
+
+def test_podman_gone_since_init_is_a_config_error_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    spec = EtlSpec.from_dict({"commType": "hpush://", "image": "me/etl:1"})
+    rec = EtlRecord(name="gone", uid="u", spec=spec)
+    monkeypatch.setenv(PODMAN_ENV, "off")
+
+    async def scenario() -> None:
+        p = await spawn(rec, TargetInfo("t0", "http://127.0.0.1:1"), "gone-t0", 0, tmp_path)
+        await asyncio.wait_for(p.exited(), 60)
+        assert p.poll() and p.exit_code == EXIT_CONFIG_ERROR  # phase Error, not restarted
+        assert p.message is not None and "SLUICE_PODMAN=off" in p.message
+
+    asyncio.run(scenario())
