@@ -102,6 +102,11 @@ def test_an_image_runs_as_an_etl_and_stop_and_delete_remove_its_containers(
     details = SluiceClient(cluster).etl("echo-img").details()
     assert details.spec["commType"] == "hpush://" and details.spec["image"] == echo_image
 
+    # an offline (bucket-to-bucket) transform through the image, with the SDK's job API
+    job_id = bck.transform("echo-img", to_bck=ais.bucket("dst"), prefix_filter="dir/")
+    assert ais.job(job_id).wait(timeout=120, verbose=False).success
+    assert ais.bucket("dst").object("dir/b c.txt").get_reader().read_all() == b"WORLD"
+
     etl.stop()
     wait_for("echo-img's containers removed on stop", lambda: not containers("echo-img"))
     etl.start()
