@@ -20,6 +20,10 @@ from etl_runtime.core.errors import InvalidSpec
 MODES = ("object", "wds")
 ON_ERROR = ("fail", "skip")
 ARG_TYPES = ("", "fqn")
+# ``commType``: how targets talk to a transformer that is a user's own container
+# image (``spec.image``) speaking AIStore's ETL protocol instead of Sluice's runtime
+# (``etl/aisimage.py``). "" (default): Sluice's runtime runs ``spec.code``.
+COMM_TYPES = ("", "hpush://")
 # The default per-object limit: well past any single-object transform a training
 # loader waits for (a DataLoader worker blocks on it), short enough that a hung
 # ETL frees its worker in minutes, not ten (issue 20 #8).
@@ -126,6 +130,15 @@ class EtlSpec:
     image: str | None = None
     resources: dict[str, Any] | None = None
     target_selector: dict[str, str] | None = None
+    # An AIStore-style ETL image: ``image`` is the transformer itself, started with
+    # ``command`` (default: the image's own), spoken to with ``comm_type``.
+    comm_type: str = ""
+    command: tuple[str, ...] = ()
+
+    @property
+    def foreign(self) -> bool:
+        """The transformer is the user's own image (AIStore's protocol), not Sluice's runtime."""
+        return bool(self.comm_type)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> EtlSpec:
@@ -144,6 +157,9 @@ class EtlSpec:
         timeouts = _typed(d, "timeouts", dict, "spec") or {}
         deps = _typed(d, "dependencies", list, "spec") or ()
         selector = _typed(d, "targetSelector", dict, "spec")
+        command = _typed(d, "command", list, "spec") or ()
+        if not all(isinstance(c, str) for c in command):
+            raise InvalidSpec("spec.command must be a list of strings")
         if selector is not None and not all(isinstance(v, str) for v in selector.values()):
             raise InvalidSpec("spec.targetSelector must map label names to strings")
         spec = cls(
@@ -162,6 +178,8 @@ class EtlSpec:
             image=_typed(d, "image", str, "spec"),
             resources=_typed(d, "resources", dict, "spec"),
             target_selector=selector,
+            comm_type=_typed(d, "commType", str, "spec") or "",
+            command=tuple(command),
         )
         spec.validate()
         return spec
@@ -173,6 +191,19 @@ class EtlSpec:
             raise InvalidSpec(f"spec.onError must be one of {ON_ERROR}, got {self.on_error!r}")
         if self.arg_type not in ARG_TYPES:
             raise InvalidSpec(f"spec.argType must be one of {ARG_TYPES}, got {self.arg_type!r}")
+        if self.comm_type not in COMM_TYPES:
+            raise InvalidSpec(
+                f"spec.commType must be one of {COMM_TYPES} (hpush://: spec.image is an "
+                f"AIStore-style ETL server), got {self.comm_type!r}"
+            )
+        if self.foreign:
+            self._validate_foreign()
+            return
+        if self.command:
+            raise InvalidSpec(
+                "spec.command is for an AIStore-style ETL image (spec.commType hpush://); "
+                "Sluice's runtime image is started by the operator"
+            )
         code = self.code
         kinds = [
             k
@@ -199,7 +230,41 @@ class EtlSpec:
         if any(not isinstance(r, str) or not r.strip() for r in self.dependencies):
             raise InvalidSpec("spec.dependencies must be a list of pip requirement strings")
 
+    def _validate_foreign(self) -> None:
+        """An image that is its own transformer: no Sluice code, nothing Sluice's runtime does."""
+        if not self.image:
+            raise InvalidSpec(
+                f"spec.commType {self.comm_type} needs spec.image: the container image "
+                "that serves AIStore's ETL protocol (PUT /<bucket>/<object>, GET /health)"
+            )
+        code = self.code
+        given = [
+            k
+            for k, v in zip(CODE_KINDS, (code.pickled, code.source, code.ais_class), strict=True)
+            if v is not None
+        ]
+        unused = [f"code.{k}" for k in given]
+        for name, value in (
+            ("mode", self.mode != "object"),
+            ("decode", self.decode),
+            ("onError", self.on_error != "fail"),
+            ("dependencies", self.dependencies),
+            ("workers", self.workers is not None),
+            ("argType", self.arg_type),
+            ("cache", self.cache),
+        ):
+            if value:
+                unused.append(name)
+        if unused:
+            raise InvalidSpec(
+                f"spec.{unused[0]} does not apply to an AIStore-style ETL image "
+                f"(spec.commType {self.comm_type}): the image is the whole transformer, "
+                "one object in, one out, with what it installed at build time"
+            )
+
     def to_dict(self) -> dict[str, Any]:
+        if self.foreign:
+            return self._foreign_dict()
         out: dict[str, Any] = {
             "mode": self.mode,
             "code": self.code.to_dict(),
@@ -222,6 +287,25 @@ class EtlSpec:
             ("resources", self.resources),
             ("targetSelector", self.target_selector),
         ):
+            if value is not None:
+                out[key] = value
+        return out
+
+    def _foreign_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "mode": self.mode,
+            "commType": self.comm_type,
+            "image": self.image,
+            "env": dict(self.env),
+            "timeouts": {
+                "initSeconds": self.init_timeout_seconds,
+                "requestSeconds": self.request_timeout_seconds,
+            },
+            "stopped": self.stopped,
+        }
+        if self.command:
+            out["command"] = list(self.command)
+        for key, value in (("resources", self.resources), ("targetSelector", self.target_selector)):
             if value is not None:
                 out[key] = value
         return out

@@ -7,30 +7,24 @@ body or ``etl_fqn=<path>`` for direct file access) and relay its answer.
 
 The one rule that matters: a client must never mistake a truncated result for
 a complete one. A transformer error *before* the first byte is passed on with
-its status and JSON body; a break *after* streaming began is re-raised inside
-the response generator, which makes uvicorn drop the connection without the
-final chunk, so the client sees an incomplete response. A wds answer (a tar)
-is also marked before that (``wire/tarbreak.py``): the transformer's own error
-marker passes through, and a break on a member boundary gets one from here.
+its status and JSON body; a break *after* streaming began is re-raised in the
+response generator, so uvicorn drops the connection without the final chunk. A
+wds answer (a tar) is also marked (``wire/tarbreak.py``): the transformer's own
+error marker passes through, a break on a member boundary gets one from here.
 
-When the transformer reads the object's file itself (``etl_fqn``), the answer
-is not relayed at all: the client's GET is answered with a 307 to the
-transformer, signed for that one object, and the transformer answers the
-client (``webserver/direct.py``; why and the measurements:
-docs/architecture.md, "Transformer data path"). ``SLUICE_ETL_REDIRECT_BYTES=N``
-keeps objects under N bytes on the relay, ``off`` relays every answer (for
-clients that cannot reach transformers). An ETL with ``cache: true`` goes to
-``self.cache`` instead (``outcache.py``): hits from disk, misses relayed and kept.
+When the transformer reads the object's file itself (``etl_fqn``), the client's
+GET is answered with a 307 to the transformer, signed for that one object
+(``webserver/direct.py``; docs/architecture.md, "Transformer data path").
+``SLUICE_ETL_REDIRECT_BYTES=N`` relays objects under N bytes, ``off`` all. An
+ETL with ``cache: true`` goes to ``self.cache`` (``outcache.py``) instead.
 
 The PUT goes through ``duplex.DuplexClient``, which reads the answer while it
-still sends the object: a WebDataset transformer streams its output while it
-reads the shard and stops reading when the output is not consumed, so a client
-that sends the whole body first (httpx) deadlocks on big shards. The small
-``/stats`` and ``/logs`` calls use httpx.
+still sends the object (a wds transformer streams its output while it reads the
+shard: a client that sends the whole body first deadlocks); ``/stats`` and
+``/logs`` use httpx. A user's own ETL image (``spec.commType``): ``aisimage.py``.
 
-Failures only the target can see (transformer unreachable, stream broken) are
-counted here and reported by ``stats()`` next to the transformer's own counts.
-"""
+Failures only the target sees (transformer unreachable, stream broken) are
+counted here; ``stats()`` reports them beside the transformer's own counts."""
 
 from __future__ import annotations
 
@@ -59,6 +53,7 @@ from etl_runtime.core.errors import (
     TransformerFailed,
 )
 from etl_runtime.core.spec import SPEC_HASH_HEADER
+from etl_runtime.etl import aisimage
 from etl_runtime.etl.outcache import OutputCache, file_chunks
 from etl_runtime.storage.store import ObjectStore
 from etl_runtime.wire import tarbreak
@@ -105,9 +100,8 @@ class EtlForwarder:
         target's data dir), not only ETLs of ``argType: fqn``; default
         ``$SLUICE_ETL_FQN == "always"`` (``sluice up`` sets it). ``redirect_bytes``:
         ``$SLUICE_ETL_REDIRECT_BYTES`` (``redirect_bytes_from_env``; None: always relay)."""
-        if fqn_always is None:
-            fqn_always = os.environ.get(FQN_ENV, "").strip().lower() == "always"
-        self.fqn_always = fqn_always
+        always = os.environ.get(FQN_ENV, "").strip().lower() == "always"
+        self.fqn_always = always if fqn_always is None else fqn_always
         self.redirect_bytes = redirect_bytes_from_env()
         self.target_id = target_id
         self.registry = registry
@@ -178,7 +172,9 @@ class EtlForwarder:
             )
         return tf
 
-    def _headers(self, record: EtlRecord) -> dict[str, str]:
+    def _headers(self, record: EtlRecord, size: int | None = None) -> dict[str, str]:
+        if record.spec.foreign:  # the user's own image: AIStore's hpush (aisimage.py)
+            return aisimage.request_headers(size)
         token = auth.transformer_token(self.cluster_key, record.name, record.uid)
         return {"Authorization": f"Bearer {token}"}
 
@@ -198,6 +194,7 @@ class EtlForwarder:
         name: str,
         params: dict[str, str],
         body: bytes | AsyncIterator[bytes],
+        size: int | None = None,
     ) -> DuplexResponse:
         """PUT ``body`` to ``tf`` (hpush) and return its answer, whatever its status.
 
@@ -213,7 +210,7 @@ class EtlForwarder:
                 url,
                 params=params,
                 body=body,
-                headers=self._headers(record),
+                headers=self._headers(record, size),
                 timeout=record.spec.request_timeout_seconds,
             )
         except DuplexError as e:
@@ -253,6 +250,7 @@ class EtlForwarder:
         # to it; its worker reads the file itself. Not for a cold remote object that
         # is still arriving (``source``): its file is not complete yet.
         fqn = record.spec.arg_type == "fqn" or (self.fqn_always and source is None)
+        fqn = fqn and not record.spec.foreign  # an ETL image gets the bytes (aisimage.py)
         obj = f"{bucket}/{name}"
         if client and fqn and source is None and self.redirect_bytes == 0:
             # Every size goes to the transformer: only the path is needed, no thread
@@ -269,6 +267,7 @@ class EtlForwarder:
                     f.close()
                     path = str(Path(f.name).resolve())
                     return self._redirect(record, tf, bucket, name, path, etl_args)
+        size: int | None = None
         try:
             params: dict[str, str] = {}
             if etl_args is not None:
@@ -284,12 +283,12 @@ class EtlForwarder:
             elif inline is not None:
                 content = inline
             else:
-                content = file_chunks(f)  # closes f
+                content, size = file_chunks(f), info.size  # closes f
         except BaseException:
             if f is not None:
                 f.close()
             raise
-        response = await self.send(record, tf, bucket, name, params, content)
+        response = await self.send(record, tf, bucket, name, params, content, size)
         if response.status_code != 200:
             raise await self._transformer_error(response, etl_name, bucket, name)
         media_type = response.headers.get("content-type", "application/octet-stream")
@@ -343,6 +342,8 @@ class EtlForwarder:
     async def _transformer_error(
         self, response: DuplexResponse, etl: str, bucket: str, name: str
     ) -> SluiceError:
+        if (rec := self.registry.get(etl)) is not None and rec.spec.foreign:
+            return await aisimage.error(response, rec, bucket, name, self.target_id)
         try:
             body = await response.read(ERROR_BODY_MAX)
         except DuplexError:
@@ -396,7 +397,9 @@ class EtlForwarder:
         out.update(target=self.target_id, etl=etl_name, reachable=False, message=None)
         last: list[dict[str, Any]] = []
         tf = record.transformer_for(self.target_id)
-        if tf is not None and tf.endpoint:
+        if record.spec.foreign:
+            out["message"] = aisimage.STATS_MESSAGE.format(comm=record.spec.comm_type)
+        elif tf is not None and tf.endpoint:
             try:
                 r = await self.http.get(
                     f"{tf.endpoint.rstrip('/')}/stats", headers=self._headers(record), timeout=5.0
@@ -422,6 +425,8 @@ class EtlForwarder:
     async def logs(self, etl_name: str, tail: int) -> str:
         record = self.record(etl_name)
         tf = record.transformer_for(self.target_id)
+        if record.spec.foreign:
+            raise aisimage.no_logs(record, self.target_id)
         if tf is None or not tf.endpoint:
             raise EtlNotReady(
                 f"ETL {etl_name!r} has no transformer on target {self.target_id!r}",

@@ -28,6 +28,7 @@ from fastapi.responses import Response, StreamingResponse
 
 from etl_runtime.cluster.records import EtlRecord
 from etl_runtime.core.errors import EtlNotFound, InvalidRequest
+from etl_runtime.etl import aisimage
 from etl_runtime.etl.forward import EtlForwarder
 
 MAX_STEPS = 16
@@ -116,7 +117,10 @@ async def _step(
     """Send ``body`` (the previous step's output) through ETL ``etl_name``."""
     record = fwd.record(etl_name)
     params = {"etl_args": etl_args} if etl_args is not None else {}
-    response = await fwd.send(record, fwd.transformer(record), bucket, name, params, body)
+    content: bytes | AsyncIterator[bytes] = body
+    if record.spec.foreign:  # an ETL image reads a body of known length (aisimage.py)
+        content = await aisimage.whole(body)
+    response = await fwd.send(record, fwd.transformer(record), bucket, name, params, content)
     if response.status_code != 200:
         await body.aclose()  # type: ignore[attr-defined]
         raise await fwd._transformer_error(response, etl_name, bucket, name)

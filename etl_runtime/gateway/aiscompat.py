@@ -144,6 +144,13 @@ def etl_details(record: EtlRecord, last_errors: list[dict[str, Any]]) -> dict[st
             env.append({"name": "NUM_WORKERS", "value": str(spec.workers)})
         image = f"aistorage/runtime_python:{spec.code.python_version}"
         init_msg["runtime"] = {"image": image, "env": env}
+    if spec.foreign:  # created by init(image=...): the image, as sent
+        runtime: dict[str, Any] = {"image": spec.image}
+        if spec.command:
+            runtime["command"] = list(spec.command)
+        runtime["env"] = [{"name": k, "value": v} for k, v in spec.env]
+        init_msg["runtime"] = runtime
+        init_msg["communication"] = spec.comm_type
     return {
         "init_msg": init_msg,
         "obj_errors": [

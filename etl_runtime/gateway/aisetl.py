@@ -22,10 +22,15 @@ env vars → ``spec.env``. ``communication`` and ``support_direct_put`` are
 accepted and change nothing: Sluice's transformer is always handed the object
 (or its file) by the target, and bucket-to-bucket jobs always write directly.
 
+``init(image=...)`` (no class payload): the image is the transformer, spoken to
+with AIStore's hpush protocol: ``spec.commType: hpush://``, ``spec.image``,
+``runtime.command`` → ``spec.command``, every env var → ``spec.env`` (the image
+reads its own settings); ``etl/aisimage.py`` (targets), ``local/containers.py``
+(podman), the operator (a pod). ``hpull://``/``ws://`` and ``argument: fqn`` are
+400s with an image: targets push the object's bytes.
+
 Refused with a 400 that says why: ``OS_PACKAGES`` (nothing installs OS packages
-into a transformer), an image that is not a class payload (``init(image=...)``;
-Sluice runs no ETL containers), AIStore 1.x messages (``code``, ``spec`` as a
-pod spec).
+into a transformer), AIStore 1.x messages (``code``, ``spec`` as a pod spec).
 
 AIStore's init answers once the ETL runs, with its job id as text; so does this
 one (``wait_running``): a failure to start (the class does not load, another
@@ -144,9 +149,9 @@ def _refuse_old(body: dict[str, Any], name: str | None) -> None:
     if isinstance(body.get("spec"), str):
         raise _bad(
             "spec",
-            "this is AIStore 1.x's init_spec (a pod spec that runs a container image); "
-            "running an ETL image needs Kubernetes or podman, and Sluice runs none: use "
-            "init_class (an ETLServer subclass, run in Sluice's runtime) or Sluice's own spec",
+            "this is AIStore 1.x's init_spec (a whole pod spec), which Sluice does not take: "
+            "use init(image=...) (Sluice makes the pod), init_class (an ETLServer subclass, "
+            "run in Sluice's runtime) or Sluice's own spec",
             name,
         )
     unknown = sorted(set(body) - set(FIELDS))
@@ -160,23 +165,35 @@ def _refuse_old(body: dict[str, Any], name: str | None) -> None:
         raise _bad(unknown[0], f"{why} (AIStore 2.x's are {', '.join(FIELDS)})", name)
 
 
-def _refuse_image(image: str, name: str | None, platform: str) -> InvalidSpec:
-    if platform == "kubernetes":
-        why = (
-            "Sluice does not run AIStore ETL images: its transformer pods run Sluice's "
-            "runtime, which serves Sluice's own protocol"
+def _image_spec(
+    body: dict[str, Any], name: str | None, image: str, env: dict[str, str], command: Any
+) -> dict[str, Any]:
+    """``init(image=...)``: the user's image is the transformer and speaks hpush
+    (``spec.commType``; ``etl/aisimage.py``). hpull/ws would have the image fetch the
+    object from the target (``AIS_TARGET_URL``), which Sluice's targets do not serve."""
+    comm = str(body.get("communication") or "hpush://")
+    if comm.removesuffix("://") != "hpush":
+        raise _bad(
+            "communication",
+            f"{comm!r} with an ETL image: Sluice's targets speak hpush:// to ETL images "
+            "(they PUT the object to the image's server); use comm_type='hpush'",
+            name,
         )
-    else:
-        why = (
-            "running an ETL image needs Kubernetes or podman, and this is a local "
-            "cluster (sluice up), which runs transformers as processes, not containers"
+    if body.get("argument") == "fqn":
+        raise _bad(
+            "argument",
+            "'fqn' with an ETL image: Sluice's targets push the object's bytes to an ETL "
+            "image (its server reads the body when no etl_fqn is given); leave it out",
+            name,
         )
-    return _bad(
-        "runtime.image",
-        f"{image!r} is a container image; {why}. Use init_class (an ETLServer subclass, "
-        "run in Sluice's runtime) or Sluice's own spec (code.source + entrypoint)",
-        name,
-    )
+    if command is not None and (
+        not isinstance(command, list) or not all(isinstance(c, str) for c in command)
+    ):
+        raise _bad("runtime.command", "must be a list of strings", name)
+    spec: dict[str, Any] = {"commType": "hpush://", "image": image, "env": env}
+    if command:
+        spec["command"] = command
+    return spec
 
 
 def to_spec(body: dict[str, Any], platform: str = "local") -> tuple[str, EtlSpec]:
@@ -211,8 +228,17 @@ def to_spec(body: dict[str, Any], platform: str = "local") -> tuple[str, EtlSpec
     if env.get(OS_PACKAGES_ENV, "").strip():
         raise _refuse_os_packages(env[OS_PACKAGES_ENV], name, platform)
     payload = env.pop(CLASS_ENV, None)
+    timeouts = {
+        k: v
+        for k, v in (
+            ("initSeconds", _seconds(body, "init_timeout", name)),
+            ("requestSeconds", _seconds(body, "obj_timeout", name)),
+        )
+        if v is not None
+    }
     if not payload:
-        raise _refuse_image(image, name, platform)
+        by_image = _image_spec(body, name, image, env, runtime.get("command"))
+        return _spec(body, name, by_image | {"timeouts": timeouts}, resources)
     version = RUNTIME_IMAGE.search(image)
     if version is None:
         raise _bad(
@@ -231,14 +257,6 @@ def to_spec(body: dict[str, Any], platform: str = "local") -> tuple[str, EtlSpec
     packages = env.pop(PACKAGES_ENV, "")
     workers = _workers(env.pop(WORKERS_ENV, None), name)
     direct_fqn = env.get(DIRECT_FQN_ENV, "").strip().lower() in TRUE
-    timeouts = {
-        k: v
-        for k, v in (
-            ("initSeconds", _seconds(body, "init_timeout", name)),
-            ("requestSeconds", _seconds(body, "obj_timeout", name)),
-        )
-        if v is not None
-    }
     spec: dict[str, Any] = {
         "mode": "object",
         "code": {"aisClass": payload, "pythonVersion": version.group(1)},
@@ -249,6 +267,12 @@ def to_spec(body: dict[str, Any], platform: str = "local") -> tuple[str, EtlSpec
     }
     if workers is not None:
         spec["workers"] = workers
+    return _spec(body, name, spec, resources)
+
+
+def _spec(
+    body: dict[str, Any], name: str | None, spec: dict[str, Any], resources: Any
+) -> tuple[str, EtlSpec]:
     if resources is not None:
         spec["resources"] = resources
     try:
@@ -299,10 +323,12 @@ async def wait_running(backend: EtlBackend, name: str, seconds: float) -> EtlRec
         if record.phase == "Error":
             raise EtlInitFailed(f"ETL {name!r} failed to start: {record.message}", etl=name)
         if loop.time() >= deadline:
+            why = sorted({t.message for t in record.transformers if not t.ready and t.message})
             raise EtlInitFailed(
                 f"ETL {name!r} is not running after {seconds:g}s: phase {record.phase}, "
                 f"{record.ready_count}/{len(record.transformers)} transformers ready"
                 + (f" ({record.message})" if record.message else "")
+                + (f"; transformers: {'; '.join(why)[:1000]}" if why else "")
                 + f"; it goes on starting: see GET /v1/etl/{name}",
                 etl=name,
             )

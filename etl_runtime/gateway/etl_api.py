@@ -46,6 +46,8 @@ def _not_found(name: str) -> EtlNotFound:
 def public_spec(spec: etl_spec.EtlSpec) -> dict[str, Any]:
     """The spec without code bodies (they can be large and are nobody's business)."""
     d = spec.to_dict()
+    if "code" not in d:  # an ETL image (commType): no code
+        return d
     code = dict(d.get("code") or {})
     for body in ("pickled", "source", "aisClass"):
         if body in code:

@@ -1,10 +1,10 @@
 """The local ETL controller: the gateway's ``EtlBackend`` when there is no Kubernetes.
 
-It plays the kopf operator's part on a laptop. ETL specs live as JSON records
-in the state directory (``FileRegistry``), where the targets read them; the
-controller keeps, for every ETL, one ``python -m etl_runtime.webserver`` child
-process per live target and writes what it observes (phase, message, per-target
-endpoint and readiness) back into the record.
+It plays the operator's part on a laptop. ETL specs live as JSON records in the
+state directory (``FileRegistry``), where the targets read them; the controller
+keeps one ``python -m etl_runtime.webserver`` child per ETL and live target (a
+podman container for an ETL image: ``containers.py``) and writes what it sees
+(phase, message, per-target endpoint and readiness) back into the record.
 
 Each reconcile pass, run on every change, about once a second, and for an ETL
 at once when one of its transformers exits (``_watch``: targets must stop
@@ -23,9 +23,9 @@ sending clients to a dead port before the next pass):
 4. report: ``reconcile.summarize()`` -> phase and message, written to the record
    only when something changed, so targets' caches stay warm.
 
-Exit code 2 of a transformer is a permanent configuration error: the process
-is left dead and its last stderr line becomes the ETL's message (phase Error);
-it is not restarted until the spec changes or the ETL is stopped and started.
+Exit code 2 of a transformer is a permanent configuration error: it is left
+dead, its last stderr line the ETL's message (phase Error), until the spec
+changes or the ETL is stopped and started.
 """
 
 from __future__ import annotations
@@ -51,15 +51,13 @@ from etl_runtime.cluster.records import EtlRecord, TargetDiscovery, TargetInfo, 
 from etl_runtime.core import auth
 from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.core.spec import EtlSpec, validate_name
-from etl_runtime.local import processes, runas, zygote
+from etl_runtime.local import containers, processes, runas, zygote
 from etl_runtime.local.processes import TransformerProcess
 from etl_runtime.local.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
-# A ready transformer is declared unready only after this many failed probes
-# in a row, so one slow answer under load does not bounce traffic.
-PROBE_FAILURES_TO_UNREADY = 3
+PROBE_FAILURES_TO_UNREADY = 3  # failed probes in a row: unready (one slow answer is not)
 MAX_BACKOFF_SECONDS = 30.0
 # In its first STARTING_WINDOW seconds a starting transformer is probed this often
 # (else every ``interval``): Running is reported within this much of it being ready.
@@ -162,6 +160,8 @@ class LocalEtlBackend:
                         rec, phase="Initializing", message="local cluster is down", transformers=()
                     )
                     await self._save(idle)
+        if any(r.spec.foreign for r in self._records.values()):
+            await containers.remove_labelled(self.state_dir)  # any left by a crash
         if self.zygote is not None:
             await self.zygote.stop()  # after its transformers: it reports their exits
         if self._client is not None:
@@ -186,6 +186,7 @@ class LocalEtlBackend:
     async def init(self, name: str, spec: EtlSpec) -> EtlRecord:
         validate_name(name)
         spec.validate()
+        containers.check(name, spec)  # an ETL image needs podman here
         async with self._lock:
             old = self._records.get(name)
             if old is None:
@@ -240,13 +241,15 @@ class LocalEtlBackend:
         async with self._lock:
             if name not in self._records:
                 raise KeyError(name)
-            del self._records[name]
+            foreign = self._records.pop(name).spec.foreign
             with contextlib.suppress(KeyError):
                 await asyncio.to_thread(self.registry.delete, name)
             stops = [self._stop_in_background(p) for p in self._procs.pop(name, [])]
             for key in [k for k in self._restarts if k[0] == name]:
                 del self._restarts[key]
         await asyncio.gather(*stops, return_exceptions=True)
+        if foreign:
+            await containers.remove_labelled(self.state_dir, name)
         await asyncio.to_thread(self._remove_deps, name)
 
     # -- reconcile ---------------------------------------------------------------
@@ -387,6 +390,8 @@ class LocalEtlBackend:
         prev_hash, restarts = self._restarts.get((rec.name, target.id), (want, 0))
         if prev_hash != want:
             restarts = 0
+        if rec.spec.foreign:  # the user's own image, under podman
+            return await containers.spawn(rec, target, name, restarts, self.state_dir)
         deps = self.state_dir / "deps" / rec.name / target.id
         if self.run_as is not None:  # it pip-installs `dependencies` there itself
             await asyncio.to_thread(self.run_as.own, deps)
@@ -426,6 +431,8 @@ class LocalEtlBackend:
         """Terminate ``p`` without blocking the pass; ``stop()`` awaits these."""
 
         async def run() -> None:
+            if cname := containers.is_container(p):
+                await containers.remove(cname)  # podman run then exits
             await p.terminate(self.grace)
             if not keep_listed:
                 processes.remove_pid_file(self.state_dir, p)

@@ -4,14 +4,12 @@ The local ETL controller decides *what* should run (``etl_runtime.cluster.reconc
 this module is the actuator underneath it. A ``TransformerProcess`` is one
 ``python -m etl_runtime.webserver`` child on ``127.0.0.1:<free port>``:
 
-* it runs in its own session/process group, so a Ctrl-C in the terminal goes
-  to ``sluice up`` (which stops things in order) and a kill of the group also
-  takes the transformer's worker processes with it;
-* its stdout and stderr go to ``logs/<transformer name>.log`` (appended; the
-  offset at start is remembered so the termination message, the last line the
-  transformer printed, comes from this run only);
-* a small ``run/<transformer name>.json`` pid file lets a restarted controller
-  adopt transformers that outlived a crashed gateway instead of duplicating them.
+* it runs in its own session/process group: a Ctrl-C in the terminal goes to
+  ``sluice up``, a kill of the group takes its worker processes too;
+* stdout and stderr go to ``logs/<transformer name>.log`` (appended; the offset
+  at start is kept: the termination message, its last line, is from this run);
+* a ``run/<transformer name>.json`` pid file lets a restarted controller adopt
+  transformers that outlived a crashed gateway.
 
 Transformers are asyncio subprocesses started through ``launch``, so they get
 a SIGTERM if the controller's process dies without stopping them -- unless
@@ -30,7 +28,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -313,8 +311,10 @@ async def spawn(
     command: Sequence[str] = (sys.executable, "-m", "etl_runtime.webserver"),
     zygote: Zygote | None = None,
     user: dict[str, Any] | None = None,
+    container: Callable[[int], list[str]] | None = None,
 ) -> TransformerProcess:
-    """Start ``command --host 127.0.0.1 --port P`` for one target.
+    """Start ``command --host 127.0.0.1 --port P`` for one target (``container(P)``
+    instead: the argv of a container serving there, ``local/containers.py``).
 
     Forked by ``zygote`` when one is given (``python -m etl_runtime.webserver``
     with everything already imported) and no ``user`` is asked for, else an
@@ -334,7 +334,8 @@ async def spawn(
     # the gateway comes back and adopts it from its pid file (issue 20 #6).
     adoptable = launch.SUPERVISOR_ENV in env
     where = ["--host", "127.0.0.1", "--port", str(port)]
-    argv = launch.command(os.getpid(), [*command, *where], adoptable, command[0])
+    run, python = ([*command, *where], command[0]) if container is None else (container(port), None)
+    argv = launch.command(os.getpid(), run, adoptable, python)
     with open(log_path, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         forked = zygote is not None and not user

@@ -59,13 +59,14 @@ HEALTH_TIMEOUT = 120.0
 RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
 TARGET_DOWN_RETRY = 60.0  # a target marked down (crash loop) is tried again this often
 # passed on to the servers: remote buckets' settings, the ETL output cache's budget, the
-# zygote's mode, and the event loop every server runs on (core/eventloop.py)
+# zygote's mode, the event loop every server runs on (core/eventloop.py), podman's use
 PASSED_ENV = (
     "SLUICE_SECRETS_DIR",
     "SLUICE_REMOTE_",
     "SLUICE_ETL_CACHE_BYTES",
     "SLUICE_ZYGOTE",
     "SLUICE_LOOP",
+    "SLUICE_PODMAN",
 )
 
 

@@ -73,7 +73,7 @@ def mode_from_env(environ: Mapping[str, str] | None = None) -> str:
 
 def fits(spec: EtlSpec) -> bool:
     """Whether a transformer of ``spec`` may be forked from the zygote."""
-    if spec.dependencies:
+    if spec.dependencies or spec.foreign:
         return False
     return not any(k.upper().startswith(IMPORT_TIME_ENV) for k, _ in spec.env)
 

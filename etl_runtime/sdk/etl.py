@@ -220,6 +220,25 @@ class Etl:
             code, mode, decode, on_error, dependencies, workers, timeout, env, arg_type, wait, cache
         )
 
+    def init_image(
+        self,
+        image: str,
+        command: Iterable[str] = (),
+        env: Mapping[str, str] | None = None,
+        timeout: float = 120.0,
+        wait: bool = True,
+    ) -> EtlDetails:
+        """Run ``image``, an AIStore-style ETL server (``GET /health`` and ``PUT
+        /<bucket>/<object>`` on port 8000), as the transformer (``spec.commType``
+        ``hpush://``): a pod beside each target, or a podman container under ``sluice up``."""
+        spec = EtlSpec(
+            comm_type="hpush://",
+            image=image,
+            command=tuple(command),
+            env=tuple(sorted((str(k), str(v)) for k, v in (env or {}).items())),
+        )
+        return self._put(spec, timeout, wait)
+
     def _init(
         self,
         code: CodeSpec,
@@ -245,6 +264,9 @@ class Etl:
             env=tuple(sorted((str(k), str(v)) for k, v in (env or {}).items())),
             cache=cache,
         )
+        return self._put(spec, timeout, wait)
+
+    def _put(self, spec: EtlSpec, timeout: float, wait: bool) -> EtlDetails:
         # Validation is the gateway's job: a bad spec comes back as BadRequest (400).
         data = self.client.request_json(
             "PUT",

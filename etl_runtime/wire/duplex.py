@@ -279,7 +279,8 @@ class DuplexClient:
         head = [("host", parts.netloc), *(headers or {}).items()]
         if isinstance(body, bytes):
             head.append(("content-length", str(len(body))))
-        else:
+        elif not any(k.lower() == "content-length" for k, _ in head):
+            # A stream of a known size may say so (a server that reads no chunked bodies).
             head.append(("transfer-encoding", "chunked"))
         request = h11.Request(method=method, target=target, headers=head)
         for attempt in range(2):

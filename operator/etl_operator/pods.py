@@ -132,7 +132,7 @@ def shares_data(spec: EtlSpec, share_target_data: bool) -> bool:
     the chart's ``etl.shareTargetData``): the targets then send ``etl_fqn``
     for every ETL and no object bytes travel to the transformer.
     """
-    return spec.arg_type == "fqn" or share_target_data
+    return not spec.foreign and (spec.arg_type == "fqn" or share_target_data)
 
 
 def pod_hash(spec: EtlSpec, share_target_data: bool) -> str:
@@ -144,7 +144,7 @@ def pod_hash(spec: EtlSpec, share_target_data: bool) -> str:
     without the mount is left beside a target that sends it paths.
     """
     base = spec.content_hash()
-    if spec.arg_type == "fqn" or not share_target_data:
+    if spec.arg_type == "fqn" or not share_target_data or spec.foreign:
         return base
     return hashlib.sha256(f"{base}+target-data".encode()).hexdigest()[:16]
 
@@ -290,6 +290,9 @@ def transformer_pod(
         },
         "volumeMounts": mounts,
     }
+    if spec.foreign:  # the user's own AIStore-style image is the transformer
+        container = image_container(spec, target, pull_policy)
+        volumes = [v for v in volumes if v["name"] == "tmp"]
     if spec.resources or resources:
         container["resources"] = spec.resources or resources
 
@@ -315,7 +318,7 @@ def transformer_pod(
     if target.node:
         pod_spec["nodeName"] = target.node
     annotations = {
-        **SCRAPE_ANNOTATIONS,
+        **({} if spec.foreign else SCRAPE_ANNOTATIONS),  # an ETL image has no /metrics
         SPEC_HASH_ANNOTATION: spec_hash,
         RESTARTS_ANNOTATION: str(restarts),
         # The label holds a sanitized id; the annotation keeps it exact.
@@ -339,3 +342,44 @@ def transformer_pod(
 
 def _field_env(name: str, path: str) -> dict[str, Any]:
     return {"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+
+
+def image_container(spec: EtlSpec, target: TargetInfo, pull_policy: str) -> dict[str, Any]:
+    """The container of an AIStore-style ETL image (``spec.commType`` ``hpush://``).
+
+    As AIStore makes its ETL pods (``ext/etl/api.go``, ``boot.go``): the image with
+    its own entrypoint (or ``spec.command``), port 8000, readiness by ``GET /health``
+    there, env ``AIS_TARGET_URL`` (the target) and ``DIRECT_PUT=false`` then the init
+    message's env. Targets PUT it the object's bytes (``etl/aisimage.py``), so it
+    mounts no target data and gets no Sluice token; it runs under the same
+    securityContext as Sluice's transformers (UID 10001, read-only root, ``/tmp``
+    writable).
+    """
+    ours = {"AIS_TARGET_URL": target.url, "DIRECT_PUT": "false", "HOME": "/tmp"}
+    ours["TMPDIR"] = "/tmp"
+    env = [{"name": k, "value": v} for k, v in ours.items()]
+    env += [{"name": k, "value": v} for k, v in spec.env if k not in ours]
+    container: dict[str, Any] = {
+        "name": CONTAINER_NAME,
+        "image": spec.image,
+        "imagePullPolicy": pull_policy,
+        "ports": [{"name": "http", "containerPort": TRANSFORMER_PORT, "protocol": "TCP"}],
+        "env": env,
+        "readinessProbe": {
+            "httpGet": {"path": "/health", "port": TRANSFORMER_PORT},
+            "periodSeconds": 1,
+            "timeoutSeconds": 2,
+            "failureThreshold": 6,
+        },
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True,
+            "capabilities": {"drop": ["ALL"]},
+        },
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+    }
+    if spec.command:
+        container["command"] = list(spec.command)
+    return container

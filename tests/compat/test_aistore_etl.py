@@ -167,14 +167,15 @@ def test_another_python_is_refused_clearly(cluster: str) -> None:
     SluiceClient(cluster).etl("old-py-etl").delete()
 
 
-def test_os_packages_and_images_are_refused_locally(cluster: str) -> None:
+def test_os_packages_and_hpull_images_are_refused_locally(cluster: str) -> None:
     ais = Client(cluster)
     with pytest.raises(AISError) as e:
         ais.etl("ffmpeg-etl").init_class(os_packages=["ffmpeg"])(Md5)
     assert e.value.status_code == 400 and "os_packages" in e.value.message
+    # images themselves run (tests/compat/test_aistore_image.py), spoken to with hpush
     with pytest.raises(AISError) as e:
-        ais.etl("image-etl").init(image="aistorage/transformer_md5:latest")
+        ais.etl("image-etl").init(image="aistorage/transformer_md5:latest", comm_type="hpull")
     assert e.value.status_code == 400
-    assert "running an ETL image needs Kubernetes or podman" in e.value.message
+    assert "Sluice's targets speak hpush:// to ETL images" in e.value.message
     names = [e.name for e in SluiceClient(cluster).list_etls()]
     assert "ffmpeg-etl" not in names and "image-etl" not in names

@@ -109,12 +109,43 @@ def test_os_packages_are_refused_naming_them() -> None:
     assert "FROM Sluice's runtime" in refusal(body, platform="kubernetes")
 
 
-def test_an_image_is_refused_clearly() -> None:
-    body = sdk_body("init", image="me/my-etl:1", command="python serve.py", MODE="x")
-    local = refusal(body)
-    assert "runtime.image: 'me/my-etl:1' is a container image" in local
-    assert "running an ETL image needs Kubernetes or podman" in local and "init_class" in local
-    assert "does not run AIStore ETL images" in refusal(body, platform="kubernetes")
+def test_an_image_becomes_a_foreign_transformer_spec() -> None:
+    body = sdk_body(
+        "init", image="me/my-etl:1", command="python serve.py", obj_timeout="30s", MODE="x"
+    )
+    name, spec = to_spec(body)
+    assert name == "md5-etl" and spec.foreign and spec.comm_type == "hpush://"
+    assert spec.image == "me/my-etl:1" and spec.command == ("python", "serve.py")
+    assert dict(spec.env) == {"MODE": "x"} and spec.request_timeout_seconds == 30
+    assert spec.code.pickled is spec.code.source is spec.code.ais_class is None
+    # what the gateway stores round-trips (the record, the CRD's spec)
+    assert EtlSpec.from_dict(spec.to_dict()) == spec
+    assert "code" not in spec.to_dict() and spec.to_dict()["commType"] == "hpush://"
+    direct = to_spec(sdk_body("init", image="me/my-etl:1", direct_file_access=True))[1]
+    assert dict(direct.env) == {"ETL_DIRECT_FQN": "true"} and direct.arg_type == ""
+
+
+def test_an_image_with_another_protocol_is_refused_clearly() -> None:
+    for comm in ("hpull", "ws"):
+        why = refusal(sdk_body("init", image="me/my-etl:1", comm_type=comm))
+        assert why.startswith("AIStore ETL init message: communication:")
+        assert f"'{comm}://' with an ETL image" in why and "hpush://" in why
+    body = sdk_body("init", image="me/my-etl:1") | {"argument": "fqn"}
+    assert "'fqn' with an ETL image" in refusal(body)
+
+
+def test_a_foreign_spec_takes_no_sluice_code() -> None:
+    base = {"commType": "hpush://", "image": "me/my-etl:1"}
+    with pytest.raises(InvalidSpec, match="needs spec.image"):
+        EtlSpec.from_dict({"commType": "hpush://"})
+    with pytest.raises(InvalidSpec, match=r"spec.code.source does not apply to an AIStore"):
+        EtlSpec.from_dict(base | {"code": {"source": "def transform(b): return b"}})
+    with pytest.raises(InvalidSpec, match=r"spec.dependencies does not apply"):
+        EtlSpec.from_dict(base | {"dependencies": ["x"]})
+    with pytest.raises(InvalidSpec, match=r"spec.commType must be one of"):
+        EtlSpec.from_dict(base | {"commType": "hpull://"})
+    with pytest.raises(InvalidSpec, match=r"spec.command is for an AIStore-style ETL image"):
+        EtlSpec.from_dict({"code": {"source": "x"}, "command": ["serve"]})
 
 
 def test_aistore_1x_messages_are_refused_naming_the_field() -> None:

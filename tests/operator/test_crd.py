@@ -39,6 +39,7 @@ def test_spec_fields_match_what_etlspec_reads():
     assert set(spec) == {
         "mode", "code", "decode", "onError", "dependencies", "workers", "argType", "env",
         "timeouts", "stopped", "cache", "image", "resources", "targetSelector",
+        "commType", "command",
     }  # fmt: skip
     assert spec["mode"]["enum"] == ["object", "wds"]
     assert set(spec["code"]["properties"]) == {

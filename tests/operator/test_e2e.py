@@ -82,6 +82,50 @@ def test_invalid_specs_are_rejected_by_the_apiserver(sluice):
     assert done.returncode != 0 and "1-53 lowercase letters" in done.stderr
 
 
+IMAGE_ETL_YAML = """
+apiVersion: sluice.dev/v1alpha1
+kind: ETL
+metadata:
+  name: {name}
+spec:
+  commType: "hpush://"
+  image: localhost/me/md5-etl:1
+  command: [python3, /app/server.py]
+  env:
+    MODE: x
+"""
+
+
+def test_an_aistore_style_image_gets_transformer_pods_of_that_image(sluice):
+    sluice.apply(IMAGE_ETL_YAML.format(name="md5-image"))
+
+    def three() -> list | None:
+        pods = sluice.transformers("md5-image")
+        return pods if len(pods) == 3 else None
+
+    for pod in wait_for("3 transformer pods of the image", three, timeout=120):
+        (c,) = pod["spec"]["containers"]
+        assert c["image"] == "localhost/me/md5-etl:1"
+        assert c["command"] == ["python3", "/app/server.py"]
+        assert c["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert c["readinessProbe"]["httpGet"]["port"] == 8000
+        env = {e["name"]: e.get("value") for e in c["env"]}
+        assert env["DIRECT_PUT"] == "false" and env["MODE"] == "x"
+        assert env["AIS_TARGET_URL"].startswith("http://")
+        assert not any(k.startswith("SLUICE_") for k in env)
+    # the CRD's rules: an image ETL needs the image; any other needs code
+    no_image = IMAGE_ETL_YAML.format(name="no-image").replace(
+        "  image: localhost/me/md5-etl:1\n", ""
+    )
+    done = sluice.apply(no_image, check=False)
+    assert done.returncode != 0 and "spec.commType hpush:// needs spec.image" in done.stderr
+    no_code = IMAGE_ETL_YAML.format(name="no-code").replace('  commType: "hpush://"\n', "")
+    done = sluice.apply(no_code, check=False)
+    assert done.returncode != 0 and "spec.code is required" in done.stderr
+    sluice.kubectl("delete", "etl", "md5-image", "-n", sluice.ns)
+    wait_for("md5-image's pods gone", lambda: not sluice.transformers("md5-image"), timeout=120)
+
+
 def test_kubectl_explain_describes_the_spec(control_plane, sluice):
     out = control_plane.kubectl("explain", "etl.spec").stdout
     assert "pickled (written by the SDK)" in out and "targetSelector" in out

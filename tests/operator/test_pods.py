@@ -199,3 +199,35 @@ def test_pod_carries_prometheus_scrape_annotations_for_its_own_port():
     assert ann["prometheus.io/scrape"] == "true"
     assert ann["prometheus.io/port"] == str(port)
     assert ann["prometheus.io/path"] == "/metrics"
+
+
+IMAGE_SPEC = EtlSpec.from_dict(
+    {
+        "commType": "hpush://",
+        "image": "me/md5-etl:1",
+        "command": ["python3", "/app/server.py"],
+        "env": {"MODE": "x", "AIS_TARGET_URL": "not-mine"},
+    }
+)
+
+
+def test_an_aistore_style_image_is_the_transformer_container_as_aistore_makes_it():
+    pod = build(IMAGE_SPEC, share_target_data=True, pull_policy="Never")
+    (c,) = pod["spec"]["containers"]
+    assert c["image"] == "me/md5-etl:1" and c["imagePullPolicy"] == "Never"
+    assert c["command"] == ["python3", "/app/server.py"]
+    assert c["ports"][0]["containerPort"] == 8000
+    assert c["readinessProbe"]["httpGet"] == {"path": "/health", "port": 8000}
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["AIS_TARGET_URL"] == "http://10.0.0.5:8080" and env["DIRECT_PUT"] == "false"
+    assert env["MODE"] == "x" and not any(k.startswith("SLUICE_") for k in env)
+    # no token, no target data (targets push the bytes), no /metrics to scrape
+    assert c["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert [v["name"] for v in pod["spec"]["volumes"]] == ["tmp"]
+    assert "prometheus.io/scrape" not in pod["metadata"]["annotations"]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert c["securityContext"]["readOnlyRootFilesystem"] is True
+    assert pod["spec"]["securityContext"]["runAsUser"] == 10001
+    # its own entrypoint when the init message names no command
+    bare = EtlSpec.from_dict({"commType": "hpush://", "image": "me/md5-etl:1"})
+    assert "command" not in build(bare)["spec"]["containers"][0]
