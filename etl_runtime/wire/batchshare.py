@@ -1,8 +1,12 @@
 """The gateway ⇄ target exchange of GetBatch: one target's share of a batch in one answer.
 
 The gateway sends each target ``POST /v1/_moss`` with the items of a batch
-that target owns, in request order (``{"coer": bool, "in": [[bucket, object,
-start, length, name_in_archive], ...]}``). The target answers one body with a
+that target owns, in request order (``{"in": [[bucket, object, start, length,
+name_in_archive], ...]}``). Through an ETL, the request adds ``"etl": [name,
+...]`` (the chain: ``etl_name`` then ``etl_pipeline``) and ``"etl_args"``, and
+a row may end with an ``archpath`` (a file picked out of the transformed
+shard); the target transforms every item before it answers
+(``storage_target/batch_etl.py``). The target answers one body with a
 ``Content-Length``:
 
 * an 8-byte big-endian length, then a JSON *manifest*: one entry per item,
@@ -62,6 +66,19 @@ def tar_header(name: str, size: int, mtime: int) -> bytes:
         return bytes(h)
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = size, mtime, 0o644
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+ERROR_MAX = 2000  # characters of an error kept in a placeholder's header
+
+
+def placeholder_header(name: str, error: str, mtime: int) -> bytes:
+    """The header of a failed item's zero-size entry (``__404__/...``): its error as the
+    pax ``comment`` record (``tarfile``'s ``member.pax_headers["comment"]``), so a reader
+    learns what failed and why while the member's data stays empty."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = 0, mtime, 0o644
+    info.pax_headers = {"comment": error[:ERROR_MAX]}
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 
