@@ -21,6 +21,13 @@ processes, the warm-up share included) and the batch / get ratios.
 
     .venv/bin/python bench/batch.py [--clients 8] [--batch 64] [--seconds 4] [--rounds 2]
 
+With an object ETL (``--etl-sizes``, default 10 KiB; raw client): the same
+pair through ETL ``bench-rev`` (an object ETL that reverses the bytes):
+``get`` is ``GET /v1/objects/...?etl_name=bench-rev`` (the gateway's 307,
+then the target's 307 to its transformer, as any client follows it), ``batch``
+is ``GET /v1/ml/moss/...?etl_name=bench-rev`` (every item transformed on its
+own target, through the target's share). The transformers' CPU is shown too.
+
 ``--rss-gb 2`` then reads one GetBatch of 2 GB (8 MiB objects) to its end and
 prints the gateway's and the largest target's RSS before and at their peak
 (``--sizes ""`` for that alone).
@@ -48,6 +55,7 @@ sys.path.insert(0, str(ROOT))
 
 from aistore.sdk import Client  # noqa: E402  (before the clients fork: imported once)
 
+from etl_runtime import Client as SluiceClient  # noqa: E402
 from etl_runtime.local import LocalCluster  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -70,6 +78,8 @@ def cpu_by_role() -> dict[str, float]:
             if "etl_runtime.storage_target" in cmd
             else "gateway"
             if "etl_runtime.gateway" in cmd
+            else "transformer"
+            if "etl_runtime.webserver" in cmd or "zygote" in cmd
             else None
         )
         if role:
@@ -204,11 +214,17 @@ def run_sdk(
 # -- the raw client: bench/loadgen.py ------------------------------------------------
 
 
+def rev(data: bytes) -> bytes:
+    """The ETL of the ETL rows: cheap, so the data path's costs show."""
+    return data[::-1]
+
+
 def run_raw(
-    url: str, names: list[str], size: int, mode: str, args: argparse.Namespace
+    url: str, names: list[str], size: int, mode: str, args: argparse.Namespace, etl: str = ""
 ) -> tuple[int, int, float]:
+    q = f"?etl_name={etl}" if etl else ""
     if mode == "get":
-        reqs = [Req("GET", f"{url}/v1/objects/{BUCKET}/{n}", expect_len=size) for n in names]
+        reqs = [Req("GET", f"{url}/v1/objects/{BUCKET}/{n}{q}", expect_len=size) for n in names]
         per = 1
     else:
         per = args.batch
@@ -218,7 +234,7 @@ def run_raw(
             reqs.append(
                 Req(
                     "GET",
-                    f"{url}/v1/ml/moss/{BUCKET}",
+                    f"{url}/v1/ml/moss/{BUCKET}{q}",
                     body=body.encode(),
                     headers=(("Content-Type", "application/json"),),
                     expect_len=tar_size([size] * per),
@@ -234,8 +250,9 @@ def measure(
     kind: str, url: str, names: list[str], size: int, mode: str, args: argparse.Namespace
 ) -> dict[str, float]:
     before = cpu_by_role()
-    if kind == "raw":
-        items, nbytes, client_cpu = run_raw(url, names, size, mode, args)
+    if kind in ("raw", "etl"):
+        etl = "bench-rev" if kind == "etl" else ""
+        items, nbytes, client_cpu = run_raw(url, names, size, mode, args, etl)
     else:
         items, nbytes, client_cpu = run_sdk(url, names, mode, args)
     after = cpu_by_role()
@@ -261,6 +278,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--clients-kinds", default="raw,sdk", help="raw, sdk or both")
     ap.add_argument("--sizes", default=",".join(SIZES), help="of " + ", ".join(SIZES))
+    ap.add_argument("--etl-sizes", default="10KiB", help="sizes also read through an ETL")
     ap.add_argument("--rss-gb", type=float, default=0, help="then one batch this big: RSS")
     args = ap.parse_args()
     kinds = [k for k in args.clients_kinds.split(",") if k]
@@ -276,13 +294,19 @@ def main() -> None:
     ):
         url = cluster.endpoint.rstrip("/")
         httpx.post(f"{url}/v1/buckets/{BUCKET}", json={"action": "create-bck"}).raise_for_status()
+        etl_sizes = set(filter(None, args.etl_sizes.split(",")))
+        if etl_sizes:
+            SluiceClient(url).etl("bench-rev").init_code(transform=rev, timeout=300)
         header = f"{'size':6} {'client':6} {'mode':6} {'items/s':>9} {'MB/s':>8} "
-        print(header + f"{'client ms':>10} {'gateway ms':>11} {'targets ms':>11}  per item")
+        print(
+            header + f"{'client ms':>10} {'gateway ms':>11} {'targets ms':>11} "
+            f"{'etl ms':>8}  per item"
+        )
         for label in filter(None, args.sizes.split(",")):
             size = SIZES[label]
             names = [f"{label}/{i:05d}" for i in range(counts[label])]
             upload(url, names, size)
-            for kind in kinds:
+            for kind in kinds + (["etl"] if label in etl_sizes else []):
                 rows: dict[str, list[dict[str, float]]] = {"get": [], "batch": []}
                 for _ in range(args.rounds):
                     for mode in ("get", "batch"):
@@ -295,12 +319,13 @@ def main() -> None:
                     print(
                         f"{label:6} {kind:6} {mode:6} {r['items/s']:9.0f} {r['MB/s']:8.1f} "
                         f"{r['client_ms']:10.3f} {r.get('gateway_ms', 0):11.3f} "
-                        f"{r.get('target_ms', 0):11.3f}",
+                        f"{r.get('target_ms', 0):11.3f} {r.get('transformer_ms', 0):8.3f}",
                         flush=True,
                     )
                 g, b = med["get"], med["batch"]
-                servers_b = b.get("gateway_ms", 0) + b.get("target_ms", 0)
-                servers_g = g.get("gateway_ms", 0) + g.get("target_ms", 0)
+                roles = ("gateway_ms", "target_ms", "transformer_ms")
+                servers_b = sum(b.get(k, 0) for k in roles)
+                servers_g = sum(g.get(k, 0) for k in roles)
                 print(
                     f"{label:6} {kind:6} batch/get: items/s "
                     f"{b['items/s'] / max(g['items/s'], 1e-9):.2f}, client CPU per item "

@@ -3,12 +3,15 @@
 ``storage_target/batch.py`` calls ``transform_all`` for a share that names an
 ETL chain (the batch's ``etl_name``/``etl_pipeline``, or a view's ETL). Every
 item goes through the target's own ETL GET path (``etl.pipeline.
-transform_chain``, so ``EtlForwarder.transform``: the file by path where the
-transformer can read it, the output cache of a ``cache: true`` ETL, the
-steps of a pipeline) with up to ``CONCURRENCY`` items of the share in flight
-at once, so the transformer's workers all have work; a part's answer starts
-once all of its items are in, their outcomes in its manifest as for plain
-objects.
+transform_chain``, so ``EtlForwarder.transform``: the output cache of a
+``cache: true`` ETL, the steps of a pipeline) with up to ``CONCURRENCY``
+items of the share in flight at once, so the transformer's workers all have
+work; a part's answer starts once all of its items are in, their outcomes in
+its manifest as for plain objects. One uncached ETL (the usual case) takes
+that path's last step directly (``EtlForwarder.send``: the file by path
+where the transformer can read it, else its bytes), with the ETL looked up
+and the files found (or read) once per share, in one thread hop: per object
+that path cost the target more CPU than the transformer's call itself.
 
 * object mode: the object's transformed bytes are the entry;
 * a file inside a shard (``archpath``): the shard is transformed once per
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import stat
 import tempfile
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -38,9 +43,11 @@ from typing import IO
 
 import anyio.to_thread
 
+from etl_runtime.cluster.records import EtlRecord, TransformerStatus
 from etl_runtime.core.errors import ObjectNotFound, SluiceError
 from etl_runtime.etl.pipeline import transform_chain
 from etl_runtime.storage_target.context import Target
+from etl_runtime.wire.duplex import DuplexResponse
 from etl_runtime.wire.shardread import ShardReader, same_path
 
 log = logging.getLogger(__name__)
@@ -48,6 +55,7 @@ log = logging.getLogger(__name__)
 CONCURRENCY = 16  # items of one share answer transformed at once
 MEMORY = 16 << 20  # transformed bytes of one answer kept in memory; the rest spills to disk
 ITEM_MEMORY = 1 << 20  # one item's bytes kept in memory before it spills
+INLINE_MAX = 4 << 20  # an object sent in the transformer's request (not by path) up to this
 
 
 class Elsewhere:
@@ -114,6 +122,18 @@ class _Sink:
         return Output(self.size, file=self._file)
 
 
+async def _body(response: DuplexResponse) -> AsyncIterator[bytes | bytearray]:
+    try:
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) <= ITEM_MEMORY:
+            yield await response.read(int(length))  # one piece: no copy when it is one read
+        else:
+            async for chunk in response.aiter_bytes():
+                yield chunk
+    finally:
+        await response.aclose()
+
+
 def _broken(e: Exception, etl: str, bucket: str, name: str, target: str) -> SluiceError:
     err = SluiceError(
         f"the answer of ETL {etl!r} for ais://{bucket}/{name} broke off on target "
@@ -144,8 +164,53 @@ class EtlShare:
         self.budget = Budget()
         self._tmp = str(target.store.tmp_dir)
         self._gate = asyncio.Semaphore(CONCURRENCY)
+        self._to_transformer: tuple[EtlRecord, TransformerStatus, bool] | None = None
+        self._ready: dict[tuple[str, str], str | bytes | SluiceError] = {}
+
+    def _direct(self) -> tuple[EtlRecord, TransformerStatus, bool] | None:
+        """(record, transformer, by path) when every item can go straight to the transformer:
+        one ETL, no output cache. Raises the ETL's error (unknown, stopped, not ready)."""
+        fwd = self._target.forwarder
+        record = fwd.record(self._chain[0])
+        tf = fwd.transformer(record)
+        if len(self._chain) > 1 or (record.spec.cache and fwd.cache is not None):
+            return None
+        return record, tf, record.spec.arg_type == "fqn" or fwd.fqn_always
+
+    def _prepare(self, fqn: bool) -> None:
+        """In a worker thread, once per share: each object's path (by path) or its bytes."""
+        store = self._target.store
+        real = os.path.realpath(store.buckets_dir)  # once: object paths under it are real
+        for i, (bucket, name, _) in enumerate(self._rows):
+            if not self._owned[i] or (bucket, name) in self._ready:
+                continue
+            try:
+                path = os.path.join(real, bucket, name)  # the names were validated
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    st = None
+                if st is None or not stat.S_ISREG(st.st_mode):
+                    store.object_file(bucket, name)  # BucketNotFound, ObjectNotFound
+                    raise OSError(f"{bucket}/{name} is not a file")  # (cannot happen)
+                if fqn:
+                    self._ready[(bucket, name)] = path
+                elif st.st_size <= INLINE_MAX:
+                    with open(path, "rb") as f:
+                        self._ready[(bucket, name)] = f.read()
+            except SluiceError as e:
+                self._ready[(bucket, name)] = e
+            except OSError as e:
+                self._ready[(bucket, name)] = self._fail(e, bucket, name)
 
     async def run(self) -> None:
+        try:
+            self._to_transformer = self._direct()
+        except SluiceError as e:  # every item fails the same way
+            self.outcomes = [e if mine else ELSEWHERE for mine in self._owned]
+            return
+        if self._to_transformer is not None:
+            await anyio.to_thread.run_sync(self._prepare, self._to_transformer[2])
         jobs: list[asyncio.Task[None]] = []
         shards: dict[tuple[str, str], list[int]] = {}
         for i, (bucket, name, archpath) in enumerate(self._rows):
@@ -169,9 +234,29 @@ class EtlShare:
             f.close()
         self.budget.files = []
 
-    async def _stream(self, bucket: str, name: str) -> AsyncIterator[bytes]:
+    async def _stream(self, bucket: str, name: str) -> AsyncIterator[bytes | bytearray]:
         fwd = self._target.forwarder
-        return await transform_chain(fwd, bucket, name, self._chain, self._args)
+        ready = self._ready.get((bucket, name))
+        if self._to_transformer is None or ready is None:
+            return await transform_chain(fwd, bucket, name, self._chain, self._args)
+        if isinstance(ready, SluiceError):
+            raise ready
+        # straight to the transformer: what the ETL GET path does for an uncached ETL,
+        # less the per-object lookups and thread hop (done once for the share)
+        record, tf, fqn = self._to_transformer
+        params = {} if self._args is None else {"etl_args": self._args}
+        body = b""
+        if isinstance(ready, str):  # by path
+            params["etl_fqn"] = ready
+        else:
+            body = ready
+        response = await fwd.send(record, tf, bucket, name, params, body)
+        if response.status_code != 200:
+            try:
+                raise await fwd._transformer_error(response, record.name, bucket, name)
+            finally:
+                await response.aclose()
+        return _body(response)
 
     def _fail(self, e: Exception, bucket: str, name: str) -> SluiceError:
         if isinstance(e, SluiceError):
