@@ -19,7 +19,8 @@ every item extracted). For each it prints items/s, MB/s, the client's CPU per
 item and the servers' (gateway, targets: psutil over ``sluice up``'s
 processes, the warm-up share included) and the batch / get ratios.
 
-    .venv/bin/python bench/batch.py [--clients 8] [--batch 64] [--seconds 4] [--rounds 2]
+    .venv/bin/python bench/batch.py [--clients 8] [--batch 64] [--large-batch 16]
+        [--seconds 4] [--rounds 2] [--etl-sizes 10KiB] [--rss-gb 2]
 
 With an object ETL (``--etl-sizes``, default 10 KiB; raw client): the same
 pair through ETL ``bench-rev`` (an object ETL that reverses the bytes):
@@ -65,8 +66,9 @@ SIZES = {"10KiB": 10 << 10, "1MiB": 1 << 20}
 BUCKET = "bench"
 
 
-def cpu_by_role() -> dict[str, float]:
-    out: dict[str, float] = {}
+def cpu_by_pid() -> dict[tuple[str, int], float]:
+    """CPU seconds of each server process, by (role, pid)."""
+    out: dict[tuple[str, int], float] = {}
     for proc in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(proc.cmdline())
@@ -79,11 +81,20 @@ def cpu_by_role() -> dict[str, float]:
             else "gateway"
             if "etl_runtime.gateway" in cmd
             else "transformer"
-            if "etl_runtime.webserver" in cmd or "zygote" in cmd
+            if "etl_runtime.webserver" in cmd
             else None
         )
         if role:
-            out[role] = out.get(role, 0.0) + t.user + t.system
+            out[(role, proc.pid)] = t.user + t.system
+    return out
+
+
+def cpu_spent(before: dict[tuple[str, int], float]) -> dict[str, float]:
+    """CPU seconds per role since ``before``, of the processes alive then and now (a
+    process that started in between, such as a zygote's fork, counts from zero)."""
+    out: dict[str, float] = {}
+    for (role, pid), t in cpu_by_pid().items():
+        out[role] = out.get(role, 0.0) + t - before.get((role, pid), t)
     return out
 
 
@@ -249,19 +260,19 @@ def run_raw(
 def measure(
     kind: str, url: str, names: list[str], size: int, mode: str, args: argparse.Namespace
 ) -> dict[str, float]:
-    before = cpu_by_role()
+    before = cpu_by_pid()
     if kind in ("raw", "etl"):
         etl = "bench-rev" if kind == "etl" else ""
         items, nbytes, client_cpu = run_raw(url, names, size, mode, args, etl)
     else:
         items, nbytes, client_cpu = run_sdk(url, names, mode, args)
-    after = cpu_by_role()
+    spent = cpu_spent(before)
     n = max(1, items)
     return {
         "items/s": items / args.seconds,
         "MB/s": nbytes / args.seconds / 1e6,
         "client_ms": client_cpu * 1e3 / n,
-        **{f"{k}_ms": (after[k] - before.get(k, 0.0)) * 1e3 / n for k in after},
+        **{f"{k}_ms": v * 1e3 / n for k, v in spent.items()},
     }
 
 
@@ -270,7 +281,8 @@ def main() -> None:
     ap.add_argument("--targets", type=int, default=3)
     ap.add_argument("--clients", type=int, default=8, help="connections (or SDK processes)")
     ap.add_argument("--client-procs", type=int, default=2, help="raw client processes")
-    ap.add_argument("--batch", type=int, default=64, help="objects per GetBatch")
+    ap.add_argument("--batch", type=int, default=64, help="objects per GetBatch (10 KiB)")
+    ap.add_argument("--large-batch", type=int, default=16, help="objects per GetBatch (1 MiB)")
     ap.add_argument("--small-count", type=int, default=1024)
     ap.add_argument("--large-count", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -285,7 +297,7 @@ def main() -> None:
     counts = {"10KiB": args.small_count, "1MiB": args.large_count}
     print(
         f"# {psutil.cpu_count()} CPUs, {args.targets} targets, {args.clients} clients, "
-        f"batch {args.batch}, {args.seconds}s x {args.rounds} rounds",
+        f"batch {args.batch} (1 MiB: {args.large_batch}), {args.seconds}s x {args.rounds} rounds",
         flush=True,
     )
     with (
@@ -306,11 +318,14 @@ def main() -> None:
             size = SIZES[label]
             names = [f"{label}/{i:05d}" for i in range(counts[label])]
             upload(url, names, size)
+            # a 1 MiB batch of 64 would last seconds: few of them in the window, too coarse
+            per = args.large_batch if size >= 1 << 20 else args.batch
+            sargs = argparse.Namespace(**{**vars(args), "batch": per})
             for kind in kinds + (["etl"] if label in etl_sizes else []):
                 rows: dict[str, list[dict[str, float]]] = {"get": [], "batch": []}
                 for _ in range(args.rounds):
                     for mode in ("get", "batch"):
-                        rows[mode].append(measure(kind, url, names, size, mode, args))
+                        rows[mode].append(measure(kind, url, names, size, mode, sargs))
                 med = {
                     m: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                     for m, rs in rows.items()
