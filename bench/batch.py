@@ -31,7 +31,8 @@ own target, through the target's share). The transformers' CPU is shown too.
 
 ``--rss-gb 2`` then reads one GetBatch of 2 GB (8 MiB objects) to its end and
 prints the gateway's and the largest target's RSS before and at their peak
-(``--sizes ""`` for that alone).
+(``--sizes ""`` for that alone); ``--rss-etl`` then reads the same batch
+through ETL ``bench-rev``.
 """
 
 from __future__ import annotations
@@ -113,11 +114,13 @@ def rss_by_role() -> dict[str, int]:
     return out
 
 
-def rss_check(url: str, gigabytes: float) -> None:
+def rss_check(url: str, gigabytes: float, etl: str = "") -> None:
     """One GetBatch of ``gigabytes`` (8 MiB objects, 16 of them over and over), read
-    to its end while the servers' RSS is sampled every 0.1 s."""
+    to its end while the servers' RSS is sampled every 0.1 s (through ``etl``: every
+    item transformed on its target, whose outputs past its memory budget go to disk)."""
     size, names = 8 << 20, [f"rss/{i:02d}" for i in range(16)]
-    upload(url, names, size)
+    if not etl:
+        upload(url, names, size)
     n = int(gigabytes * 1e9) // size
     body = json.dumps({"in": [{"objname": names[i % 16]} for i in range(n)], "strm": True})
     before = rss_by_role()
@@ -136,7 +139,7 @@ def rss_check(url: str, gigabytes: float) -> None:
     try:
         with httpx.stream(
             "GET",
-            f"{url}/v1/ml/moss/{BUCKET}",
+            f"{url}/v1/ml/moss/{BUCKET}" + (f"?etl_name={etl}" if etl else ""),
             content=body.encode(),
             headers={"Content-Type": "application/json"},
             timeout=300,
@@ -151,7 +154,8 @@ def rss_check(url: str, gigabytes: float) -> None:
     if got != tar_size([size] * n):
         raise SystemExit(f"RSS check: {got} bytes, expected {tar_size([size] * n)}")
     print(
-        f"# RSS over one GetBatch of {got / 1e9:.2f} GB ({n} x 8 MiB, {got / secs / 1e6:.0f} "
+        f"# RSS over one GetBatch{' through ETL ' + etl if etl else ''} of {got / 1e9:.2f} GB "
+        f"({n} x 8 MiB, {got / secs / 1e6:.0f} "
         f"MB/s): gateway {before['gateway'] >> 20} -> peak {peak['gateway'] >> 20} MiB, "
         f"largest target {before['storage_target'] >> 20} -> peak "
         f"{peak['storage_target'] >> 20} MiB",
@@ -292,6 +296,7 @@ def main() -> None:
     ap.add_argument("--sizes", default=",".join(SIZES), help="of " + ", ".join(SIZES))
     ap.add_argument("--etl-sizes", default="10KiB", help="sizes also read through an ETL")
     ap.add_argument("--rss-gb", type=float, default=0, help="then one batch this big: RSS")
+    ap.add_argument("--rss-etl", action="store_true", help="and the same through an ETL")
     args = ap.parse_args()
     kinds = [k for k in args.clients_kinds.split(",") if k]
     counts = {"10KiB": args.small_count, "1MiB": args.large_count}
@@ -350,6 +355,9 @@ def main() -> None:
                 )
         if args.rss_gb:
             rss_check(url, args.rss_gb)
+            if args.rss_etl:
+                SluiceClient(url).etl("bench-rev").init_code(transform=rev, timeout=300)
+                rss_check(url, args.rss_gb, "bench-rev")
 
 
 if __name__ == "__main__":
