@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -82,6 +83,7 @@ def cluster(
             sc.etl("shout").init_code(transform=shout, timeout=180)
             sc.etl("picky").init_code(transform=picky, timeout=180)
             sc.etl("wds-up").init_code(transform=upper_txt, mode="wds", timeout=180)
+            sc.etl("shout-cached").init_code(transform=shout, cache=True, timeout=180)
             with httpx.Client(base_url=url, timeout=120, trust_env=False) as h:
                 for b in ("src", "shards"):
                     h.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
@@ -211,6 +213,29 @@ def test_a_view_in_a_batch(cluster: tuple[str, Path]) -> None:
     assert r.status_code == 400 and "'loud' is an ETL view" in r.json()["error"]
     r = moss(url, {"in": [{"objname": "o004", "bucket": "loud", "start": 1, "length": 2}]})
     assert r.status_code == 400 and "byte range" in r.json()["error"]
+
+
+def test_a_pipeline_and_a_cached_etl(cluster: tuple[str, Path]) -> None:
+    url, _ = cluster
+    sc = SluiceClient(url)
+    wanted = [("src", f"o{i:03d}") for i in (11, 3, 60, 98)]
+    r = moss(url, {"in": [{"objname": n, "bucket": b} for b, n in wanted], "strm": True},
+             etl_name="shout", etl_pipeline="picky", etl_args="+")  # fmt: skip
+    assert r.status_code == 200, r.text
+    assert [(n, d) for n, d, _ in read_tar(r.content)] == [
+        (f"{b}/{n}", (data_of(int(n[1:])).upper() + b"+")[::-1]) for b, n in wanted
+    ]
+    # cache: true: later epochs are served from the targets' output caches (an entry is
+    # published by the cache's threads after the answer went out: wait for the hits)
+    deadline = time.monotonic() + 90
+    while True:
+        got = list(sc.get_batch(wanted, etl_name="shout-cached", etl_args="~"))
+        assert [g.data for g in got] == [data_of(int(n[1:])).upper() + b"~" for _, n in wanted]
+        stats = sc.etl("shout-cached").details().stats
+        if stats["cache_hits"] >= len(wanted) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert stats["cache_hits"] >= len(wanted) and stats["cache_misses"] >= len(wanted), stats
 
 
 def test_the_official_aistore_sdk(cluster: tuple[str, Path]) -> None:
