@@ -47,6 +47,7 @@ from etl_runtime.storage_target.context import Target
 from etl_runtime.wire.batchshare import (
     ELSEWHERE,
     OK,
+    SHARE_ETL_PATH,
     SHARE_PATH,
     encode_manifest,
     padding,
@@ -317,12 +318,16 @@ class ShareResponse(Response):
 def batch_router(target: Target) -> APIRouter:
     router = APIRouter()
 
-    @router.post(SHARE_PATH)
-    async def batch_share(request: Request) -> Response:
+    async def answer(request: Request, etl: bool) -> Response:
         require_read(request, target.read_token, target.token, target.cluster_key)
         body = await read_json(request, "a GetBatch share")
         items = _items(body)
         chain, args = _chain(body)
+        if etl != bool(chain):
+            raise InvalidRequest(
+                f"GetBatch share: {SHARE_ETL_PATH} takes the items of an ETL ('etl'), "
+                f"{SHARE_PATH} plain ones"
+            )
         share = _Share(target)
         mtime = int(time.time())
         try:
@@ -334,5 +339,13 @@ def batch_router(target: Target) -> APIRouter:
             share.close()
             raise
         return ShareResponse(share, offers_zerocopy(request.scope))
+
+    @router.post(SHARE_PATH)
+    async def batch_share(request: Request) -> Response:
+        return await answer(request, etl=False)
+
+    @router.post(SHARE_ETL_PATH)
+    async def batch_share_etl(request: Request) -> Response:
+        return await answer(request, etl=True)
 
     return router

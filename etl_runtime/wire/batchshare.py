@@ -2,10 +2,12 @@
 
 The gateway sends each target ``POST /v1/_moss`` with the items of a batch
 that target owns, in request order (``{"in": [[bucket, object, start, length,
-name_in_archive], ...]}``). Through an ETL, the request adds ``"etl": [name,
-...]`` (the chain: ``etl_name`` then ``etl_pipeline``) and ``"etl_args"``, and
-a row may end with an ``archpath`` (a file picked out of the transformed
-shard); the target transforms every item before it answers
+name_in_archive], ...]}``). Through an ETL the request goes to ``POST
+/v1/_moss_etl`` instead (a target that predates it answers 404 and the
+gateway reads those items with ETL GETs, never untransformed) and adds
+``"etl": [name, ...]`` (the chain: ``etl_name`` then ``etl_pipeline``) and
+``"etl_args"``; a row may end with an ``archpath`` (a file picked out of the
+transformed shard); the target transforms every item before it answers
 (``storage_target/batch_etl.py``). The target answers one body with a
 ``Content-Length``:
 
@@ -37,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 SHARE_PATH = "/v1/_moss"
+SHARE_ETL_PATH = "/v1/_moss_etl"  # a target older than ETL shares answers 404: plain GETs
 MANIFEST_LEN = struct.Struct("!Q")
 MANIFEST_MAX = 64 << 20  # a sanity bound on the manifest a gateway accepts
 BLOCK = tarfile.BLOCKSIZE

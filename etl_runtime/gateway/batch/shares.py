@@ -44,6 +44,7 @@ from etl_runtime.wire.batchshare import (
     MANIFEST_LEN,
     MANIFEST_MAX,
     OK,
+    SHARE_ETL_PATH,
     SHARE_PATH,
     ShareBody,
     ShareBroken,
@@ -185,7 +186,8 @@ class TargetShare:
             ask["etl_args"] = args
         body = json.dumps(ask, separators=(",", ":")).encode()
         headers = {**self._gw.target_headers(), "Content-Type": "application/json"}
-        answer = await POOL.post(self.target.url, SHARE_PATH, headers, body, ITEM_TIMEOUT)
+        path = SHARE_ETL_PATH if chain else SHARE_PATH
+        answer = await POOL.post(self.target.url, path, headers, body, ITEM_TIMEOUT)
         if answer.status == 200:
             return answer
         raw = await answer.read_all(ERROR_BODY_MAX)
