@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import requests
+import urllib3
 
 from etl_runtime import Client as SluiceClient
 from etl_runtime.gateway.batch.shares import ETL_PART
@@ -172,9 +173,11 @@ def test_an_item_the_etl_refuses_without_cont_on_err(cluster: tuple[str, Path]) 
     err = r.json()
     assert "ais://src/o007" in err["error"] and "refusing o-007" in err["error"], err
     assert err["etl"] == "picky"
-    # far into the batch: a JSON error if it is known before the answer starts, else a
-    # stream that breaks off; never a whole-looking archive, never the error as data
-    order = [i for i in range(N) if i != 7]
+    # far into the batch (o135 last, in a part its target is asked for only once the
+    # answer is under way: more than ETL_AHEAD parts before it): the stream breaks off,
+    # never a whole-looking archive, never the error as data
+    order = [i for i in range(N) if i not in (7, 135)] * 4 + [135]
+    seen: list[tuple[str, bytes]] = []
     with requests.get(
         f"{url}/v1/ml/moss",
         params={"etl_name": "picky"},
@@ -182,20 +185,15 @@ def test_an_item_the_etl_refuses_without_cont_on_err(cluster: tuple[str, Path]) 
         stream=True,
         timeout=120,
     ) as r:
-        if r.status_code != 200:
-            assert r.status_code == 422 and "refusing o-135" in r.json()["error"]
-            return
-        seen: list[tuple[str, bytes]] = []
-        with pytest.raises((tarfile.TarError, requests.RequestException)):
+        assert r.status_code == 200, r.text
+        broken = (tarfile.TarError, requests.RequestException, urllib3.exceptions.HTTPError)
+        with pytest.raises(broken):
             with tarfile.open(fileobj=r.raw, mode="r|") as tar:
                 for m in tar:
                     f = tar.extractfile(m)
                     seen.append((m.name, f.read() if f is not None else b""))
-    assert len(seen) < len(order) and all(
-        (name, payload) == (f"src/o{i:03d}", data_of(i)[::-1])
-        for (name, payload), i in zip(seen, order, strict=False)
-    ), seen[-3:]
-    assert "src/o135" not in [n for n, _ in seen] and not any("__404__" in n for n, _ in seen)
+    assert len(order) - 20 < len(seen) < len(order), len(seen)
+    assert seen == [(f"src/o{i:03d}", data_of(i)[::-1]) for i in order[: len(seen)]]
 
 
 def test_a_view_in_a_batch(cluster: tuple[str, Path]) -> None:
