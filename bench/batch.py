@@ -19,11 +19,20 @@ every item extracted). For each it prints items/s, MB/s, the client's CPU per
 item and the servers' (gateway, targets: psutil over ``sluice up``'s
 processes, the warm-up share included) and the batch / get ratios.
 
-    .venv/bin/python bench/batch.py [--clients 8] [--batch 64] [--seconds 4] [--rounds 2]
+    .venv/bin/python bench/batch.py [--clients 8] [--batch 64] [--large-batch 16]
+        [--seconds 4] [--rounds 2] [--etl-sizes 10KiB] [--rss-gb 2]
+
+With an object ETL (``--etl-sizes``, default 10 KiB; raw client): the same
+pair through ETL ``bench-rev`` (an object ETL that reverses the bytes):
+``get`` is ``GET /v1/objects/...?etl_name=bench-rev`` (the gateway's 307,
+then the target's 307 to its transformer, as any client follows it), ``batch``
+is ``GET /v1/ml/moss/...?etl_name=bench-rev`` (every item transformed on its
+own target, through the target's share). The transformers' CPU is shown too.
 
 ``--rss-gb 2`` then reads one GetBatch of 2 GB (8 MiB objects) to its end and
 prints the gateway's and the largest target's RSS before and at their peak
-(``--sizes ""`` for that alone).
+(``--sizes ""`` for that alone); ``--rss-etl`` then reads the same batch
+through ETL ``bench-rev``.
 """
 
 from __future__ import annotations
@@ -48,6 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from aistore.sdk import Client  # noqa: E402  (before the clients fork: imported once)
 
+from etl_runtime import Client as SluiceClient  # noqa: E402
 from etl_runtime.local import LocalCluster  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
@@ -57,8 +67,9 @@ SIZES = {"10KiB": 10 << 10, "1MiB": 1 << 20}
 BUCKET = "bench"
 
 
-def cpu_by_role() -> dict[str, float]:
-    out: dict[str, float] = {}
+def cpu_by_pid() -> dict[tuple[str, int], float]:
+    """CPU seconds of each server process, by (role, pid)."""
+    out: dict[tuple[str, int], float] = {}
     for proc in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(proc.cmdline())
@@ -70,10 +81,21 @@ def cpu_by_role() -> dict[str, float]:
             if "etl_runtime.storage_target" in cmd
             else "gateway"
             if "etl_runtime.gateway" in cmd
+            else "transformer"
+            if "etl_runtime.webserver" in cmd
             else None
         )
         if role:
-            out[role] = out.get(role, 0.0) + t.user + t.system
+            out[(role, proc.pid)] = t.user + t.system
+    return out
+
+
+def cpu_spent(before: dict[tuple[str, int], float]) -> dict[str, float]:
+    """CPU seconds per role since ``before``, of the processes alive then and now (a
+    process that started in between, such as a zygote's fork, counts from zero)."""
+    out: dict[str, float] = {}
+    for (role, pid), t in cpu_by_pid().items():
+        out[role] = out.get(role, 0.0) + t - before.get((role, pid), t)
     return out
 
 
@@ -92,11 +114,13 @@ def rss_by_role() -> dict[str, int]:
     return out
 
 
-def rss_check(url: str, gigabytes: float) -> None:
+def rss_check(url: str, gigabytes: float, etl: str = "") -> None:
     """One GetBatch of ``gigabytes`` (8 MiB objects, 16 of them over and over), read
-    to its end while the servers' RSS is sampled every 0.1 s."""
+    to its end while the servers' RSS is sampled every 0.1 s (through ``etl``: every
+    item transformed on its target, whose outputs past its memory budget go to disk)."""
     size, names = 8 << 20, [f"rss/{i:02d}" for i in range(16)]
-    upload(url, names, size)
+    if not etl:
+        upload(url, names, size)
     n = int(gigabytes * 1e9) // size
     body = json.dumps({"in": [{"objname": names[i % 16]} for i in range(n)], "strm": True})
     before = rss_by_role()
@@ -115,7 +139,7 @@ def rss_check(url: str, gigabytes: float) -> None:
     try:
         with httpx.stream(
             "GET",
-            f"{url}/v1/ml/moss/{BUCKET}",
+            f"{url}/v1/ml/moss/{BUCKET}" + (f"?etl_name={etl}" if etl else ""),
             content=body.encode(),
             headers={"Content-Type": "application/json"},
             timeout=300,
@@ -130,7 +154,8 @@ def rss_check(url: str, gigabytes: float) -> None:
     if got != tar_size([size] * n):
         raise SystemExit(f"RSS check: {got} bytes, expected {tar_size([size] * n)}")
     print(
-        f"# RSS over one GetBatch of {got / 1e9:.2f} GB ({n} x 8 MiB, {got / secs / 1e6:.0f} "
+        f"# RSS over one GetBatch{' through ETL ' + etl if etl else ''} of {got / 1e9:.2f} GB "
+        f"({n} x 8 MiB, {got / secs / 1e6:.0f} "
         f"MB/s): gateway {before['gateway'] >> 20} -> peak {peak['gateway'] >> 20} MiB, "
         f"largest target {before['storage_target'] >> 20} -> peak "
         f"{peak['storage_target'] >> 20} MiB",
@@ -204,11 +229,17 @@ def run_sdk(
 # -- the raw client: bench/loadgen.py ------------------------------------------------
 
 
+def rev(data: bytes) -> bytes:
+    """The ETL of the ETL rows: cheap, so the data path's costs show."""
+    return data[::-1]
+
+
 def run_raw(
-    url: str, names: list[str], size: int, mode: str, args: argparse.Namespace
+    url: str, names: list[str], size: int, mode: str, args: argparse.Namespace, etl: str = ""
 ) -> tuple[int, int, float]:
+    q = f"?etl_name={etl}" if etl else ""
     if mode == "get":
-        reqs = [Req("GET", f"{url}/v1/objects/{BUCKET}/{n}", expect_len=size) for n in names]
+        reqs = [Req("GET", f"{url}/v1/objects/{BUCKET}/{n}{q}", expect_len=size) for n in names]
         per = 1
     else:
         per = args.batch
@@ -218,7 +249,7 @@ def run_raw(
             reqs.append(
                 Req(
                     "GET",
-                    f"{url}/v1/ml/moss/{BUCKET}",
+                    f"{url}/v1/ml/moss/{BUCKET}{q}",
                     body=body.encode(),
                     headers=(("Content-Type", "application/json"),),
                     expect_len=tar_size([size] * per),
@@ -233,18 +264,19 @@ def run_raw(
 def measure(
     kind: str, url: str, names: list[str], size: int, mode: str, args: argparse.Namespace
 ) -> dict[str, float]:
-    before = cpu_by_role()
-    if kind == "raw":
-        items, nbytes, client_cpu = run_raw(url, names, size, mode, args)
+    before = cpu_by_pid()
+    if kind in ("raw", "etl"):
+        etl = "bench-rev" if kind == "etl" else ""
+        items, nbytes, client_cpu = run_raw(url, names, size, mode, args, etl)
     else:
         items, nbytes, client_cpu = run_sdk(url, names, mode, args)
-    after = cpu_by_role()
+    spent = cpu_spent(before)
     n = max(1, items)
     return {
         "items/s": items / args.seconds,
         "MB/s": nbytes / args.seconds / 1e6,
         "client_ms": client_cpu * 1e3 / n,
-        **{f"{k}_ms": (after[k] - before.get(k, 0.0)) * 1e3 / n for k in after},
+        **{f"{k}_ms": v * 1e3 / n for k, v in spent.items()},
     }
 
 
@@ -253,7 +285,8 @@ def main() -> None:
     ap.add_argument("--targets", type=int, default=3)
     ap.add_argument("--clients", type=int, default=8, help="connections (or SDK processes)")
     ap.add_argument("--client-procs", type=int, default=2, help="raw client processes")
-    ap.add_argument("--batch", type=int, default=64, help="objects per GetBatch")
+    ap.add_argument("--batch", type=int, default=64, help="objects per GetBatch (10 KiB)")
+    ap.add_argument("--large-batch", type=int, default=16, help="objects per GetBatch (1 MiB)")
     ap.add_argument("--small-count", type=int, default=1024)
     ap.add_argument("--large-count", type=int, default=256)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -261,13 +294,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--clients-kinds", default="raw,sdk", help="raw, sdk or both")
     ap.add_argument("--sizes", default=",".join(SIZES), help="of " + ", ".join(SIZES))
+    ap.add_argument("--etl-sizes", default="10KiB", help="sizes also read through an ETL")
     ap.add_argument("--rss-gb", type=float, default=0, help="then one batch this big: RSS")
+    ap.add_argument("--rss-etl", action="store_true", help="and the same through an ETL")
     args = ap.parse_args()
     kinds = [k for k in args.clients_kinds.split(",") if k]
     counts = {"10KiB": args.small_count, "1MiB": args.large_count}
     print(
         f"# {psutil.cpu_count()} CPUs, {args.targets} targets, {args.clients} clients, "
-        f"batch {args.batch}, {args.seconds}s x {args.rounds} rounds",
+        f"batch {args.batch} (1 MiB: {args.large_batch}), {args.seconds}s x {args.rounds} rounds",
         flush=True,
     )
     with (
@@ -276,17 +311,26 @@ def main() -> None:
     ):
         url = cluster.endpoint.rstrip("/")
         httpx.post(f"{url}/v1/buckets/{BUCKET}", json={"action": "create-bck"}).raise_for_status()
+        etl_sizes = set(filter(None, args.etl_sizes.split(",")))
+        if etl_sizes:
+            SluiceClient(url).etl("bench-rev").init_code(transform=rev, timeout=300)
         header = f"{'size':6} {'client':6} {'mode':6} {'items/s':>9} {'MB/s':>8} "
-        print(header + f"{'client ms':>10} {'gateway ms':>11} {'targets ms':>11}  per item")
+        print(
+            header + f"{'client ms':>10} {'gateway ms':>11} {'targets ms':>11} "
+            f"{'etl ms':>8}  per item"
+        )
         for label in filter(None, args.sizes.split(",")):
             size = SIZES[label]
             names = [f"{label}/{i:05d}" for i in range(counts[label])]
             upload(url, names, size)
-            for kind in kinds:
+            # a 1 MiB batch of 64 would last seconds: few of them in the window, too coarse
+            per = args.large_batch if size >= 1 << 20 else args.batch
+            sargs = argparse.Namespace(**{**vars(args), "batch": per})
+            for kind in kinds + (["etl"] if label in etl_sizes else []):
                 rows: dict[str, list[dict[str, float]]] = {"get": [], "batch": []}
                 for _ in range(args.rounds):
                     for mode in ("get", "batch"):
-                        rows[mode].append(measure(kind, url, names, size, mode, args))
+                        rows[mode].append(measure(kind, url, names, size, mode, sargs))
                 med = {
                     m: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
                     for m, rs in rows.items()
@@ -295,12 +339,13 @@ def main() -> None:
                     print(
                         f"{label:6} {kind:6} {mode:6} {r['items/s']:9.0f} {r['MB/s']:8.1f} "
                         f"{r['client_ms']:10.3f} {r.get('gateway_ms', 0):11.3f} "
-                        f"{r.get('target_ms', 0):11.3f}",
+                        f"{r.get('target_ms', 0):11.3f} {r.get('transformer_ms', 0):8.3f}",
                         flush=True,
                     )
                 g, b = med["get"], med["batch"]
-                servers_b = b.get("gateway_ms", 0) + b.get("target_ms", 0)
-                servers_g = g.get("gateway_ms", 0) + g.get("target_ms", 0)
+                roles = ("gateway_ms", "target_ms", "transformer_ms")
+                servers_b = sum(b.get(k, 0) for k in roles)
+                servers_g = sum(g.get(k, 0) for k in roles)
                 print(
                     f"{label:6} {kind:6} batch/get: items/s "
                     f"{b['items/s'] / max(g['items/s'], 1e-9):.2f}, client CPU per item "
@@ -310,6 +355,9 @@ def main() -> None:
                 )
         if args.rss_gb:
             rss_check(url, args.rss_gb)
+            if args.rss_etl:
+                SluiceClient(url).etl("bench-rev").init_code(transform=rev, timeout=300)
+                rss_check(url, args.rss_gb, "bench-rev")
 
 
 if __name__ == "__main__":

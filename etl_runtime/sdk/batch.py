@@ -11,8 +11,9 @@ answer, a TAR stream, is read as it arrives: each item is handed on as soon
 as its bytes are in, and the items are checked against the request, name by
 name, so a stream that breaks off or goes astray raises ``StreamError``
 instead of ending early. With ``etl_name`` (and ``etl_args``) every item is
-transformed on its own target first. With ``missing_ok`` a missing object is
-an item whose ``data`` is None; without it the batch fails with ``NotFound``
+transformed on its own target first. With ``missing_ok`` a missing object (or
+one the ETL fails on) is an item whose ``data`` is None and whose ``error``
+says why; without it the batch fails with ``NotFound`` (or the ETL's error)
 naming the object. A 503 before the answer started is retried like any call.
 """
 
@@ -40,7 +41,8 @@ MISSING = "__404__/"
 class BatchItem:
     bucket: str
     name: str
-    data: bytes | None  # None: the object does not exist (``missing_ok``)
+    data: bytes | None  # None: the item failed (``missing_ok``): see ``error``
+    error: str | None = None  # why: the object does not exist, the ETL refused it...
 
 
 class _Stream:
@@ -135,7 +137,7 @@ def _items(
                         raise StreamError(f"GetBatch: {bucket}/{name} came short")
                     yield BatchItem(bucket, name, data)
                 elif missing_ok and member.name == f"{MISSING}{bucket}/{name}":
-                    yield BatchItem(bucket, name, None)
+                    yield BatchItem(bucket, name, None, member.pax_headers.get("comment"))
                 else:
                     raise StreamError(
                         f"GetBatch: item {done} should be {bucket}/{name}, the answer has "

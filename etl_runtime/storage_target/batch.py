@@ -10,7 +10,11 @@ should not answer from its own disk (it is not an owner, or a copy may still
 be on a neighbour) is marked "elsewhere" and the gateway reads it with a
 plain GET, which knows how to redirect or pull it.
 
-Errors of one item (a missing object, a bad range) are that item's manifest
+A share that names an ETL (``batch_etl.py``) is transformed here, several
+items at once, before the answer starts: each output is then an entry as a
+file is, from memory or from a temporary file.
+
+Errors of one item (a missing object, a bad range, the ETL's) are that item's manifest
 entry, with the body and status a GET would have answered; only a malformed
 request (the gateway's bug, not the user's) is refused as a whole.
 """
@@ -38,10 +42,12 @@ from etl_runtime.core.errors import (
 )
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.names import validate_names
+from etl_runtime.storage_target.batch_etl import EtlShare, Output
 from etl_runtime.storage_target.context import Target
 from etl_runtime.wire.batchshare import (
     ELSEWHERE,
     OK,
+    SHARE_ETL_PATH,
     SHARE_PATH,
     encode_manifest,
     padding,
@@ -65,27 +71,40 @@ class _Entry:
     data: bytes | None = None  # a small file, already read
 
 
-def _items(body: Any) -> list[tuple[str, str, int, int, str]]:
+Row = tuple[str, str, int, int, str, str]  # bucket, object, start, length, name, archpath
+
+
+def _items(body: Any) -> list[Row]:
     raw = body.get("in") if isinstance(body, dict) else None
     if not isinstance(raw, list) or len(raw) > MAX_ITEMS:
         raise InvalidRequest(f"a GetBatch share is {{'in': [...]}} of at most {MAX_ITEMS} items")
     out = []
     for i, it in enumerate(raw):
-        ok = isinstance(it, list) and len(it) == 5
+        ok = isinstance(it, list) and len(it) in (5, 6)
         if ok:
-            b, o, start, length, arcname = it
+            b, o, start, length, arcname, archpath = it if len(it) == 6 else [*it, ""]
             ok = (
-                all(isinstance(x, str) for x in (b, o, arcname))
+                all(isinstance(x, str) for x in (b, o, arcname, archpath))
                 and all(isinstance(x, int) and not isinstance(x, bool) for x in (start, length))
                 and 0 <= start < 1 << 62
                 and -1 <= length < 1 << 62
             )
         if not ok:
             raise InvalidRequest(
-                f"GetBatch share: in[{i}] is not [bucket, object, start, length, name_in_archive]"
+                f"GetBatch share: in[{i}] is not [bucket, object, start, length, "
+                "name_in_archive(, archpath)]"
             )
-        out.append((b, o, start, length, arcname))
+        out.append((b, o, start, length, arcname, archpath))
     return out
+
+
+def _chain(body: dict[str, Any]) -> tuple[list[str], str | None]:
+    chain, args = body.get("etl") or [], body.get("etl_args")
+    if not isinstance(chain, list) or not all(isinstance(x, str) and x for x in chain):
+        raise InvalidRequest("GetBatch share: 'etl' is a list of ETL names")
+    if args is not None and not isinstance(args, str):
+        raise InvalidRequest("GetBatch share: 'etl_args' is a string")
+    return chain, args
 
 
 class _Share:
@@ -98,16 +117,22 @@ class _Share:
         self.inline = 0
         self.mtime = 0
         self.cmap: ClusterMap | None = None
+        self.etl: EtlShare | None = None
 
-    def open_all(self, items: list[tuple[str, str, int, int, str]], mtime: int) -> None:
-        self.mtime = mtime
+    def _look(self) -> None:
         placement = self.target.placement
         if placement is not None and placement.cmap is not None:
             self.cmap = placement.cmap.get()  # one look for the whole share
+
+    def open_all(self, items: list[Row], mtime: int) -> None:
+        self.mtime = mtime
+        self._look()
         for item in items:
             try:
                 try:
-                    self._open(*item)
+                    if item[5]:
+                        raise InvalidRequest("a file in a shard (archpath) needs an ETL")
+                    self._open(*item[:5])
                 except (ValueError, UnicodeError) as e:  # a name no TAR header can carry
                     raise InvalidRequest(f"{item[0]}/{item[1]}: {e}") from e
             except SluiceError as e:
@@ -182,10 +207,49 @@ class _Share:
             return False
         return placement.self_id not in cmap.owners(bucket, name)
 
+    def owned(self, items: list[Row]) -> list[bool]:
+        """Per item: this target answers it (else ELSEWHERE: the gateway's GET)."""
+        self._look()
+        placement, store = self.target.placement, self.target.store
+        out = []
+        for b, o, *_ in items:
+            validate_names(b, o)
+            mine = not self._not_an_owner(b, o)
+            if mine and placement is not None and placement.may_be_elsewhere(b):
+                mine = os.path.isfile(store.local_path(b, o))
+            out.append(mine)
+        return out
+
+    async def transform_all(
+        self, items: list[Row], chain: list[str], args: str | None, mtime: int
+    ) -> None:
+        """Every item through the ETL chain (``batch_etl.py``), then the manifest."""
+        self.mtime = mtime
+        owned = await anyio.to_thread.run_sync(self.owned, items)
+        rows = [(b, o, archpath) for b, o, _, _, _, archpath in items]
+        etl = self.etl = EtlShare(self.target, chain, args, rows, owned)
+        await etl.run()
+        for item, outcome in zip(items, etl.outcomes, strict=True):
+            if isinstance(outcome, SluiceError):
+                self.manifest.append([outcome.status, outcome.body()])
+            elif isinstance(outcome, Output):
+                try:
+                    head = tar_header(item[4], outcome.size, mtime)
+                except (ValueError, UnicodeError) as e:
+                    err = InvalidRequest(f"{item[0]}/{item[1]}: {e}")
+                    self.manifest.append([err.status, err.body()])
+                    continue
+                self.entries.append(_Entry(head, outcome.size, outcome.file, 0, outcome.data))
+                self.manifest.append([OK, outcome.size, len(head)])
+            else:
+                self.manifest.append([ELSEWHERE])
+
     def close(self) -> None:
         for e in self.entries:
             if e.file is not None:
                 e.file.close()
+        if self.etl is not None:
+            self.etl.close()
 
 
 class ShareResponse(Response):
@@ -254,17 +318,34 @@ class ShareResponse(Response):
 def batch_router(target: Target) -> APIRouter:
     router = APIRouter()
 
-    @router.post(SHARE_PATH)
-    async def batch_share(request: Request) -> Response:
+    async def answer(request: Request, etl: bool) -> Response:
         require_read(request, target.read_token, target.token, target.cluster_key)
-        items = _items(await read_json(request, "a GetBatch share"))
+        body = await read_json(request, "a GetBatch share")
+        items = _items(body)
+        chain, args = _chain(body)
+        if etl != bool(chain):
+            raise InvalidRequest(
+                f"GetBatch share: {SHARE_ETL_PATH} takes the items of an ETL ('etl'), "
+                f"{SHARE_PATH} plain ones"
+            )
         share = _Share(target)
         mtime = int(time.time())
         try:
-            await anyio.to_thread.run_sync(share.open_all, items, mtime)
+            if chain:
+                await share.transform_all(items, chain, args, mtime)
+            else:
+                await anyio.to_thread.run_sync(share.open_all, items, mtime)
         except BaseException:
             share.close()
             raise
         return ShareResponse(share, offers_zerocopy(request.scope))
+
+    @router.post(SHARE_PATH)
+    async def batch_share(request: Request) -> Response:
+        return await answer(request, etl=False)
+
+    @router.post(SHARE_ETL_PATH)
+    async def batch_share_etl(request: Request) -> Response:
+        return await answer(request, etl=True)
 
     return router

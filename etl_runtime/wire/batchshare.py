@@ -1,8 +1,14 @@
 """The gateway ⇄ target exchange of GetBatch: one target's share of a batch in one answer.
 
 The gateway sends each target ``POST /v1/_moss`` with the items of a batch
-that target owns, in request order (``{"coer": bool, "in": [[bucket, object,
-start, length, name_in_archive], ...]}``). The target answers one body with a
+that target owns, in request order (``{"in": [[bucket, object, start, length,
+name_in_archive], ...]}``). Through an ETL the request goes to ``POST
+/v1/_moss_etl`` instead (a target that predates it answers 404 and the
+gateway reads those items with ETL GETs, never untransformed) and adds
+``"etl": [name, ...]`` (the chain: ``etl_name`` then ``etl_pipeline``) and
+``"etl_args"``; a row may end with an ``archpath`` (a file picked out of the
+transformed shard); the target transforms every item before it answers
+(``storage_target/batch_etl.py``). The target answers one body with a
 ``Content-Length``:
 
 * an 8-byte big-endian length, then a JSON *manifest*: one entry per item,
@@ -33,6 +39,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 SHARE_PATH = "/v1/_moss"
+SHARE_ETL_PATH = "/v1/_moss_etl"  # a target older than ETL shares answers 404: plain GETs
 MANIFEST_LEN = struct.Struct("!Q")
 MANIFEST_MAX = 64 << 20  # a sanity bound on the manifest a gateway accepts
 BLOCK = tarfile.BLOCKSIZE
@@ -62,6 +69,19 @@ def tar_header(name: str, size: int, mtime: int) -> bytes:
         return bytes(h)
     info = tarfile.TarInfo(name)
     info.size, info.mtime, info.mode = size, mtime, 0o644
+    return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
+
+
+ERROR_MAX = 2000  # characters of an error kept in a placeholder's header
+
+
+def placeholder_header(name: str, error: str, mtime: int) -> bytes:
+    """The header of a failed item's zero-size entry (``__404__/...``): its error as the
+    pax ``comment`` record (``tarfile``'s ``member.pax_headers["comment"]``), so a reader
+    learns what failed and why while the member's data stays empty."""
+    info = tarfile.TarInfo(name)
+    info.size, info.mtime, info.mode = 0, mtime, 0o644
+    info.pax_headers = {"comment": error[:ERROR_MAX]}
     return info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")
 
 

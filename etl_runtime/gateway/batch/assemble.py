@@ -43,7 +43,7 @@ from etl_runtime.gateway.batch.items import Failed, Slot, Spool
 from etl_runtime.gateway.batch.request import BatchRequest, Item
 from etl_runtime.gateway.batch.shares import READ_BY_GET, ShareItem, plan
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.wire.batchshare import Spliced, padding, tar_header
+from etl_runtime.wire.batchshare import Spliced, padding, placeholder_header
 from etl_runtime.wire.duplex import DuplexClient
 
 WINDOW = 16  # items in flight per batch
@@ -126,7 +126,7 @@ class Assembler:
             head = si.head.result()
             if isinstance(head, Failed):
                 name = self._req.missing_name(si.item, head.shard_missing)
-                total += len(tar_header(name, 0, 0))
+                total += len(placeholder_header(name, head.error.message, 0))
             elif isinstance(head, int):
                 total += si.header_len + head + padding(head)
             else:
@@ -177,7 +177,7 @@ class Assembler:
                         w.broken_entry(name, 1)
                         yield w.take()
                         raise head.error
-                    w.entry(req.missing_name(item, head.shard_missing))
+                    w.placeholder(req.missing_name(item, head.shard_missing), head.error.message)
                     self.out.append(moss_out(item, 0, head.error.message))
                     continue
                 assert isinstance(head, int)

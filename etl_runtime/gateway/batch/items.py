@@ -2,9 +2,9 @@
 
 A ``Slot`` is one item in flight. Its task asks ``placement.route`` for the
 target a GET of the object would be redirected to, sends that target the same
-GET (with ``etl_name``/``etl_args``/``etl_pipeline`` when the batch has an
-ETL: the object is transformed on its own target, and a 307 from the target
-to its transformer is followed), and then:
+GET (with ``etl_name``/``etl_args``/``etl_pipeline`` when the item has an
+ETL, the batch's or its view's: the object is transformed on its own target,
+and a 307 from the target to its transformer is followed), and then:
 
 * resolves ``head`` with the item's size once it is known (``Content-Length``;
   the file's size in the shard for an ``archpath``; an answer of unknown length,
@@ -128,6 +128,8 @@ class Spool:
 def relayed(status: int, payload: dict[str, Any], item: Item, retry_after: str | None) -> Failed:
     """A target's (or transformer's) error answer for ``item``, as one of ours."""
     message = str(payload.get("error") or payload.get("message") or f"answered {status}")
+    if (etl := payload.get("etl")) and str(etl) not in message:
+        message += f" (ETL {etl!r})"
     kind = str(payload.get("kind") or "InternalError")
     context = {k: payload[k] for k in ("etl", "target", "sample") if payload.get(k)}
     err = SluiceError(
@@ -139,7 +141,9 @@ def relayed(status: int, payload: dict[str, Any], item: Item, retry_after: str |
     )
     err.status, err.kind = status, kind
     per_item = status in PER_ITEM_STATUSES and kind not in BATCH_KINDS
-    return Failed(err, per_item, shard_missing=bool(item.archpath) and status == 404)
+    in_shard = bool(payload.get("in_shard"))  # the shard is there, not the file in it
+    shard_missing = bool(item.archpath) and status == 404 and not in_shard
+    return Failed(err, per_item, shard_missing=shard_missing)
 
 
 class Slot:
@@ -225,22 +229,23 @@ class Slot:
 
     async def _send(self) -> DuplexResponse:
         """The item's GET to its owner (and on to the transformer, for an ETL)."""
-        item, req, gw = self.item, self._req, self._gw
-        target = route(gw, "GET", item.bucket, item.name)  # 404 bucket, 503 owner away
+        item, gw = self.item, self._gw
+        bucket = item.read_bucket  # a view's source
+        target = route(gw, "GET", bucket, item.name)  # 404 bucket, 503 owner away
         params: dict[str, str] = {}
-        if item.provider:
-            params["provider"] = item.provider
-        if req.etl_name:
-            params["etl_name"] = req.etl_name
-            if req.etl_pipeline:
-                params["etl_pipeline"] = req.etl_pipeline
-            if req.etl_args is not None:
-                params["etl_args"] = req.etl_args
+        if item.read_provider:
+            params["provider"] = item.read_provider
+        if item.etl:
+            params["etl_name"] = item.etl[0]
+            if len(item.etl) > 1:
+                params["etl_pipeline"] = ",".join(item.etl[1:])
+            if item.etl_args is not None:
+                params["etl_args"] = item.etl_args
         headers = gw.target_headers()
         if item.ranged and not item.archpath:
             end = "" if item.length == -1 else str(item.start + item.length - 1)
             headers["Range"] = f"bytes={item.start}-{end}"
-        url = object_url(target.url, item.bucket, item.name)
+        url = object_url(target.url, bucket, item.name)
         response = await self._http.request(
             "GET", url, params=params, headers=headers, timeout=ITEM_TIMEOUT
         )

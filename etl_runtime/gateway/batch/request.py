@@ -21,6 +21,7 @@ from typing import Any
 from etl_runtime.cluster.clustermap import ClusterMap
 from etl_runtime.core.errors import InvalidRequest
 from etl_runtime.core.names import validate_bucket, validate_object
+from etl_runtime.etl.pipeline import parse_chain
 from etl_runtime.gateway.placement import bucket_not_found
 
 MISSING_DIR = "__404__"
@@ -50,6 +51,18 @@ class Item:
     start: int = 0
     length: int = 0  # 0: the whole object (or file); -1: from start to the end
     opaque: str | None = None  # base64 as sent; answered as is
+    etl: tuple[str, ...] = ()  # the ETL chain every byte goes through: the batch's or a view's
+    etl_args: str | None = None
+    source: str = ""  # the bucket read, when ``bucket`` is a view of it
+    source_provider: str = ""  # and its provider ("" or "aws")
+
+    @property
+    def read_bucket(self) -> str:
+        return self.source or self.bucket
+
+    @property
+    def read_provider(self) -> str:
+        return self.source_provider if self.source else self.provider
 
     @property
     def ranged(self) -> bool:
@@ -127,7 +140,13 @@ def _archpath(value: str, i: int) -> str:
 
 
 def _item(
-    raw: Any, i: int, default_bucket: str | None, default_provider: str, cmap: ClusterMap | None
+    raw: Any,
+    i: int,
+    default_bucket: str | None,
+    default_provider: str,
+    cmap: ClusterMap | None,
+    chain: tuple[str, ...] = (),
+    etl_args: str | None = None,
 ) -> Item:
     if not isinstance(raw, dict):
         raise InvalidRequest(f"in[{i}] must be an object with at least 'objname'")
@@ -149,10 +168,12 @@ def _item(
         )
     validate_bucket(bucket)
     validate_object(bucket, name)
+    view: dict[str, Any] = {}
     if cmap is not None:
         props = cmap.buckets.get(bucket)
         if props is None:
             raise bucket_not_found(bucket)
+        view = props.view
         if (provider or "ais") != props.provider:
             raise InvalidRequest(
                 f"in[{i}]: bucket {bucket!r} is a {props.provider!r} bucket, not "
@@ -170,6 +191,31 @@ def _item(
     opaque = raw.get("opaque")
     if opaque is not None and not isinstance(opaque, str):
         raise InvalidRequest(f"in[{i}].opaque must be a base64 string")
+    etl, args, source, source_provider = chain, etl_args, "", ""
+    if view:
+        if chain:
+            raise InvalidRequest(
+                f"in[{i}]: bucket {bucket!r} is an ETL view (of {view.get('of')!r} through "
+                f"ETL {view.get('etl')!r}) and already names its ETL: drop etl_name, or read "
+                "the source bucket with it",
+                bucket=bucket,
+                etl=chain[0],
+            )
+        etl, args, source = (str(view["etl"]),), view.get("args"), str(view["of"])
+        assert cmap is not None
+        src_props = cmap.buckets.get(source)
+        if src_props is None:  # deleting a source that views read is refused: a race
+            raise bucket_not_found(source)
+        source_provider = "aws" if src_props.provider == "aws" else ""
+    if etl and (start or length):
+        raise InvalidRequest(
+            f"in[{i}]: a byte range (start/length) cannot be combined with "
+            f"{'the view' + chr(39) + 's ETL' if source else 'etl_name='}{etl[0]!r}: the "
+            "transformed object has no known size",
+            bucket=bucket,
+            object=name,
+            etl=etl[0],
+        )
     return Item(
         index=i,
         bucket=bucket,
@@ -179,6 +225,10 @@ def _item(
         start=start,
         length=length,
         opaque=opaque or None,
+        etl=etl,
+        etl_args=args,
+        source=source,
+        source_provider=source_provider,
     )
 
 
@@ -209,17 +259,11 @@ def parse_request(
     if isinstance(coloc, bool) or not isinstance(coloc, int) or not 0 <= coloc <= 2:
         raise InvalidRequest(f"coloc must be 0, 1 or 2, got {coloc!r}")
     fmt, content_type = FORMATS[mime.lower()]
-    items = [_item(r, i, default_bucket, default_provider, cmap) for i, r in enumerate(raw_items)]
-    if etl_name:
-        for it in items:
-            if it.ranged:
-                raise InvalidRequest(
-                    f"in[{it.index}]: a byte range (start/length) cannot be combined with "
-                    f"etl_name={etl_name!r}: the transformed object has no known size",
-                    bucket=it.bucket,
-                    object=it.name,
-                    etl=etl_name,
-                )
+    chain = tuple(parse_chain(etl_name, etl_pipeline))
+    items = [
+        _item(r, i, default_bucket, default_provider, cmap, chain, etl_args)
+        for i, r in enumerate(raw_items)
+    ]
     return BatchRequest(
         items=items,
         fmt=fmt,

@@ -1,10 +1,12 @@
 """GetBatch items read in shares: one request to each target for all of its items.
 
-Caller: ``assemble.Assembler``. Items a target can send straight from its
-disk (whole objects or byte ranges of ``ais`` buckets, no ``archpath``, no
-ETL: ``shareable``) are grouped by the target a GET would be sent to
-(``read_router``: ``placement.route``'s choice), in request order, and asked
-for in parts of ``PART`` items; the exchange (a manifest of every item's
+Caller: ``assemble.Assembler``. Items a target can answer from its own disk
+(whole objects or byte ranges of ``ais`` buckets; with an ETL, whole objects
+and files in shards: ``shareable``) are grouped by the target a GET would be
+sent to (``read_router``: ``placement.route``'s choice) and by ETL (the
+batch's, or a view's, with its args), in request order, and asked for in
+parts of ``PART`` items (``ETL_PART`` through an ETL: the target transforms
+a part's items, several at once, before it answers); the exchange (a manifest of every item's
 outcome, then the TAR entries back to back) is drawn in ``wire/batchshare.py``.
 ``AHEAD`` parts per target are in flight at once, so every target reads its
 disk and sends while the gateway writes another target's items; what the
@@ -42,6 +44,7 @@ from etl_runtime.wire.batchshare import (
     MANIFEST_LEN,
     MANIFEST_MAX,
     OK,
+    SHARE_ETL_PATH,
     SHARE_PATH,
     ShareBody,
     ShareBroken,
@@ -54,6 +57,8 @@ log = logging.getLogger(__name__)
 
 PART = 128  # items per share request
 AHEAD = 2  # share requests in flight per target
+ETL_PART = 32  # the same through an ETL: the target transforms a part before it answers
+ETL_AHEAD = 3
 SMALL_ENTRY = 64 << 10  # an object up to this size is relayed with its header in one piece
 POOL = SharePool()  # this process's connections to targets for shares
 
@@ -66,8 +71,13 @@ READ_BY_GET: Final = Elsewhere()
 Head = int | Failed | Elsewhere
 
 
-def shareable(req: BatchRequest, item: Item) -> bool:
-    return not req.etl_name and not item.archpath and not item.provider
+def shareable(item: Item) -> bool:
+    """On its target's disk (an ``ais`` bucket); an ``archpath`` only through an ETL (the
+    target picks the file out of the transformed shard)."""
+    return not item.read_provider and (not item.archpath or bool(item.etl))
+
+
+EtlKey = tuple[tuple[str, ...], str | None]  # (chain, etl_args): one share per target and key
 
 
 class ShareItem:
@@ -95,8 +105,10 @@ class _Part:
 class TargetShare:
     """Every shareable item of one batch that one target owns, asked for in parts."""
 
-    def __init__(self, gw: Gateway, target: TargetInfo) -> None:
+    def __init__(self, gw: Gateway, target: TargetInfo, etl: EtlKey = ((), None)) -> None:
         self._gw, self.target = gw, target
+        self.etl = etl  # every item of this share goes through this ETL chain (or none)
+        self._part_size, self._ahead = (ETL_PART, ETL_AHEAD) if etl[0] else (PART, AHEAD)
         self.items: list[ShareItem] = []
         self.splice = False  # big entries go socket to socket (``wire/splice.py``)
         self._parts: deque[_Part] = deque()
@@ -108,11 +120,12 @@ class TargetShare:
         return si
 
     def start(self) -> None:
-        self._parts.extend(_Part(self.items[k : k + PART]) for k in range(0, len(self.items), PART))
+        n = self._part_size
+        self._parts.extend(_Part(self.items[k : k + n]) for k in range(0, len(self.items), n))
         self._fill()
 
     def _fill(self) -> None:
-        while self._started < len(self._parts) and self._started < AHEAD + self._done():
+        while self._started < len(self._parts) and self._started < self._ahead + self._done():
             part = self._parts[self._started]
             part.task = asyncio.create_task(self._run(part))
             self._started += 1
@@ -159,13 +172,22 @@ class TargetShare:
                 answer.close()  # a no-op once the body was read to its end
 
     async def _request(self, part: _Part) -> ShareBody | None:
-        rows = [
-            [si.item.bucket, si.item.name, si.item.start, si.item.length, si.name]
-            for si in part.items
-        ]
-        body = json.dumps({"in": rows}, separators=(",", ":")).encode()
+        rows: list[list[Any]] = []
+        for si in part.items:
+            it = si.item
+            row: list[Any] = [it.read_bucket, it.name, it.start, it.length, si.name]
+            if it.archpath:
+                row.append(it.archpath)
+            rows.append(row)
+        ask: dict[str, Any] = {"in": rows}
+        chain, args = self.etl
+        if chain:
+            ask["etl"] = list(chain)
+            ask["etl_args"] = args
+        body = json.dumps(ask, separators=(",", ":")).encode()
         headers = {**self._gw.target_headers(), "Content-Type": "application/json"}
-        answer = await POOL.post(self.target.url, SHARE_PATH, headers, body, ITEM_TIMEOUT)
+        path = SHARE_ETL_PATH if chain else SHARE_PATH
+        answer = await POOL.post(self.target.url, path, headers, body, ITEM_TIMEOUT)
         if answer.status == 200:
             return answer
         raw = await answer.read_all(ERROR_BODY_MAX)
@@ -280,16 +302,18 @@ def read_router(gw: Gateway) -> Callable[[str, str], TargetInfo | None]:
 
 def plan(gw: Gateway, req: BatchRequest) -> tuple[list[ShareItem | None], list[TargetShare]]:
     """Per item, its ``ShareItem`` (None: read with a GET); the shares, not started."""
-    shares: dict[str, TargetShare] = {}
+    shares: dict[tuple[str, EtlKey], TargetShare] = {}
     out: list[ShareItem | None] = []
     owner = read_router(gw)
     for item in req.items:
-        target = owner(item.bucket, item.name) if shareable(req, item) else None
+        target = owner(item.read_bucket, item.name) if shareable(item) else None
         if target is None:
             out.append(None)
             continue
-        share = shares.get(target.id)
+        etl: EtlKey = (item.etl, item.etl_args)
+        key = (target.id, etl)
+        share = shares.get(key)
         if share is None:
-            share = shares[target.id] = TargetShare(gw, target)
+            share = shares[key] = TargetShare(gw, target, etl)
         out.append(share.add(item, req.name_in_archive(item)))
     return out, list(shares.values())

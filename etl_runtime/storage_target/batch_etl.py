@@ -1,0 +1,325 @@
+"""The target's half of GetBatch through an ETL: its share's items transformed here, in parallel.
+
+``storage_target/batch.py`` calls ``transform_all`` for a share that names an
+ETL chain (the batch's ``etl_name``/``etl_pipeline``, or a view's ETL). Every
+item goes through the target's own ETL GET path (``etl.pipeline.
+transform_chain``, so ``EtlForwarder.transform``: the output cache of a
+``cache: true`` ETL, the steps of a pipeline) with up to ``CONCURRENCY``
+items of the share in flight at once, so the transformer's workers all have
+work; a part's answer starts once all of its items are in, their outcomes in
+its manifest as for plain objects. One uncached ETL (the usual case) takes
+that path's last step directly (``EtlForwarder.send``: the file by path
+where the transformer can read it, else its bytes), with the ETL looked up
+and the files found (or read) once per share, in one thread hop: per object
+that path cost the target more CPU than the transformer's call itself.
+
+* object mode: the object's transformed bytes are the entry;
+* a file inside a shard (``archpath``): the shard is transformed once per
+  part however many of its files were asked for (wds mode: per sample), and
+  the files are picked out of the transformed shard as it streams.
+
+Transformed bytes stay in memory up to ``MEMORY`` per answer (and
+``ITEM_MEMORY`` per item); the rest goes to unlinked temporary files in the
+store's ``.tmp`` (sent with ``os.sendfile`` like objects), so a part of big
+outputs holds no more than that in RSS.
+
+An item the ETL fails on is its manifest entry with the status and JSON body
+a GET through the ETL would have answered (a transformer's 422 for an input
+it refuses: the batch goes on past it with ``coer``); a transformer whose
+answer breaks off mid-item is a 502 for that item naming the ETL, object and
+target; never bytes in the archive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import stat
+import tempfile
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import IO
+
+import anyio.to_thread
+
+from etl_runtime.cluster.records import EtlRecord, TransformerStatus
+from etl_runtime.core.errors import ObjectNotFound, SluiceError
+from etl_runtime.etl.pipeline import transform_chain
+from etl_runtime.storage_target.context import Target
+from etl_runtime.wire.duplex import DuplexResponse
+from etl_runtime.wire.shardread import ShardReader, same_path
+
+log = logging.getLogger(__name__)
+
+CONCURRENCY = 16  # items of one share answer transformed at once
+MEMORY = 16 << 20  # transformed bytes of one answer kept in memory; the rest spills to disk
+ITEM_MEMORY = 1 << 20  # one item's bytes kept in memory before it spills
+INLINE_MAX = 4 << 20  # an object sent in the transformer's request (not by path) up to this
+
+
+class Elsewhere:
+    """The item is not this target's to answer: the gateway reads it with a plain GET."""
+
+
+ELSEWHERE = Elsewhere()
+
+
+@dataclass
+class Output:
+    """One item's transformed bytes: in memory (``data``), or ``size`` bytes of ``file``."""
+
+    size: int = 0
+    data: bytes | None = None
+    file: IO[bytes] | None = None
+
+
+Outcome = Output | SluiceError | Elsewhere
+
+
+@dataclass
+class Budget:
+    memory: int = MEMORY
+    files: list[IO[bytes]] = field(default_factory=list)  # closed with the share
+
+
+class _Sink:
+    """Collects one output: memory first, a temp file past the budget."""
+
+    def __init__(self, budget: Budget, tmp_dir: str) -> None:
+        self._budget, self._tmp = budget, tmp_dir
+        self._chunks: list[bytes] = []
+        self._file: IO[bytes] | None = None
+        self.size = 0
+
+    async def write(self, chunk: bytes | bytearray | memoryview) -> None:
+        if not chunk:
+            return
+        n = len(chunk)
+        self.size += n
+        if self._file is None:
+            kept = self.size - n
+            if kept + n <= ITEM_MEMORY and self._budget.memory >= n:
+                self._budget.memory -= n
+                self._chunks.append(bytes(chunk))
+                return
+            self._file = await anyio.to_thread.run_sync(self._spill)
+        await anyio.to_thread.run_sync(self._file.write, chunk)
+
+    def _spill(self) -> IO[bytes]:
+        f = tempfile.TemporaryFile(dir=self._tmp)  # noqa: SIM115 - closed with the share
+        self._budget.files.append(f)
+        for c in self._chunks:
+            f.write(c)
+            self._budget.memory += len(c)
+        self._chunks = []
+        return f
+
+    async def output(self) -> Output:
+        if self._file is None:
+            return Output(self.size, b"".join(self._chunks))
+        await anyio.to_thread.run_sync(self._file.flush)
+        return Output(self.size, file=self._file)
+
+
+async def _body(response: DuplexResponse) -> AsyncIterator[bytes | bytearray]:
+    try:
+        length = response.headers.get("content-length", "")
+        if length.isdigit() and int(length) <= ITEM_MEMORY:
+            yield await response.read(int(length))  # one piece: no copy when it is one read
+        else:
+            async for chunk in response.aiter_bytes():
+                yield chunk
+    finally:
+        await response.aclose()
+
+
+def _broken(e: Exception, etl: str, bucket: str, name: str, target: str) -> SluiceError:
+    err = SluiceError(
+        f"the answer of ETL {etl!r} for ais://{bucket}/{name} broke off on target "
+        f"{target!r} ({type(e).__name__}: {e})",
+        etl=etl,
+        bucket=bucket,
+        object=name,
+        target=target,
+    )
+    err.status, err.kind = 502, "TransformerFailed"
+    return err
+
+
+class EtlShare:
+    """The items of one share answer through ``chain``: ``outcomes`` in request order."""
+
+    def __init__(
+        self,
+        target: Target,
+        chain: list[str],
+        etl_args: str | None,
+        rows: list[tuple[str, str, str]],  # (bucket, object, archpath or "")
+        owned: list[bool],  # False: the item is not ours (ELSEWHERE)
+    ) -> None:
+        self._target, self._chain, self._args = target, chain, etl_args
+        self._rows, self._owned = rows, owned
+        self.outcomes: list[Outcome] = [ELSEWHERE] * len(rows)
+        self.budget = Budget()
+        self._tmp = str(target.store.tmp_dir)
+        self._gate = asyncio.Semaphore(CONCURRENCY)
+        self._to_transformer: tuple[EtlRecord, TransformerStatus, bool] | None = None
+        self._ready: dict[tuple[str, str], str | bytes | SluiceError] = {}
+
+    def _direct(self) -> tuple[EtlRecord, TransformerStatus, bool] | None:
+        """(record, transformer, by path) when every item can go straight to the transformer:
+        one ETL, no output cache. Raises the ETL's error (unknown, stopped, not ready)."""
+        fwd = self._target.forwarder
+        record = fwd.record(self._chain[0])
+        tf = fwd.transformer(record)
+        if len(self._chain) > 1 or (record.spec.cache and fwd.cache is not None):
+            return None
+        return record, tf, record.spec.arg_type == "fqn" or fwd.fqn_always
+
+    def _prepare(self, fqn: bool) -> None:
+        """In a worker thread, once per share: each object's path (by path) or its bytes."""
+        store = self._target.store
+        real = os.path.realpath(store.buckets_dir)  # once: object paths under it are real
+        for i, (bucket, name, _) in enumerate(self._rows):
+            if not self._owned[i] or (bucket, name) in self._ready:
+                continue
+            try:
+                path = os.path.join(real, bucket, name)  # the names were validated
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    st = None
+                if st is None or not stat.S_ISREG(st.st_mode):
+                    store.object_file(bucket, name)  # BucketNotFound, ObjectNotFound
+                    raise OSError(f"{bucket}/{name} is not a file")  # (cannot happen)
+                if fqn:
+                    self._ready[(bucket, name)] = path
+                elif st.st_size <= INLINE_MAX:
+                    with open(path, "rb") as f:
+                        self._ready[(bucket, name)] = f.read()
+            except SluiceError as e:
+                self._ready[(bucket, name)] = e
+            except OSError as e:
+                self._ready[(bucket, name)] = self._fail(e, bucket, name)
+
+    async def run(self) -> None:
+        try:
+            self._to_transformer = self._direct()
+        except SluiceError as e:  # every item fails the same way
+            self.outcomes = [e if mine else ELSEWHERE for mine in self._owned]
+            return
+        if self._to_transformer is not None:
+            await anyio.to_thread.run_sync(self._prepare, self._to_transformer[2])
+        jobs: list[asyncio.Task[None]] = []
+        shards: dict[tuple[str, str], list[int]] = {}
+        for i, (bucket, name, archpath) in enumerate(self._rows):
+            if not self._owned[i]:
+                continue
+            if archpath:
+                shards.setdefault((bucket, name), []).append(i)
+            else:
+                jobs.append(asyncio.create_task(self._object(i, bucket, name)))
+        for (bucket, name), wanted in shards.items():
+            jobs.append(asyncio.create_task(self._shard(bucket, name, wanted)))
+        try:
+            await asyncio.gather(*jobs)
+        except BaseException:
+            for job in jobs:
+                job.cancel()
+            raise
+
+    def close(self) -> None:
+        for f in self.budget.files:
+            f.close()
+        self.budget.files = []
+
+    async def _stream(self, bucket: str, name: str) -> AsyncIterator[bytes | bytearray]:
+        fwd = self._target.forwarder
+        ready = self._ready.get((bucket, name))
+        if self._to_transformer is None or ready is None:
+            return await transform_chain(fwd, bucket, name, self._chain, self._args)
+        if isinstance(ready, SluiceError):
+            raise ready
+        # straight to the transformer: what the ETL GET path does for an uncached ETL,
+        # less the per-object lookups and thread hop (done once for the share)
+        record, tf, fqn = self._to_transformer
+        params = {} if self._args is None else {"etl_args": self._args}
+        body = b""
+        if isinstance(ready, str):  # by path
+            params["etl_fqn"] = ready
+        else:
+            body = ready
+        response = await fwd.send(record, tf, bucket, name, params, body)
+        if response.status_code != 200:
+            try:
+                raise await fwd._transformer_error(response, record.name, bucket, name)
+            finally:
+                await response.aclose()
+        return _body(response)
+
+    def _fail(self, e: Exception, bucket: str, name: str) -> SluiceError:
+        if isinstance(e, SluiceError):
+            e.context.setdefault("etl", self._chain[0])
+            e.context.setdefault("target", self._target.id)
+            return e
+        if not isinstance(e, OSError | ConnectionError):
+            log.warning("GetBatch: ETL %s on %s/%s: %r", self._chain, bucket, name, e)
+        return _broken(e, ",".join(self._chain), bucket, name, self._target.id)
+
+    async def _object(self, i: int, bucket: str, name: str) -> None:
+        async with self._gate:
+            sink = _Sink(self.budget, self._tmp)
+            try:
+                body = await self._stream(bucket, name)
+                try:
+                    async for chunk in body:
+                        await sink.write(chunk)
+                finally:
+                    await body.aclose()  # type: ignore[attr-defined]
+                self.outcomes[i] = await sink.output()
+            except Exception as e:
+                self.outcomes[i] = self._fail(e, bucket, name)
+
+    async def _shard(self, bucket: str, name: str, wanted: list[int]) -> None:
+        """Transform the shard once; pick every wanted file out of the output."""
+        async with self._gate:
+            left = {i: self._rows[i][2] for i in wanted}
+            try:
+                body = await self._stream(bucket, name)
+                try:
+                    what = f"the output of ETL {self._chain[0]!r} for ais://{bucket}/{name}"
+                    reader = ShardReader(body, what)
+                    while left and (found := await reader.next()) is not None:
+                        member, size = found
+                        hits = [i for i, path in left.items() if same_path(member, path)]
+                        if not hits:
+                            if not await reader.skip_member(size):
+                                break
+                            continue
+                        sink = _Sink(self.budget, self._tmp)
+                        async for chunk in reader.member(size):
+                            await sink.write(chunk)
+                        await reader.skip_padding(size)
+                        out = await sink.output()
+                        for i in hits:
+                            self.outcomes[i] = out
+                            del left[i]
+                finally:
+                    await body.aclose()  # type: ignore[attr-defined]
+            except Exception as e:
+                err = self._fail(e, bucket, name)
+                for i in left:
+                    self.outcomes[i] = err
+                return
+            for i, path in left.items():
+                err = ObjectNotFound(
+                    f"file {path!r} is not in the output of ETL {self._chain[0]!r} for shard "
+                    f"ais://{bucket}/{name}",
+                    bucket=bucket,
+                    object=name,
+                    etl=self._chain[0],
+                    target=self._target.id,
+                    in_shard=True,
+                )
+                self.outcomes[i] = err
