@@ -355,8 +355,15 @@ def test_targets_scaled_3_to_4_rebalance_and_every_object_reads(stack: Stack) ->
         except BaseException:
             print(stack.diagnostics())
             raise
-        assert view["rebalance"]["objects_moved"] > 0 and view["rebalance"]["errors"] == 0
-        for name, data in objects.items():
+        print("after scaling to 4:", view["rebalance"])
+        assert view["rebalance"]["errors"] == 0
+        new_target = next(t["url"] for t in view["targets"] if t["id"] == f"{STS}-3")
+        on_new = 0
+        for name, data in objects.items():  # the gateway sends each GET to its owner
+            first = httpx.get(f"{url}/v1/objects/scale/{name}", timeout=30)
+            assert first.status_code == 307, first.text
+            on_new += first.headers["location"].startswith(new_target + "/")
             assert bucket.object(name).get_bytes() == data, name
+        assert on_new > 0  # ~1/4 of the objects now belong to (and were moved to) the new target
     # Every ETL still running gets a transformer beside the new target too.
     wait_for(lambda: all(e["status"]["ready"] == "4/4" for e in stack.etls()), 180)
