@@ -84,11 +84,11 @@ class Stack:
     def helm(self, *args: str) -> str:
         return helm(*args, "--namespace", self.namespace, env=self.env).stdout
 
-    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
         """``kubectl -n <ns> args``; fails the test with kubectl's stderr."""
         cmd = [str(BIN_DIR / "kubectl"), f"--kubeconfig={self.cluster.kubeconfig}",
                "-n", self.namespace, *args]  # fmt: skip
-        done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=120)
+        done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout)
         assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
         return done.stdout
 
