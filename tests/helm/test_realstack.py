@@ -365,13 +365,17 @@ def test_targets_scaled_3_to_4_rebalance_and_every_object_reads(stack: Stack) ->
             raise
         print("after scaling to 4:", view["rebalance"])
         assert view["rebalance"]["errors"] == 0
+        # What the new target's volume holds, before any read could fetch anything there.
+        ls = stack.kubectl("exec", f"{STS}-3", "--", "ls", "/data/buckets/scale")
         new_target = next(t["url"] for t in view["targets"] if t["id"] == f"{STS}-3")
-        on_new = 0
+        owned_by_new = set()
         for name, data in objects.items():  # the gateway sends each GET to its owner
             first = httpx.get(f"{url}/v1/objects/scale/{name}", timeout=30)
             assert first.status_code == 307, first.text
-            on_new += first.headers["location"].startswith(new_target + "/")
+            if first.headers["location"].startswith(new_target + "/"):
+                owned_by_new.add(name)
             assert bucket.object(name).get_bytes() == data, name
-        assert on_new > 0  # ~1/4 of the objects now belong to (and were moved to) the new target
+        # ~1/4 of the objects now belong to the new target, and the rebalance moved them there.
+        assert owned_by_new and owned_by_new == set(ls.split()), (owned_by_new, ls)
     # Every ETL still running gets a transformer beside the new target too.
     wait_for(lambda: all(e["status"]["ready"] == "4/4" for e in stack.etls()), 180)
