@@ -83,7 +83,7 @@ def stack(real_cluster: RealNodes, tmp_path_factory: pytest.TempPathFactory) -> 
     )  # fmt: skip
     try:
         wait_for(lambda: len(st.ready_pods("app.kubernetes.io/instance=" + RELEASE)) == 5, 300)
-        wait_for(lambda: gateway(st, targets=3), 120)
+        endpoint(st)
     except BaseException:
         print(st.diagnostics())
         raise
@@ -101,6 +101,12 @@ def gateway(st: Stack, targets: int = 3) -> str | None:
         if httpx.get(f"{url}/v1/health", timeout=5).json().get("targets") == targets:
             return url
     return None
+
+
+def endpoint(st: Stack, targets: int = 3) -> str:
+    """The gateway's URL, waiting (after a restart, say) until it sees every target."""
+    url: str = wait_for(lambda: gateway(st, targets), 120)
+    return url
 
 
 def apply_etl(st: Stack, doc: str, name: str, targets: int = 3) -> None:
@@ -158,8 +164,7 @@ def test_kubectl_apply_etl_yaml_and_get_transformed_bytes(stack: Stack) -> None:
     who = stack.kubectl("exec", transformers[0].metadata.name, "--", "python", "-c", probe)
     assert who.split() == ["10001", "False", "False"]  # no ServiceAccount token
 
-    url = gateway(stack)
-    assert url is not None
+    url = endpoint(stack)
     with Client(url, token=TOKEN, timeout=60) as sdk:
         bucket = sdk.bucket("plain").create()
         objects = {f"obj-{i}": f"object {i} on a real node".encode() for i in range(12)}
@@ -183,7 +188,9 @@ def test_kubectl_apply_etl_yaml_and_get_transformed_bytes(stack: Stack) -> None:
     service = core.read_namespaced_service(f"{RELEASE}-sluice-gateway", stack.namespace)
     svc_url = f"http://{service.spec.cluster_ip}:8080/v1/objects/plain/obj-3?etl_name=upper"
     # Retried: kube-proxy may not have synced the Service yet.
-    via_service = wait_for(lambda: stack.kubectl("exec", "client", "--", "/echo", "get", svc_url))
+    via_service = wait_for(
+        lambda: stack.kubectl("exec", "client", "--", "/echo", "get", svc_url), 120
+    )
     assert via_service == "OBJECT 3 ON A REAL NODE"
     stack.kubectl("delete", "pod", "client", "--wait=false")
 
@@ -208,8 +215,7 @@ def transform(sample):
 
 def test_wds_etl_is_read_by_webdataset(stack: Stack) -> None:
     apply_etl(stack, etl_yaml("shrink", SHRINK, mode="wds", extra="  decode: pil\n"), "shrink")
-    url = gateway(stack)
-    assert url is not None
+    url = endpoint(stack)
     with Client(url, token=TOKEN, timeout=60) as sdk:
         bucket = sdk.bucket("shards").create()
         for i in range(3):
@@ -224,8 +230,7 @@ def test_wds_etl_is_read_by_webdataset(stack: Stack) -> None:
 
 def test_killed_transformer_container_is_healed(stack: Stack) -> None:
     apply_etl(stack, UPPER, "upper")
-    url = gateway(stack)
-    assert url is not None
+    url = endpoint(stack)
     with Client(url, token=TOKEN, timeout=60) as sdk:
         obj = sdk.bucket("heal").create().object("x")
         obj.put_content(b"heal me")
@@ -268,8 +273,7 @@ def test_etl_dependencies_come_from_an_index_pods_reach(stack: Stack, tmp_path: 
         apply_etl(stack, etl_yaml("shout", source, extra=extra), "shout")
         wheel_gets = [p for p in idx.requests if p.endswith(".whl")]
     assert len(wheel_gets) >= 3  # a pip install in each transformer pod
-    url = gateway(stack)
-    assert url is not None
+    url = endpoint(stack)
     with Client(url, token=TOKEN, timeout=60) as sdk:
         obj = sdk.bucket("deps").create().object("d")
         obj.put_content(b"quiet")
@@ -284,8 +288,7 @@ def cluster_view(url: str) -> dict[str, Any]:
 def test_rolling_restart_with_copies_2_loses_no_write(stack: Stack) -> None:
     """``kubectl rollout restart`` of the targets under writers and readers: every
     acknowledged write reads back, no read answers 404."""
-    url = gateway(stack)
-    assert url is not None
+    url = endpoint(stack)
     acked: dict[str, str] = {}
     lock, stop = threading.Lock(), threading.Event()
     counts = {"puts": 0, "put_refused": 0, "gets": 0, "get_failed": 0, "404": 0}
@@ -343,8 +346,7 @@ def test_rolling_restart_with_copies_2_loses_no_write(stack: Stack) -> None:
 
 
 def test_targets_scaled_3_to_4_rebalance_and_every_object_reads(stack: Stack) -> None:
-    url = gateway(stack)
-    assert url is not None
+    url = endpoint(stack)
     with Client(url, token=TOKEN, timeout=60) as sdk:
         bucket = sdk.bucket("scale").create()
         objects = {f"s{i:02d}": random.randbytes(2000 + i) for i in range(40)}
