@@ -15,6 +15,8 @@
    **kubelet** (cgroupfs driver, ``cgroupRoot`` = the node cgroup, x509 client
    auth against the cluster CA, its own root dir and pod log dir) and a
    **kube-proxy** (iptables mode, in the node's namespace).
+4. a local-path provisioner (``tests/k8s/provisioner.py``, a thread here):
+   default StorageClass ``standard``, hostPath PVs in ``<state>/node-i/pv``.
 
 Why a containerd per node rather than one shared: the CNI bridge plugin runs
 in containerd's network namespace, so a shared containerd would put every
