@@ -8,6 +8,12 @@ for every Pending claim of that class that the scheduler has placed
 PersistentVolume in ``<state>/pv/<pv name>`` pinned to that node.  The real
 PV controller binds it; the kubelet mounts the directory.  Released volumes
 are deleted with their directory (reclaim policy ``Delete``).
+
+Real nodes (``tests/k8s/realnode.py``) run it too, with ``root_of`` putting each
+volume under its node's state dir (``<state>/node-i/pv/<pv name>``).  As
+rancher's local-path-provisioner does, the directory is made mode 0777: a
+hostPath volume gets no ``fsGroup`` ownership change from the kubelet, and the
+chart's pods run as UID 10001, not as the root that made the directory.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import logging
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +36,15 @@ CLASS = "standard"
 class LocalPathProvisioner:
     """Polls claims every ``interval`` seconds and provisions hostPath volumes."""
 
-    def __init__(self, api: Api, state_dir: Path, interval: float = 1.0) -> None:
-        self.api, self.root, self.interval = api, state_dir / "pv", interval
+    def __init__(
+        self,
+        api: Api,
+        state_dir: Path,
+        interval: float = 1.0,
+        root_of: Callable[[str], Path] | None = None,
+    ) -> None:
+        self.api, self.interval = api, interval
+        self.root_of = root_of or (lambda node: state_dir / "pv")
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="provisioner", daemon=True)
 
@@ -75,7 +89,9 @@ class LocalPathProvisioner:
             annotations = pv["metadata"].get("annotations", {})
             released = pv.get("status", {}).get("phase") == "Released"
             if released and annotations.get("pv.kubernetes.io/provisioned-by") == PROVISIONER:
-                shutil.rmtree(self.root / pv["metadata"]["name"], ignore_errors=True)
+                path = pv["spec"].get("hostPath", {}).get("path")
+                if path:
+                    shutil.rmtree(path, ignore_errors=True)
                 self.api.delete(f"/api/v1/persistentvolumes/{pv['metadata']['name']}")
 
     def _provision(self, pvc: JSON) -> None:
@@ -84,8 +100,9 @@ class LocalPathProvisioner:
         if node is None:  # WaitForFirstConsumer: the scheduler has not placed a pod yet
             return
         name = f"pvc-{meta['uid']}"
-        path = self.root / name
+        path = self.root_of(node) / name
         path.mkdir(parents=True, exist_ok=True)
+        path.chmod(0o777)  # any pod user may write (hostPath gets no fsGroup change)
         on_node = {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
         pv = {
             "apiVersion": "v1",

@@ -15,6 +15,8 @@
    **kubelet** (cgroupfs driver, ``cgroupRoot`` = the node cgroup, x509 client
    auth against the cluster CA, its own root dir and pod log dir) and a
    **kube-proxy** (iptables mode, in the node's namespace).
+4. a local-path provisioner (``tests/k8s/provisioner.py``, a thread here):
+   default StorageClass ``standard``, hostPath PVs in ``<state>/node-i/pv``.
 
 Why a containerd per node rather than one shared: the CNI bridge plugin runs
 in containerd's network namespace, so a shared containerd would put every
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import IO
 
 from tests.k8s import nodenet
+from tests.k8s.api import Api
 from tests.k8s.controlplane import (
     BIN_DIR,
     DIE_WITH_PARENT,
@@ -53,6 +56,7 @@ from tests.k8s.controlplane import (
     binary,
     stop_process,
 )
+from tests.k8s.provisioner import LocalPathProvisioner
 
 IMAGES_DIR = Path(os.environ.get("SLUICE_K8S_IMAGES", Path.home() / ".cache/sluice/k8s-images"))
 PAUSE_IMAGE = "localhost/sluice/pause:3.10"
@@ -302,6 +306,7 @@ class RealCluster:
     node_list: list[RealNode] = field(default_factory=list)
     _lock: IO[bytes] | None = None
     _reaper: subprocess.Popen[bytes] | None = None
+    provisioner: LocalPathProvisioner | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds since start, cumulative
 
     def __enter__(self) -> RealCluster:
@@ -353,6 +358,12 @@ class RealCluster:
                 node.start_kubelet_and_proxy()
             self.wait_nodes_ready(timeout - (time.monotonic() - t0))
             self.timings["nodes Ready"] = time.monotonic() - t0
+            # StorageClass "standard" (default): hostPath PVs in <state>/node-i/pv.
+            self.provisioner = LocalPathProvisioner(
+                Api(self.kubeconfig), self.state_dir,
+                root_of=lambda node: self.state_dir / node / "pv",
+            )  # fmt: skip
+            self.provisioner.start()
             (self.state_dir / "timings.json").write_text(json.dumps(self.timings, indent=1))
         except BaseException:
             self.stop()
@@ -395,6 +406,9 @@ class RealCluster:
 
     def stop(self) -> None:
         """The reaper kills the nodes and removes what they made; then the control plane."""
+        if self.provisioner is not None:
+            self.provisioner.stop()
+            self.provisioner = None
         if self._reaper is not None:
             if self._reaper.poll() is None:
                 self._reaper.send_signal(signal.SIGTERM)

@@ -1,0 +1,182 @@
+"""Helpers for the chart on real nodes (``tests/helm/test_realstack.py``).
+
+- :func:`import_sluice_images`: ``make images``' server, operator and runtime
+  archives into every node's containerd (nodes in parallel), as a cluster
+  without a registry needs them.
+- :class:`Stack`: the installed release, driven with ``helm`` and ``kubectl``.
+- :class:`PackageIndex`: a PEP 503 "simple" package index serving one wheel
+  written here, on the harness bridge address (``10.240.K.1``) that pods
+  reach; transformer pods reach nothing else, so an ETL's ``dependencies``
+  come from it (``PIP_INDEX_URL`` in the ETL's ``spec.env``).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import subprocess
+import threading
+import time
+import zipfile
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.helm.chart import helm
+from tests.k8s.controlplane import BIN_DIR
+from tests.k8s.realfixtures import RealNodes
+from tests.k8s.realnode import RealCluster, images_index, sluice_image
+
+IMAGES = ("server", "operator", "runtime")
+RELEASE = "sl"
+
+
+def import_sluice_images(real: RealCluster, names: Iterable[str] = IMAGES) -> float:
+    """Import the archives of ``make images`` into every node; returns the seconds taken.
+
+    Fails (never skips) when an image was not built: ``make test`` builds them.
+    """
+    archives = []
+    for name in names:
+        found = sluice_image(name)
+        if found is None:
+            pytest.fail(f"no {name} image in {images_index()}: run `make images`", pytrace=False)
+        archives.append(found[1])
+    t0 = time.monotonic()
+
+    def one_node(i: int) -> None:  # one image after another on a node; nodes in parallel
+        for archive in archives:
+            real.node_list[i].ctr(
+                "images", "import", "--snapshotter=overlayfs", str(archive), timeout=900
+            )
+
+    with ThreadPoolExecutor(len(real.node_list)) as pool:
+        list(pool.map(one_node, range(len(real.node_list))))
+    return time.monotonic() - t0
+
+
+class Stack:
+    """One helm release in one namespace of the real-node cluster."""
+
+    def __init__(self, cluster: RealNodes, namespace: str, home: Path) -> None:
+        self.cluster, self.namespace = cluster, namespace
+        self.custom = client.CustomObjectsApi(cluster.api_client)
+        self.apps = client.AppsV1Api(cluster.api_client)
+        self.env = {
+            "KUBECONFIG": str(cluster.kubeconfig),
+            "HELM_CACHE_HOME": str(home / "cache"),
+            "HELM_CONFIG_HOME": str(home / "config"),
+            "HELM_DATA_HOME": str(home / "data"),
+        }
+
+    @property
+    def real(self) -> RealCluster:
+        assert self.cluster.real is not None
+        return self.cluster.real
+
+    def helm(self, *args: str) -> str:
+        return helm(*args, "--namespace", self.namespace, env=self.env).stdout
+
+    def kubectl(self, *args: str, stdin: str | None = None, timeout: float = 120) -> str:
+        """``kubectl -n <ns> args``; fails the test with kubectl's stderr."""
+        cmd = [str(BIN_DIR / "kubectl"), f"--kubeconfig={self.cluster.kubeconfig}",
+               "-n", self.namespace, *args]  # fmt: skip
+        done = subprocess.run(cmd, input=stdin, capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, f"kubectl {' '.join(args)}: {done.stderr}"
+        return done.stdout
+
+    def pods(self, selector: str) -> list[client.V1Pod]:
+        core = self.cluster.core
+        return core.list_namespaced_pod(self.namespace, label_selector=selector).items
+
+    def ready_pods(self, selector: str) -> list[client.V1Pod]:
+        out = []
+        for pod in self.pods(selector):
+            conditions = {c.type: c.status for c in (pod.status.conditions or [])}
+            if conditions.get("Ready") == "True" and pod.metadata.deletion_timestamp is None:
+                out.append(pod)
+        return out
+
+    def etl_row(self, name: str) -> list[str]:
+        """The row ``kubectl get etl NAME`` prints: NAME PHASE READY MODE AGE."""
+        return self.kubectl("get", "etl", name, "--no-headers").split()
+
+    def etls(self) -> list[dict[str, Any]]:
+        found = self.custom.list_namespaced_custom_object(
+            "sluice.dev", "v1alpha1", self.namespace, "etls"
+        )
+        return list(found["items"])
+
+    def diagnostics(self) -> str:
+        """Objects, events and the tail of every pod's log (for a failed test's output)."""
+        run = partial(subprocess.run, capture_output=True, text=True, timeout=60)
+        kubectl = [str(BIN_DIR / "kubectl"), f"--kubeconfig={self.cluster.kubeconfig}",
+                   "-n", self.namespace]  # fmt: skip
+        out = [run([*kubectl, "get", "pods,pvc,etl,svc", "-o", "wide"]).stdout]
+        events = run([*kubectl, "get", "events", "--sort-by=.lastTimestamp"]).stdout
+        out.append("--- events\n" + "\n".join(events.splitlines()[-40:]))
+        for pod in self.pods(""):
+            logs = run([*kubectl, "logs", pod.metadata.name, "--all-containers", "--tail=40"])
+            kept = [ln for ln in logs.stdout.splitlines() if "GET /healthz" not in ln]
+            out.append(f"--- {pod.metadata.name}\n" + "\n".join(kept)[-3000:] + logs.stderr)
+        return "\n".join(out)
+
+
+def make_wheel(name: str, version: str, module_source: str) -> tuple[str, bytes]:
+    """A pure-Python wheel (file name, bytes) holding one module ``name``."""
+    dist = f"{name}-{version}.dist-info"
+    files = {
+        f"{name}.py": module_source.encode(),
+        f"{dist}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n".encode(),
+        f"{dist}/WHEEL": b"Wheel-Version: 1.0\nGenerator: sluice-tests\n"
+        b"Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    record = []
+    for path, data in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(data)}")
+    files[f"{dist}/RECORD"] = ("\n".join([*record, f"{dist}/RECORD,,"]) + "\n").encode()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as whl:
+        for path, data in files.items():
+            whl.writestr(path, data)
+    return f"{name}-{version}-py3-none-any.whl", buf.getvalue()
+
+
+class PackageIndex:
+    """``http://<address>:<port>/simple/``: a PEP 503 index of the wheels given."""
+
+    def __init__(self, root: Path, address: str, wheels: dict[str, tuple[str, bytes]]) -> None:
+        for project, (filename, data) in wheels.items():
+            d = root / "simple" / project.replace("_", "-")
+            d.mkdir(parents=True, exist_ok=True)
+            (d / filename).write_bytes(data)
+            sha = hashlib.sha256(data).hexdigest()
+            (d / "index.html").write_text(
+                f'<html><body><a href="{filename}#sha256={sha}">{filename}</a></body></html>\n'
+            )
+        self.requests: list[str] = []
+        index = self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:
+                index.requests.append(self.path)
+
+        self.server = ThreadingHTTPServer((address, 0), partial(Handler, directory=str(root)))
+        self.url = f"http://{address}:{self.server.server_address[1]}/simple/"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> PackageIndex:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
