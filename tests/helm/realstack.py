@@ -3,7 +3,11 @@
 - :func:`import_sluice_images`: ``make images``' server, operator and runtime
   archives into every node's containerd (nodes in parallel), as a cluster
   without a registry needs them.
-- :class:`Stack`: the installed release, driven with ``helm`` and ``kubectl``.
+- :func:`installed`: the module's release (``test_realstack``'s fixture).
+- :class:`Stack`: the installed release, driven with ``helm`` and ``kubectl``;
+  :func:`endpoint` (the gateway once it sees every target), :func:`apply_etl`
+  (an ETL as YAML, until ``kubectl get etl`` shows Running N/N),
+  :func:`leftovers` (what ``helm uninstall`` left in the namespace).
 - :class:`PackageIndex`: a PEP 503 "simple" package index serving one wheel
   written here, on the harness bridge address (``10.240.K.1``) that pods
   reach; transformer pods reach nothing else, so an ETL's ``dependencies``
@@ -15,27 +19,75 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import random
 import subprocess
+import tarfile
 import threading
 import time
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+import webdataset as wds
 from kubernetes import client
+from PIL import Image
 
-from tests.helm.chart import helm
+from tests.helm.chart import CHART, helm
 from tests.k8s.controlplane import BIN_DIR
 from tests.k8s.realfixtures import RealNodes
 from tests.k8s.realnode import RealCluster, images_index, sluice_image
+from tests.k8s.waiting import wait_for
+from tests.s3.conftest import s3_client
 
 IMAGES = ("server", "operator", "runtime")
 RELEASE = "sl"
+TOKEN = "real-stack-token"
+STS = f"{RELEASE}-sluice-target"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def etl_yaml(name: str, source: str, mode: str = "object", extra: str = "") -> str:
+    """An ETL as a user writes it (crds/etls.sluice.dev.yaml), the source inline."""
+    body = "\n".join("      " + line for line in source.strip().splitlines())
+    return (
+        f"apiVersion: sluice.dev/v1alpha1\nkind: ETL\nmetadata:\n  name: {name}\n"
+        f"spec:\n  mode: {mode}\n  code:\n    source: |\n{body}\n{extra}"
+    )
+
+
+def gateway(st: Stack, targets: int = 3) -> str | None:
+    """``http://<gateway pod IP>:8080`` once the gateway sees ``targets`` targets."""
+    for pod in st.ready_pods("app.kubernetes.io/component=gateway"):
+        url = f"http://{pod.status.pod_ip}:8080"
+        if httpx.get(f"{url}/v1/health", timeout=5).json().get("targets") == targets:
+            return url
+    return None
+
+
+def endpoint(st: Stack, targets: int = 3) -> str:
+    """The gateway's URL, waiting (after a restart, say) until it sees every target."""
+    url: str = wait_for(lambda: gateway(st, targets), 120)
+    return url
+
+
+def apply_etl(st: Stack, doc: str, name: str, targets: int = 3) -> None:
+    """``kubectl apply -f -`` then wait until ``kubectl get etl`` shows Running N/N."""
+    st.kubectl("apply", "-f", "-", stdin=doc)
+    try:
+        wait_for(lambda: st.etl_row(name)[1:3] == ["Running", f"{targets}/{targets}"], 240)
+    except BaseException:
+        print(st.diagnostics())
+        raise
+
+
+def cluster_view(url: str) -> dict[str, Any]:
+    return dict(httpx.get(f"{url}/v1/cluster", timeout=5).json())
 
 
 def import_sluice_images(real: RealCluster, names: Iterable[str] = IMAGES) -> float:
@@ -103,6 +155,12 @@ class Stack:
             if conditions.get("Ready") == "True" and pod.metadata.deletion_timestamp is None:
                 out.append(pod)
         return out
+
+    def cluster_key(self) -> str:
+        """The generated key in the chart's Secret (signs redirects and ETL tokens)."""
+        name = f"{RELEASE}-sluice-cluster-key"
+        secret = self.cluster.core.read_namespaced_secret(name, self.namespace)
+        return str(secret.data["cluster-key"])
 
     def etl_row(self, name: str) -> list[str]:
         """The row ``kubectl get etl NAME`` prints: NAME PHASE READY MODE AGE."""
@@ -180,3 +238,80 @@ class PackageIndex:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def leftovers(st: Stack) -> list[str]:
+    """Every object of the namespace that is not a claim or put there by Kubernetes itself."""
+    kinds = ("pods,services,statefulsets,deployments,replicasets,secrets,serviceaccounts,"
+             "roles,rolebindings,networkpolicies,etls,configmaps")  # fmt: skip
+    names = st.kubectl("get", kinds, "-o", "name").split()
+    own = ("serviceaccount/default", "configmap/kube-root-ca.crt")
+    return [n for n in names if n not in own]
+
+
+def installed(real_cluster: RealNodes, home: Path) -> Iterator[Stack]:
+    """The chart installed (images imported first), every pod Ready; at the end its ETLs
+    and the release (unless a test uninstalled it) removed, and its namespace."""
+    assert real_cluster.real is not None
+    t0 = time.monotonic()
+    imported = import_sluice_images(real_cluster.real)
+    ns = f"rs-{random.randbytes(4).hex()}"
+    real_cluster.kubectl("create", "namespace", ns)
+    st = Stack(real_cluster, ns, home)
+    st.helm(
+        "install", RELEASE, str(CHART),
+        "--set", "images.registry=localhost", "--set", "images.tag=dev",
+        "--set", "images.pullPolicy=Never",
+        "--set", "target.storage.size=1Gi", "--set", "gateway.replicas=1",
+        "--set", "target.terminationGracePeriodSeconds=10",
+        "--set", f"auth.token={TOKEN}",
+        # Transformer pods are bound to their target's node, past the scheduler:
+        # small requests, or 2-CPU nodes reject them (OutOfcpu).
+        "--set-json", 'transformer.resources={"requests":{"cpu":"50m","memory":"64Mi"},'
+                      '"limits":{"memory":"1Gi"}}',
+    )  # fmt: skip
+    try:
+        wait_for(lambda: len(st.ready_pods("app.kubernetes.io/instance=" + RELEASE)) == 5, 300)
+        endpoint(st)
+    except BaseException:
+        print(st.diagnostics())
+        raise
+    print(f"images imported in {imported:.0f}s; chart Ready {time.monotonic() - t0:.0f}s in")
+    yield st
+    st.kubectl("delete", "etl", "--all", "--wait", "--timeout=120s")
+    if RELEASE in st.helm("list", "-q").split():  # the last test uninstalls it
+        st.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
+    real_cluster.kubectl("delete", "namespace", ns, "--wait=false")
+
+
+def make_shard(index: int, samples: int = 5) -> bytes:
+    buf = io.BytesIO()
+    with wds.TarWriter(buf) as sink:
+        for j in range(samples):
+            image = Image.new("RGB", (16, 8), color=(index * 40, j * 30, 200))
+            sink.write({"__key__": f"s{index:02d}-{j:02d}", "png": image, "cls": j})
+    return buf.getvalue()
+
+
+SHRINK = """
+def transform(sample):
+    if sample["cls"] == 3:
+        return None
+    sample["png"] = sample["png"].resize((4, 2))
+    return sample
+"""
+
+
+def s3_view_keys(url: str, key: dict[str, Any]) -> list[str]:
+    """The sample keys of ``shard-00.tar`` in the ETL view ``s3view``, read with boto3."""
+    body = s3_client(url, key).get_object(Bucket="s3view", Key="shard-00.tar")["Body"].read()
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        return sorted({m.name.split(".")[0] for m in tar.getmembers()})
+
+
+def operator_log_problems(stack: Stack, pod: str) -> list[str]:
+    """What a namespaced operator must never log: RBAC refusals, or a peering tie
+    (kopf would pause every replica)."""
+    logs = stack.kubectl("logs", pod)
+    bad = ("Not enough permissions", "forbidden", "Possibly conflicting operators", "Traceback")
+    return [f"{pod}: {b!r} in\n{logs[-3000:]}" for b in bad if b in logs]

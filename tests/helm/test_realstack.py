@@ -11,7 +11,10 @@ from a client pod. Every Sluice pod runs under the chart's securityContext,
 which the real runtime enforces.
 
 One install for the module (tests run in file order and share it; each test
-makes its own bucket and ETL). Not covered here: NetworkPolicy (the bridge
+makes its own bucket and ETL). Later tests change the release as a user
+would: ``helm upgrade --reuse-values`` (the keys survive), ``target.replicas=4``,
+``operator.replicas=2`` (kopf peering, a fail-over), and the last one runs
+``helm uninstall`` (only the claims stay). Not covered here: NetworkPolicy (the bridge
 CNI does not enforce it) and Service DNS names (no cluster DNS; the chart
 needs none).
 """
@@ -19,7 +22,6 @@ needs none).
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import random
 import threading
@@ -31,92 +33,44 @@ from typing import Any
 import httpx
 import pytest
 import webdataset as wds
-from PIL import Image
+from kubernetes import client
 
 from etl_runtime import Client
 from etl_runtime.sdk.errors import NotFound, SluiceError
 from tests.helm.chart import CHART
-from tests.helm.realstack import RELEASE, PackageIndex, Stack, import_sluice_images, make_wheel
+from tests.helm.realstack import (
+    AUTH,
+    RELEASE,
+    SHRINK,
+    STS,
+    TOKEN,
+    PackageIndex,
+    Stack,
+    apply_etl,
+    cluster_view,
+    endpoint,
+    etl_yaml,
+    installed,
+    leftovers,
+    make_shard,
+    make_wheel,
+    operator_log_problems,
+    s3_view_keys,
+)
 from tests.k8s.realfixtures import RealNodes
 from tests.k8s.realnode import ECHO_IMAGE
 from tests.k8s.waiting import wait_for
 
 pytestmark = [pytest.mark.k8s, pytest.mark.realnode]
 
-TOKEN = "real-stack-token"
-STS = f"{RELEASE}-sluice-target"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
-
-def etl_yaml(name: str, source: str, mode: str = "object", extra: str = "") -> str:
-    """An ETL as a user writes it (crds/etls.sluice.dev.yaml), the source inline."""
-    body = "\n".join("      " + line for line in source.strip().splitlines())
-    return (
-        f"apiVersion: sluice.dev/v1alpha1\nkind: ETL\nmetadata:\n  name: {name}\n"
-        f"spec:\n  mode: {mode}\n  code:\n    source: |\n{body}\n{extra}"
-    )
-
-
-UPPER = etl_yaml("upper", "def transform(data):\n    return data.upper()")
-
 
 @pytest.fixture(scope="module")
 def stack(real_cluster: RealNodes, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The chart installed once, every pod Ready; ETLs and the release removed at the end."""
-    assert real_cluster.real is not None
-    t0 = time.monotonic()
-    imported = import_sluice_images(real_cluster.real)
-    ns = f"rs-{random.randbytes(4).hex()}"
-    real_cluster.kubectl("create", "namespace", ns)
-    st = Stack(real_cluster, ns, tmp_path_factory.mktemp("helm"))
-    st.helm(
-        "install", RELEASE, str(CHART),
-        "--set", "images.registry=localhost", "--set", "images.tag=dev",
-        "--set", "images.pullPolicy=Never",
-        "--set", "target.storage.size=1Gi", "--set", "gateway.replicas=1",
-        "--set", "target.terminationGracePeriodSeconds=10",
-        "--set", f"auth.token={TOKEN}",
-        # Transformer pods are bound to their target's node, past the scheduler:
-        # small requests, or 2-CPU nodes reject them (OutOfcpu).
-        "--set-json", 'transformer.resources={"requests":{"cpu":"50m","memory":"64Mi"},'
-                      '"limits":{"memory":"1Gi"}}',
-    )  # fmt: skip
-    try:
-        wait_for(lambda: len(st.ready_pods("app.kubernetes.io/instance=" + RELEASE)) == 5, 300)
-        endpoint(st)
-    except BaseException:
-        print(st.diagnostics())
-        raise
-    print(f"images imported in {imported:.0f}s; chart Ready {time.monotonic() - t0:.0f}s in")
-    yield st
-    st.kubectl("delete", "etl", "--all", "--wait", "--timeout=120s")
-    st.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
-    real_cluster.kubectl("delete", "namespace", ns, "--wait=false")
+    yield from installed(real_cluster, tmp_path_factory.mktemp("helm"))
 
 
-def gateway(st: Stack, targets: int = 3) -> str | None:
-    """``http://<gateway pod IP>:8080`` once the gateway sees ``targets`` targets."""
-    for pod in st.ready_pods("app.kubernetes.io/component=gateway"):
-        url = f"http://{pod.status.pod_ip}:8080"
-        if httpx.get(f"{url}/v1/health", timeout=5).json().get("targets") == targets:
-            return url
-    return None
-
-
-def endpoint(st: Stack, targets: int = 3) -> str:
-    """The gateway's URL, waiting (after a restart, say) until it sees every target."""
-    url: str = wait_for(lambda: gateway(st, targets), 120)
-    return url
-
-
-def apply_etl(st: Stack, doc: str, name: str, targets: int = 3) -> None:
-    """``kubectl apply -f -`` then wait until ``kubectl get etl`` shows Running N/N."""
-    st.kubectl("apply", "-f", "-", stdin=doc)
-    try:
-        wait_for(lambda: st.etl_row(name)[1:3] == ["Running", f"{targets}/{targets}"], 240)
-    except BaseException:
-        print(st.diagnostics())
-        raise
+UPPER = etl_yaml("upper", "def transform(data):\n    return data.upper()")
 
 
 def test_chart_installs_and_every_pod_is_ready_under_its_security_context(stack: Stack) -> None:
@@ -195,24 +149,6 @@ def test_kubectl_apply_etl_yaml_and_get_transformed_bytes(stack: Stack) -> None:
     stack.kubectl("delete", "pod", "client", "--wait=false")
 
 
-def make_shard(index: int, samples: int = 5) -> bytes:
-    buf = io.BytesIO()
-    with wds.TarWriter(buf) as sink:
-        for j in range(samples):
-            image = Image.new("RGB", (16, 8), color=(index * 40, j * 30, 200))
-            sink.write({"__key__": f"s{index:02d}-{j:02d}", "png": image, "cls": j})
-    return buf.getvalue()
-
-
-SHRINK = """
-def transform(sample):
-    if sample["cls"] == 3:
-        return None
-    sample["png"] = sample["png"].resize((4, 2))
-    return sample
-"""
-
-
 def test_wds_etl_is_read_by_webdataset(stack: Stack) -> None:
     apply_etl(stack, etl_yaml("shrink", SHRINK, mode="wds", extra="  decode: pil\n"), "shrink")
     url = endpoint(stack)
@@ -226,6 +162,30 @@ def test_wds_etl_is_read_by_webdataset(stack: Stack) -> None:
         f"s{i:02d}-{j:02d}" for i in range(3) for j in range(5) if j != 3
     ]
     assert {s["png"].size for s in samples} == {(4, 2)}
+
+
+def test_boto3_reads_an_etl_view_and_helm_upgrade_keeps_the_keys(stack: Stack) -> None:
+    """An S3 key (kept in the chart's Secret) reads an ETL view with boto3; ``helm upgrade
+    --reuse-values`` keeps the generated cluster key (redirects and ETL tokens stay
+    valid) and the S3 keys."""
+    apply_etl(stack, etl_yaml("shrink", SHRINK, mode="wds", extra="  decode: pil\n"), "shrink")
+    url, key_at_install = endpoint(stack), stack.cluster_key()
+    shard = make_shard(0)
+    with Client(url, token=TOKEN, timeout=60) as sdk:
+        sdk.bucket("s3src").create().object("shard-00.tar").put_content(shard)
+        sdk.bucket("s3view").create(view_of="s3src", etl="shrink")
+    made = httpx.post(f"{url}/v1/s3/keys", json={"permission": "read"}, headers=AUTH, timeout=10)
+    assert made.status_code == 200, made.text
+    key = made.json()
+    want = [f"s00-{j:02d}" for j in range(5) if j != 3]  # the ETL dropped sample 3
+    assert s3_view_keys(url, key) == want
+
+    stack.helm("upgrade", RELEASE, str(CHART), "--reuse-values", "--wait", "--timeout", "300s")
+    assert stack.cluster_key() == key_at_install
+    url = endpoint(stack)
+    with Client(url, token=TOKEN, timeout=60) as sdk:
+        assert sdk.bucket("s3src").object("shard-00.tar").get_bytes() == shard
+    assert s3_view_keys(url, key) == want
 
 
 def test_killed_transformer_container_is_healed(stack: Stack) -> None:
@@ -279,10 +239,6 @@ def test_etl_dependencies_come_from_an_index_pods_reach(stack: Stack, tmp_path: 
         obj.put_content(b"quiet")
         assert obj.get_bytes(etl_name="shout") == b"QUIET!"
     stack.kubectl("delete", "etl", "shout", "--wait", "--timeout=120s")
-
-
-def cluster_view(url: str) -> dict[str, Any]:
-    return dict(httpx.get(f"{url}/v1/cluster", timeout=5).json())
 
 
 def test_rolling_restart_with_copies_2_loses_no_write(stack: Stack) -> None:
@@ -381,3 +337,97 @@ def test_targets_scaled_3_to_4_rebalance_and_every_object_reads(stack: Stack) ->
         assert owned_by_new and owned_by_new == set(ls.split()), (owned_by_new, ls)
     # Every ETL still running gets a transformer beside the new target too.
     wait_for(lambda: all(e["status"]["ready"] == "4/4" for e in stack.etls()), 180)
+
+
+def test_two_operator_replicas_are_active_standby_and_fail_over(stack: Stack) -> None:
+    """``helm upgrade --reuse-values --set operator.replicas=2`` (kopf peering): one
+    replica reconciles, the other takes over when it goes. The release keeps two
+    replicas for the last test."""
+    stack.kubectl("delete", "etl", "--all", "--wait", "--timeout=120s")
+    targets = stack.apps.read_namespaced_stateful_set(STS, stack.namespace).spec.replicas
+    key = stack.cluster_key()
+    stack.helm("upgrade", RELEASE, str(CHART), "--reuse-values",
+               "--set", "operator.replicas=2", "--wait", "--timeout", "300s")  # fmt: skip
+    assert stack.cluster_key() == key
+
+    def peers() -> dict[str, Any]:
+        found = stack.custom.get_namespaced_custom_object(
+            "kopf.dev", "v1", stack.namespace, "kopfpeerings", "sluice"
+        )
+        return dict(found.get("status") or {})
+
+    def both_in_the_peering() -> set[str] | None:
+        pods = {p.metadata.name for p in stack.pods("app.kubernetes.io/component=operator")}
+        return pods if len(pods) == 2 and set(peers()) >= pods else None
+
+    try:
+        # Both replicas announce themselves (POD_ID = pod name), with distinct priorities;
+        # the old single replica (no peering) is gone.
+        operators = wait_for(both_in_the_peering, 180)
+        priorities = {pod: info["priority"] for pod, info in peers().items() if pod in operators}
+        assert len(set(priorities.values())) == 2, priorities
+        active = max(priorities, key=lambda pod: priorities[pod])
+        (standby,) = operators - {active}
+
+        apply_etl(stack, UPPER, "upper", targets)
+        assert len(stack.pods("sluice.dev/etl=upper")) == targets
+        assert f"created {targets} transformer pods" in stack.kubectl("logs", active)
+        # The standby never acted (whether it logs kopf's "Pausing operations"
+        # depends on which replica started first).
+        assert "transformer pods" not in stack.kubectl("logs", standby)
+        assert operator_log_problems(stack, active) == []
+
+        # The active replica goes (a clean exit: kopf removes it from the peering at
+        # once); the standby, or the Deployment's new pod if it drew a higher
+        # priority, reconciles what comes next.
+        stack.kubectl("delete", "pod", active, "--wait=false")
+        wait_for(lambda: active not in peers(), 120)
+        apply_etl(stack, etl_yaml("lower", "def transform(data):\n    return data.lower()"),
+                  "lower", targets)  # fmt: skip
+        assert len(stack.pods("sluice.dev/etl=lower")) == targets
+        # ... and a spec change of the first one rolls out.
+        stack.kubectl("patch", "etl", "upper", "--type=merge", "-p", '{"spec":{"workers":2}}')
+
+        def observed() -> bool:
+            etls = stack.etls()
+            return len(etls) == 2 and all(
+                (e.get("status") or {}).get("observedGeneration") == e["metadata"]["generation"]
+                and e["status"]["phase"] == "Running"
+                for e in etls
+            )
+
+        wait_for(observed, 180)
+        url = endpoint(stack, targets)
+        with Client(url, token=TOKEN, timeout=60) as sdk:
+            obj = sdk.bucket("failover").create().object("f")
+            obj.put_content(b"Fail Over")
+            assert obj.get_bytes(etl_name="upper") == b"FAIL OVER"
+            assert obj.get_bytes(etl_name="lower") == b"fail over"
+        stack.kubectl("delete", "etl", "upper", "lower", "--wait", "--timeout=120s")
+        for pod in stack.ready_pods("app.kubernetes.io/component=operator"):
+            assert operator_log_problems(stack, pod.metadata.name) == []
+    except BaseException:
+        print(stack.diagnostics())
+        raise
+
+
+def test_helm_uninstall_leaves_only_the_claims(stack: Stack) -> None:
+    """Last in the module. The operator finalizes an ETL (its pods and token Secret)
+    before it goes; then ``helm uninstall`` removes everything of the release but the
+    targets' claims, which hold the data."""
+    targets = stack.apps.read_namespaced_stateful_set(STS, stack.namespace).spec.replicas
+    apply_etl(stack, UPPER, "upper", targets)
+    stack.kubectl("delete", "etl", "upper", "--wait", "--timeout=120s")
+    assert not stack.etls() and not stack.pods("sluice.dev/etl")
+    stack.helm("uninstall", RELEASE, "--wait", "--timeout", "120s")
+    try:
+        wait_for(lambda: not leftovers(stack), 120)
+    except BaseException:
+        print("helm uninstall left", leftovers(stack), stack.diagnostics())
+        raise
+    core = stack.cluster.core
+    claims = core.list_namespaced_persistent_volume_claim(stack.namespace).items
+    assert sorted(c.metadata.name for c in claims) == [f"data-{STS}-{i}" for i in range(targets)]
+    # operator.replicas=2 (the previous test) made the release install kopf's CRD: gone too.
+    crds = client.ApiextensionsV1Api(stack.cluster.api_client).list_custom_resource_definition()
+    assert "kopfpeerings.kopf.dev" not in {c.metadata.name for c in crds.items}
