@@ -315,3 +315,27 @@ def operator_log_problems(stack: Stack, pod: str) -> list[str]:
     logs = stack.kubectl("logs", pod)
     bad = ("Not enough permissions", "forbidden", "Possibly conflicting operators", "Traceback")
     return [f"{pod}: {b!r} in\n{logs[-3000:]}" for b in bad if b in logs]
+
+
+def assert_transformers_read_target_files(st: Stack, etl: str) -> None:
+    """etl.shareTargetData (the default): targets send every ETL the object's path, and
+    each transformer mounts the claim of the target it serves, read-only at /data."""
+    for target in st.pods("sluice.dev/role=target"):
+        env = {e.name: e.value for e in target.spec.containers[0].env}
+        assert env.get("SLUICE_ETL_FQN") == "always", env
+    for pod in st.pods(f"sluice.dev/etl={etl}"):
+        target = pod.metadata.annotations["sluice.dev/target"]
+        (vol,) = [v for v in pod.spec.volumes if v.persistent_volume_claim]
+        assert vol.persistent_volume_claim.claim_name == f"data-{target}"
+        assert vol.persistent_volume_claim.read_only is True
+        c = pod.spec.containers[0]
+        (mount,) = [m for m in c.volume_mounts if m.name == vol.name]
+        assert (mount.mount_path, mount.read_only) == ("/data", True)
+        assert {e.name: e.value for e in c.env}["SLUICE_DATA_ROOTS"] == "/data"
+        probe = ("import os; print(os.access('/data', os.W_OK), sorted(os.listdir('/data')), "
+                 "sum(len(files) for _, _, files in os.walk('/data')))")  # fmt: skip
+        seen = st.kubectl("exec", pod.metadata.name, "--", "python", "-c", probe)
+        held = st.kubectl("exec", target, "--", "python", "-c", probe)
+        # The target's very files, read-only (the target itself may write them).
+        assert seen == held.replace("True", "False", 1), (pod.metadata.name, seen, held)
+        assert seen.startswith("False"), seen

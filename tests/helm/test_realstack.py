@@ -47,6 +47,7 @@ from tests.helm.realstack import (
     PackageIndex,
     Stack,
     apply_etl,
+    assert_transformers_read_target_files,
     cluster_view,
     endpoint,
     etl_yaml,
@@ -151,6 +152,7 @@ def test_kubectl_apply_etl_yaml_and_get_transformed_bytes(stack: Stack) -> None:
 
 def test_wds_etl_is_read_by_webdataset(stack: Stack) -> None:
     apply_etl(stack, etl_yaml("shrink", SHRINK, mode="wds", extra="  decode: pil\n"), "shrink")
+    assert_transformers_read_target_files(stack, "shrink")
     url = endpoint(stack)
     with Client(url, token=TOKEN, timeout=60) as sdk:
         bucket = sdk.bucket("shards").create()
@@ -343,12 +345,19 @@ def test_two_operator_replicas_are_active_standby_and_fail_over(stack: Stack) ->
     """``helm upgrade --reuse-values --set operator.replicas=2`` (kopf peering): one
     replica reconciles, the other takes over when it goes. The release keeps two
     replicas for the last test."""
+    t0, phases = time.monotonic(), {}
+
+    def phase(name: str) -> None:  # seconds since the test began, printed at the end
+        phases[name] = round(time.monotonic() - t0)
+
     stack.kubectl("delete", "etl", "--all", "--wait", "--timeout=120s")
+    phase("ETLs deleted")
     targets = stack.apps.read_namespaced_stateful_set(STS, stack.namespace).spec.replicas
     key = stack.cluster_key()
     stack.helm("upgrade", RELEASE, str(CHART), "--reuse-values",
                "--set", "operator.replicas=2", "--wait", "--timeout", "300s")  # fmt: skip
     assert stack.cluster_key() == key
+    phase("upgraded")
 
     def peers() -> dict[str, Any]:
         found = stack.custom.get_namespaced_custom_object(
@@ -367,6 +376,7 @@ def test_two_operator_replicas_are_active_standby_and_fail_over(stack: Stack) ->
         priorities = {pod: info["priority"] for pod, info in peers().items() if pod in operators}
         assert len(set(priorities.values())) == 2, priorities
         active = max(priorities, key=lambda pod: priorities[pod])
+        phase("both peering")
         (standby,) = operators - {active}
 
         apply_etl(stack, UPPER, "upper", targets)
@@ -376,15 +386,18 @@ def test_two_operator_replicas_are_active_standby_and_fail_over(stack: Stack) ->
         # depends on which replica started first).
         assert "transformer pods" not in stack.kubectl("logs", standby)
         assert operator_log_problems(stack, active) == []
+        phase("ETL 1 Running")
 
         # The active replica goes (a clean exit: kopf removes it from the peering at
         # once); the standby, or the Deployment's new pod if it drew a higher
         # priority, reconciles what comes next.
         stack.kubectl("delete", "pod", active, "--wait=false")
         wait_for(lambda: active not in peers(), 120)
+        phase("active gone")
         apply_etl(stack, etl_yaml("lower", "def transform(data):\n    return data.lower()"),
                   "lower", targets)  # fmt: skip
         assert len(stack.pods("sluice.dev/etl=lower")) == targets
+        phase("ETL 2 Running")
         # ... and a spec change of the first one rolls out.
         stack.kubectl("patch", "etl", "upper", "--type=merge", "-p", '{"spec":{"workers":2}}')
 
@@ -397,6 +410,7 @@ def test_two_operator_replicas_are_active_standby_and_fail_over(stack: Stack) ->
             )
 
         wait_for(observed, 180)
+        phase("spec change observed")
         url = endpoint(stack, targets)
         with Client(url, token=TOKEN, timeout=60) as sdk:
             obj = sdk.bucket("failover").create().object("f")
@@ -406,9 +420,12 @@ def test_two_operator_replicas_are_active_standby_and_fail_over(stack: Stack) ->
         stack.kubectl("delete", "etl", "upper", "lower", "--wait", "--timeout=120s")
         for pod in stack.ready_pods("app.kubernetes.io/component=operator"):
             assert operator_log_problems(stack, pod.metadata.name) == []
+        phase("ETLs finalized")
     except BaseException:
         print(stack.diagnostics())
         raise
+    finally:
+        print("operator fail-over, seconds:", phases)
 
 
 def test_helm_uninstall_leaves_only_the_claims(stack: Stack) -> None:
