@@ -208,6 +208,11 @@ class ClusterMapStore(Protocol):
 
     def get(self) -> ClusterMap: ...
 
+    def refresh(self) -> ClusterMap:
+        """The map as stored now, read past any cache (which it then updates): for a
+        reader that must not act on a map older than a change it was told about."""
+        ...
+
     def update(self, change: Callable[[ClusterMap], ClusterMap]) -> ClusterMap:
         """Apply ``change`` atomically; the version goes up when the map changed."""
         ...
@@ -227,6 +232,9 @@ class MemoryClusterMap:
         self._lock = threading.Lock()
 
     def get(self) -> ClusterMap:
+        return self._map
+
+    def refresh(self) -> ClusterMap:
         return self._map
 
     def update(self, change: Callable[[ClusterMap], ClusterMap]) -> ClusterMap:
@@ -266,6 +274,9 @@ class FileClusterMap:
                 if loaded.version >= self._cached.version:
                     self._cached, self._stamp = loaded, stamp
         return self._cached
+
+    def refresh(self) -> ClusterMap:
+        return self.get()  # every get() looks at the file already
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:

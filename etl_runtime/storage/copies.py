@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from pathlib import Path
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
@@ -37,6 +38,7 @@ from etl_runtime.storage.store import BeforePublish, ObjectStore
 
 log = logging.getLogger(__name__)
 RETRY_AFTER_SECONDS = 2
+LEARN_TIMEOUT = 10.0  # how long a create-bck waits for this target's map to show the bucket
 
 
 class Misdirected(Unavailable):
@@ -63,6 +65,20 @@ class Placement:
         if cmap.version == 0:
             return None  # no map written yet: the directories are the truth
         return bucket in cmap.buckets
+
+    def learn_bucket(self, bucket: str, timeout: float = LEARN_TIMEOUT) -> bool:
+        """After the gateway said ``bucket`` was created (it writes the map first), make
+        sure this target's map shows it, reading the map past its cache until it does
+        (``timeout`` seconds at most). Without this, a ConfigMap watch lagging under
+        load made the first PUT after an acknowledged create a 404 "bucket does not
+        exist". Blocking: call from a thread."""
+        deadline = time.monotonic() + timeout
+        while self.bucket_known(bucket) is False:
+            assert self.cmap is not None
+            if bucket in self.cmap.refresh().buckets or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        return self.bucket_known(bucket) is not False
 
     def check_owner(self, bucket: str, name: str) -> list[str]:
         """The other owners of ``bucket/name``; 503 if this target is not an owner."""

@@ -128,6 +128,10 @@ def object_router(target: Target) -> APIRouter:
         require(request)
         await read_bucket_action(bucket, request)
         created = await anyio.to_thread.run_sync(store.create_bucket, bucket)
+        # The gateway wrote the map before telling us: answer only once our map shows
+        # the bucket, so the create it acknowledges is one every live target serves.
+        if placement is not None and placement.bucket_known(bucket) is False:
+            await anyio.to_thread.run_sync(placement.learn_bucket, bucket)
         return {"bucket": bucket, "created": created}
 
     @router.delete("/v1/buckets/{bucket}")

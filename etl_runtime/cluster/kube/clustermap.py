@@ -90,6 +90,14 @@ class KubeClusterMap:
     def get(self) -> ClusterMap:
         return self._cached
 
+    def refresh(self) -> ClusterMap:
+        """Read the ConfigMap now (the watch may lag the apiserver by a while under
+        load: a target told of a new bucket must not wait for it)."""
+        obj = self._read()
+        if obj is not None:
+            self._offer(self._parse(obj))
+        return self._cached
+
     def _offer(self, cmap: ClusterMap) -> None:
         with self._lock:
             if cmap.version >= self._cached.version:

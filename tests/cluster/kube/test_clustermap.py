@@ -93,3 +93,26 @@ def test_a_stale_watch_event_never_moves_the_map_back(stores: list[KubeClusterMa
     newer = a.update(lambda m: m.with_bucket("x", BucketProps()))
     a._seen({"map": {"data": {DATA_KEY: json.dumps(ClusterMap(version=1).to_dict())}}})
     assert a.get() == newer
+
+
+def test_a_target_told_of_a_new_bucket_reads_past_its_lagging_watch(
+    control_plane: Cluster, k8s_namespace: str, stores: list[KubeClusterMap], tmp_path
+) -> None:
+    """The gateway writes a bucket into the map, then tells every live target
+    (create-bck); a target whose watch has not delivered that write yet (here: a store
+    with no watch at all, the extreme of a watch lagging under load) must know the
+    bucket before it answers, or the first PUT after an acknowledged create is a 404."""
+    from etl_runtime.storage.copies import Placement
+    from etl_runtime.storage.store import ObjectStore
+
+    gateway, _ = stores
+    gateway.update(lambda m: m.with_members(["t-0"]).with_bucket("old", BucketProps(1)))
+    lagging = KubeClusterMap(k8s_namespace, "map", api=api_client(), start=False)
+    lagging.refresh()
+    placement = Placement("t-0", ObjectStore(tmp_path), lagging, None)
+    assert placement.bucket_known("old") is True
+    gateway.update(lambda m: m.with_bucket("fresh", BucketProps(2)))
+    assert placement.bucket_known("fresh") is False  # the stale map: a PUT would 404
+    assert placement.learn_bucket("fresh", timeout=10) is True
+    assert lagging.get().buckets["fresh"] == BucketProps(2)
+    assert placement.learn_bucket("never-made", timeout=0.3) is False  # bounded, no hang
