@@ -20,10 +20,11 @@ from etl_runtime.core import procs
 from etl_runtime.core.errors import EXIT_CONFIG_ERROR, StartupError
 from etl_runtime.core.eventloop import loop_from_env
 from etl_runtime.core.spec import EtlSpec, InvalidSpec
+from etl_runtime.webserver import sizing
 from etl_runtime.webserver.app import create_app
 from etl_runtime.webserver.code import check_code
-from etl_runtime.webserver.pool import WorkerPool
-from etl_runtime.webserver.servers import serve_many, workers_per_server
+from etl_runtime.webserver.servers import ServersFailing, serve_many
+from etl_runtime.webserver.sizing import parse_inline, parse_servers
 from etl_runtime.webserver.stats import Board
 from etl_runtime.webserver.transformer import Transformer
 from etl_runtime.wire import connections
@@ -44,16 +45,18 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--inline",
         action=argparse.BooleanOptionalAction,
-        default=env("SLUICE_INLINE", "").strip().lower() in ("1", "true", "yes"),
-        help="object mode: run the code in the server processes' threads, not in worker "
-        "processes (faster for cheap transforms; no crash isolation, see docs/architecture.md)",
+        default=None,
+        help="object mode: run the code in the server processes' threads (--inline), or in "
+        "worker processes (--no-inline); default $SLUICE_INLINE, else inline for object mode "
+        "(see docs/architecture.md, 'Transformer: the default shape')",
     )
     p.add_argument(
         "--servers",
         type=int,
-        default=int(env("SLUICE_SERVERS", "1")),
-        help="server processes sharing the port (SO_REUSEPORT), each with "
-        "ceil(workers / servers) of the workers (default 1; see docs/architecture.md)",
+        default=None,
+        help="server processes sharing the port, each with ceil(workers / servers) of the "
+        "workers or threads (default $SLUICE_SERVERS, else the usable CPUs when inline, 1 "
+        "otherwise; see docs/architecture.md)",
     )
     p.add_argument(
         "--spec-file", default=None, help="ETL spec JSON file (default: $SLUICE_ETL_SPEC text)"
@@ -119,20 +122,37 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(name, str(e))
     if args.workers is not None and args.workers < 1:
         return _fail(name, f"--workers must be at least 1, got {args.workers}")
-    if args.servers < 1:
-        return _fail(name, f"--servers must be at least 1, got {args.servers}")
-    if args.inline and spec.mode != "object":
+    try:
+        inline = args.inline
+        if inline is None:
+            inline = parse_inline(os.environ.get("SLUICE_INLINE"))
+        servers = args.servers
+        if servers is None:
+            servers = parse_servers(os.environ.get("SLUICE_SERVERS"))
+    except ValueError as e:
+        return _fail(name, str(e))
+    if servers is not None and servers < 1:
+        return _fail(name, f"--servers must be at least 1, got {servers}")
+    if inline and spec.mode != "object":
         return _fail(name, f"--inline (SLUICE_INLINE) is for object mode; this ETL is {spec.mode}")
-    if args.servers > 1:
-        return _serve_many(name, spec, args, loop, limits)
+    chosen = sizing.shape(spec, args.workers, servers, inline)
+    logging.getLogger("sluice.transformer").info(
+        "%d server process(es), %s, %d %s in all",
+        chosen.servers,
+        "code inline" if chosen.inline else "worker processes",
+        chosen.workers,
+        "threads" if chosen.inline else "workers",
+    )
+    if chosen.servers > 1 or chosen.inline:  # inline code needs a supervisor (servers)
+        return _serve_many(name, spec, chosen, args, loop, limits)
 
     app = create_app(
         name,
         spec,
-        workers=args.workers,
+        workers=chosen.workers,
         token=os.environ.get("SLUICE_ETL_TOKEN"),
         deps_dir=os.environ.get("SLUICE_DEPS_DIR"),
-        inline=args.inline,
+        inline=chosen.inline,
     )
     server = uvicorn.Server(
         uvicorn.Config(
@@ -158,22 +178,26 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _serve_many(
-    name: str, spec: EtlSpec, args: argparse.Namespace, loop: str, limits: Limits
+    name: str,
+    spec: EtlSpec,
+    chosen: sizing.Shape,
+    args: argparse.Namespace,
+    loop: str,
+    limits: Limits,
 ) -> int:
-    total = WorkerPool.default_size(spec, args.workers)
-    each = workers_per_server(total, args.servers)
-    board = Board(args.servers)
+    board = Board(chosen.servers)
 
-    def make_server(slot: int, board: Board) -> tuple[uvicorn.Server, Transformer]:
+    def make_server(slot: int, board: Board, restarted: bool) -> tuple[uvicorn.Server, Transformer]:
         app = create_app(
             name,
             spec,
-            workers=each,
+            workers=chosen.per_server,
             token=os.environ.get("SLUICE_ETL_TOKEN"),
             deps_dir=os.environ.get("SLUICE_DEPS_DIR"),
             board=board,
             slot=slot,
-            inline=args.inline,
+            inline=chosen.inline,
+            ready_before_serving=restarted,
         )
         # made in each server process: its own connection tracker
         options = connections.server_options("auto", limits)
@@ -186,12 +210,16 @@ def _serve_many(
             server.should_exit = True
 
         transformer.on_fatal = stop
+        transformer.on_retire = stop  # the supervisor starts a new server in this slot
         return server, transformer
 
     try:
-        fatal = serve_many(args.servers, args.host, args.port, make_server, board)
+        fatal = serve_many(chosen.servers, args.host, args.port, make_server, board)
     except OSError as e:
         return _fail(name, f"cannot listen on {args.host}:{args.port}: {e}")
+    except ServersFailing as e:  # not a configuration error: exit 1, to be restarted
+        print(f"sluice: ETL '{name}': {e}", file=sys.stderr, flush=True)
+        return 1
     return _fail(name, fatal) if fatal else 0
 
 

@@ -55,12 +55,15 @@ def create_app(
     board: Board | None = None,
     slot: int = 0,
     inline: bool = False,
+    ready_before_serving: bool = False,
 ) -> FastAPI:
     """The transformer app; ``app.state.transformer`` is its ``Transformer``.
 
     ``roots``: where ``etl_fqn`` files may lie (default ``$SLUICE_DATA_ROOTS``, see fqn).
     ``board``/``slot``: this app is server ``slot`` of several (see ``servers``).
     ``inline``: object-mode code runs in this process's threads (see ``inline``).
+    ``ready_before_serving``: start up before taking connections (a server that
+    replaces another: the others answer ``/health`` meanwhile).
     """
     roots = data_roots() if roots is None else roots
     transformer = Transformer(
@@ -82,6 +85,8 @@ def create_app(
         for logger in LOGGERS:
             logging.getLogger(logger).addHandler(transformer.logs)
         starting = asyncio.create_task(transformer.start())
+        if ready_before_serving:
+            await asyncio.shield(starting)  # uvicorn listens once the lifespan started
         try:
             yield
         finally:

@@ -12,12 +12,16 @@ so a slow client still holds the function back (backpressure) and memory stays
 bounded. Errors keep their rules: before the first byte they are JSON (the
 status of the error), after it the connection is aborted.
 
-What a process boundary gave and inline does not: a transform that crashes
-the interpreter takes its server process down (with ``--servers`` the
-supervisor then stops the transformer, which its manager restarts), and a
-transform past ``spec.timeouts.requestSeconds`` is answered 504 but its
-thread cannot be killed and runs on. Use it for trusted, well-behaved code;
-WebDataset mode always uses workers (per-sample parallelism inside a shard).
+What a process boundary gave, and how inline keeps it (``servers``): a
+transform that crashes the interpreter takes its server process down, its
+in-flight requests end without an answer (their callers see an error, never
+data), and the supervisor starts a new server in its place. A transform past
+``spec.timeouts.requestSeconds`` is answered 504; its thread cannot be
+killed, so a new thread takes its place at once and the server retires: it
+stops taking connections, finishes the others, and exits (or the kernel ends
+it ``RETIRE_GRACE_SECONDS`` later), and the supervisor replaces it. This is
+the default for object mode (``sizing``); WebDataset mode always uses
+workers (per-sample parallelism inside a shard).
 
 The hand-off to a thread is the cheapest Python has: the threads take
 ``(future, function, arguments)`` from one ``SimpleQueue`` and settle the
@@ -52,6 +56,7 @@ from etl_runtime.core.errors import (
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.webserver import calls
 from etl_runtime.webserver.code import load_transform, takes_args
+from etl_runtime.webserver.objects import DISCONNECT_WATCH_AFTER, disconnected
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import LogBuffer, Stats
 
@@ -73,12 +78,35 @@ class InlineRunner:
         self.fn: Callable[..., Any] | None = None
         self.with_args = False
         self.work: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.pool = [
-            threading.Thread(
-                target=_serve_calls, args=(self.work,), daemon=True, name=f"sluice-inline-{i}"
-            )
-            for i in range(threads)
-        ]
+        self.pool = [self._thread(i) for i in range(threads)]
+        # Called on the loop when a call outlived its deadline in a thread (see Transformer).
+        self.on_stuck: Callable[[str], None] = lambda reason: None
+
+    def _thread(self, n: int) -> threading.Thread:
+        return threading.Thread(
+            target=_serve_calls, args=(self.work,), daemon=True, name=f"sluice-inline-{n}"
+        )
+
+    def _expired(self, call: _Call) -> None:
+        """On the loop: ``call`` passed its deadline."""
+        if call.future.done():
+            return
+        reason = f"transform took longer than {self.timeout:.0f}s (spec.timeouts.requestSeconds)"
+        call.future.set_exception(TransformTimeout(reason))
+        self._abandon(call, f"{reason} in an inline thread")
+
+    def _abandon(self, call: _Call, reason: str) -> None:
+        """Nobody waits for ``call`` any more. If a thread is inside it, that thread
+        is lost to us: another takes its place, and the server is told (it retires,
+        so the process, and the thread with it, is replaced)."""
+        if not call.started or call.expired:
+            call.future.cancel()  # not started: no thread will run it
+            return
+        call.expired = True
+        thread = self._thread(len(self.pool))
+        self.pool.append(thread)
+        thread.start()
+        self.on_stuck(reason)
 
     def load(self) -> None:
         """Apply ``spec.env`` and the dependencies, load the code (``StartupError``)."""
@@ -136,13 +164,35 @@ class InlineRunner:
 
     # -- on the event loop ------------------------------------------------------
 
-    async def _in_pool(self, fn: Callable[..., Any], *args: Any) -> Any:
+    async def _in_pool(
+        self, fn: Callable[..., Any], *args: Any, watch: Request | None = None
+    ) -> Any:
+        """``fn(*args)`` in a thread. With ``watch``, a call that takes longer than
+        ``DISCONNECT_WATCH_AFTER`` is raced against that client leaving (its body
+        was read whole, so its next ``receive()`` returns only then): abandoned
+        work must not hold a thread, as it must not hold a worker (``objects``)."""
         loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        self.work.put((future, fn, args))
-        deadline = loop.call_later(self.timeout, _expire, future, self.timeout)
+        call = _Call(loop.create_future(), fn, args)
+        self.work.put(call)
+        deadline = loop.call_later(self.timeout, self._expired, call)
         try:
-            return await future  # a cancelled request cancels it: the call is skipped
+            if watch is None:
+                return await call.future
+            try:
+                async with asyncio.timeout(DISCONNECT_WATCH_AFTER):
+                    return await asyncio.shield(call.future)
+            except TimeoutError:
+                pass
+            gone = asyncio.ensure_future(disconnected(watch))
+            try:
+                await asyncio.wait({call.future, gone}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                if not gone.done():
+                    gone.cancel()
+            if call.future.done():
+                return call.future.result()
+            self._abandon(call, "client left before the inline transform answered")
+            raise ClientDisconnect()
         finally:
             deadline.cancel()
 
@@ -155,7 +205,7 @@ class InlineRunner:
             if fqn is None:
                 data = await _body(request)
                 stats.bytes_in += len(data)
-            result, read = await self._in_pool(self._call, data, fqn, obj, args)
+            result, read = await self._in_pool(self._call, data, fqn, obj, args, watch=request)
             stats.bytes_in += read
             first = None
             if isinstance(result, Iterator):
@@ -210,21 +260,37 @@ async def _body(request: Request) -> bytes:
             return parts[0] if len(parts) == 1 else b"".join(parts)
 
 
+class _Call:
+    """One call handed to the threads; ``started``/``expired`` tell a stuck thread."""
+
+    __slots__ = ("future", "fn", "args", "started", "expired")
+
+    def __init__(self, future: asyncio.Future[Any], fn: Callable[..., Any], args: Any) -> None:
+        self.future = future
+        self.fn = fn
+        self.args = args
+        self.started = False
+        self.expired = False
+
+
 def _serve_calls(work: queue.SimpleQueue[Any]) -> None:
     """An inline thread: run each queued call, settle its future on the loop."""
     while True:
-        item = work.get()
-        if item is None:
+        call = work.get()
+        if call is None:
             return
-        future, fn, args = item
-        if future.cancelled():  # its request is gone (a stale read is harmless)
+        future = call.future
+        if future.done():  # its request is gone or timed out (a stale read is harmless)
             continue
+        call.started = True
         try:
-            result, error = fn(*args), None
+            result, error = call.fn(*call.args), None
         except Exception as e:
             result, error = None, e
         except BaseException as e:  # SystemExit, KeyboardInterrupt: not the server's
             result, error = None, calls.raised(e)
+        if call.expired:  # another thread took this one's place meanwhile
+            return
         try:
             future.get_loop().call_soon_threadsafe(_settle, future, result, error)
         except RuntimeError:  # the loop is closed: the server is stopping
@@ -238,13 +304,3 @@ def _settle(future: asyncio.Future[Any], result: Any, error: BaseException | Non
         future.set_result(result)
     else:
         future.set_exception(error)
-
-
-def _expire(future: asyncio.Future[Any], seconds: float) -> None:
-    if not future.done():
-        future.set_exception(
-            TransformTimeout(
-                f"transform took longer than {seconds:.0f}s "
-                "(spec.timeouts.requestSeconds); inline, its thread could not be stopped"
-            )
-        )

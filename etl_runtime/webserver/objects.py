@@ -102,7 +102,7 @@ async def _first_frame(task: Task, request: Request) -> tuple[int, bytes]:
     except TimeoutError:
         pass
     frame = asyncio.ensure_future(task.next_frame())
-    gone = asyncio.ensure_future(_disconnected(request))
+    gone = asyncio.ensure_future(disconnected(request))
     try:
         await asyncio.wait({frame, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -116,7 +116,7 @@ async def _first_frame(task: Task, request: Request) -> tuple[int, bytes]:
     raise ClientDisconnect()
 
 
-async def _disconnected(request: Request) -> None:
+async def disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import pickle
 import socket
 from collections import deque
@@ -36,6 +35,7 @@ from etl_runtime.core.errors import (
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.webserver import ipc
 from etl_runtime.webserver.forker import Forker
+from etl_runtime.webserver.sizing import usable_cpus
 from etl_runtime.webserver.worker import worker_main
 from etl_runtime.wire import streambuf
 from etl_runtime.wire.streambuf import ReceiveStream
@@ -314,4 +314,4 @@ class WorkerPool:
 
     @staticmethod
     def default_size(spec: EtlSpec, override: int | None) -> int:
-        return override or spec.workers or os.cpu_count() or 1
+        return override or spec.workers or usable_cpus()

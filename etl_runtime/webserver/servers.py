@@ -1,35 +1,49 @@
-"""``--servers N``: several transformer server processes on one port.
+"""Several transformer server processes on one port: the supervisor.
 
 One server process relays every byte between its clients and its workers; at
 about 0.5 GB/s that relay, not the transform, is the limit of a byte-heavy
-ETL. With ``N > 1`` the process started by the command line becomes a small
-supervisor: it forks N servers (before any thread or event loop exists), each
-binds the same host and port with ``SO_REUSEPORT`` (the kernel spreads new
-connections over them) and owns ``ceil(workers / N)`` of the worker processes.
-Nothing else changes per request: user code still runs only in workers, errors
-before the first byte are JSON, a break after it aborts the connection.
+ETL. With ``N > 1`` servers (the default for object mode, see ``sizing``) the
+process started by the command line becomes a small supervisor: it makes one
+listening socket and forks N servers (before any thread or event loop exists)
+that all accept from it, as ``uvicorn --workers`` does. A shared socket, not
+one ``SO_REUSEPORT`` socket per server: the kernel hashed connections over
+those with no regard for which server was busy, so two requests could queue
+on one server while the other idled; with one socket, the server whose event
+loop is free takes the next connection.
 
 What must look like one transformer does, through a shared ``Board``:
-``/health`` is ready only when every server is, ``/stats`` and ``/metrics``
-add up all servers' counters (and merge their last errors), and ``/health``
-reports the supervisor's pid (the process ``sluice up`` started). ``/logs``
-shows the answering server's lines and the output of its workers.
+``/health`` is ready only when every serving server is, ``/stats`` and
+``/metrics`` add up all servers' counters (and merge their last errors),
+``/logs`` shows every server's lines, and ``/health`` reports the
+supervisor's pid (the process ``sluice up`` started).
 
-The supervisor forwards SIGTERM/SIGINT to the servers and waits for them. If a
-server ends, it stops the others; if one stopped for a permanent start-up
-error, the supervisor prints that reason last and exits with code 2 like a
-single server would. Servers die with the supervisor (``PR_SET_PDEATHSIG``),
-and their workers with them, so a SIGKILL leaves no orphans.
+A server that ends on its own is **replaced** in its slot: one that crashed
+(the user's code killed the interpreter: its in-flight requests were cut,
+which their callers see as an error, never as data), or one that retired
+because an inline transform outlived its deadline (its thread could not be
+stopped; its process can: ``inline``). The replacement loads the code before
+it takes connections, so no request meets it unready. More than
+``RESTART_BUDGET`` replacements within ``RESTART_WINDOW`` seconds stop the
+transformer (its manager restarts it and shows why): a transform that kills
+every server it runs in is not retried forever.
+
+The supervisor forwards SIGTERM/SIGINT to the servers and waits for them. If
+one stopped for a permanent start-up error, it stops the others, prints that
+reason last and exits with code 2 like a single server would. Servers die
+with the supervisor (``PR_SET_PDEATHSIG``), and their workers with them, so a
+SIGKILL leaves no orphans.
 """
 
 from __future__ import annotations
 
-import math
+import logging
 import multiprocessing
 import os
 import signal
 import socket
 import sys
+import time
+from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
 from typing import Any
@@ -38,9 +52,13 @@ import uvicorn
 
 from etl_runtime.core.errors import EXIT_CONFIG_ERROR
 from etl_runtime.core.procs import die_with_parent
-from etl_runtime.webserver.stats import Board
+from etl_runtime.webserver.stats import Board, LogBuffer
+
+log = logging.getLogger("sluice.transformer")
 
 BACKLOG = 2048
+RESTART_BUDGET = 10  # replacements of servers ...
+RESTART_WINDOW = 60.0  # ... within this many seconds, then the transformer stops
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:
@@ -59,23 +77,26 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def workers_per_server(total: int, servers: int) -> int:
-    return max(1, math.ceil(total / servers))
-
-
-# (slot, board) -> uvicorn.Server whose app's Transformer uses that slot.
-ServerFactory = Callable[[int, Board], tuple[uvicorn.Server, Any]]
+# (slot, board, restarted) -> uvicorn.Server whose app's Transformer uses that slot;
+# a restarted one loads the code before it serves.
+ServerFactory = Callable[[int, Board, bool], tuple[uvicorn.Server, Any]]
 
 
 def _server_main(
-    slot: int, board: Board, host: str, port: int, make_server: ServerFactory, parent: int
+    slot: int,
+    board: Board,
+    sock: socket.socket,
+    make_server: ServerFactory,
+    parent: int,
+    restarted: bool,
 ) -> None:
     die_with_parent(parent)
+    for handler in list(log.handlers):  # the server's app adds its own
+        if isinstance(handler, LogBuffer):
+            log.removeHandler(handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the supervisor's handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor sends SIGTERM
-    sock = reuseport_socket(host, port)
-    sock.listen(BACKLOG)
-    server, transformer = make_server(slot, board)
+    server, transformer = make_server(slot, board, restarted)
     server.run(sockets=[sock])
     sys.exit(EXIT_CONFIG_ERROR if transformer.fatal else 0)
 
@@ -85,43 +106,95 @@ def serve_many(
 ) -> str | None:
     """Run ``servers`` server processes on ``host:port`` until stopped.
 
-    Returns the fatal start-up reason if a server had one (exit code 2), else None.
+    Returns the fatal start-up reason if a server had one (exit code 2), else
+    None; raises ``ServersFailing`` when servers kept ending.
     """
-    # Holding a bound (not listening) socket keeps the port ours between the
-    # servers' restarts and tells a port of 0 apart; it takes no connections.
-    reserved = reuseport_socket(host, port)
-    port = reserved.getsockname()[1]
+    sock = reuseport_socket(host, port)
+    sock.listen(BACKLOG)
+    log.addHandler(LogBuffer(board=board))  # its own lines in /logs, too
     ctx = multiprocessing.get_context("fork")  # no threads or loop exist yet
-    procs = [
-        ctx.Process(
+    me = os.getpid()
+    procs: dict[int, Any] = {}  # slot -> its current server process
+    restarts: deque[float] = deque()
+    stopping = False
+    failing: str | None = None
+
+    def start(slot: int, restarted: bool) -> None:
+        p = ctx.Process(
             target=_server_main,
-            args=(slot, board, host, port, make_server, os.getpid()),
+            args=(slot, board, sock, make_server, me, restarted),
             name=f"sluice-server-{slot}",
         )
-        for slot in range(servers)
-    ]
-    stopping = False
+        p.start()
+        procs[slot] = p
 
     def stop(signum: int, frame: Any) -> None:
         nonlocal stopping
         stopping = True
-        for p in procs:
+        for p in procs.values():
             if p.pid is not None and p.exitcode is None:
                 os.kill(p.pid, signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    for p in procs:
-        p.start()
+    for slot in range(servers):
+        start(slot, restarted=False)
     try:
-        running = list(procs)
-        while running:
-            ended = wait([p.sentinel for p in running])
-            running = [p for p in running if p.sentinel not in ended]
-            if not stopping:  # one server ended on its own: the transformer stops
-                stop(signal.SIGTERM, None)
-        for p in procs:
-            p.join()
+        while True:
+            running = {p.sentinel: slot for slot, p in procs.items() if p.exitcode is None}
+            if not running:
+                break
+            for sentinel in wait(list(running)):
+                slot = running[sentinel]
+                ended = procs[slot]
+                ended.join()
+                if stopping:
+                    board.set_ready(slot, False)
+                    continue
+                if board.fatal() or not _may_restart(restarts):
+                    board.set_ready(slot, False)
+                    if not board.fatal():
+                        failing = (
+                            f"{len(restarts)} server processes ended within "
+                            f"{RESTART_WINDOW:.0f}s (the last with {_exit_text(ended.exitcode)}): "
+                            "the ETL's code keeps killing them; see its logs"
+                        )
+                    stop(signal.SIGTERM, None)
+                    continue
+                log.warning(
+                    "server %d (pid %s) ended with %s; starting a new one",
+                    slot,
+                    ended.pid,
+                    _exit_text(ended.exitcode),
+                )
+                board.set_restarting(slot)
+                start(slot, restarted=True)
     finally:
-        reserved.close()
+        sock.close()
+    if failing is not None:
+        raise ServersFailing(failing)
     return board.fatal()
+
+
+class ServersFailing(Exception):
+    """The servers kept ending (the restart budget ran out): not a configuration
+    error, so the transformer exits 1 and its manager starts it again."""
+
+
+def _may_restart(restarts: deque[float]) -> bool:
+    now = time.monotonic()
+    while restarts and now - restarts[0] > RESTART_WINDOW:
+        restarts.popleft()
+    if len(restarts) >= RESTART_BUDGET:
+        return False
+    restarts.append(now)
+    return True
+
+
+def _exit_text(code: int | None) -> str:
+    if code is not None and code < 0:
+        try:
+            return f"signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"signal {-code}"
+    return f"exit code {code}"

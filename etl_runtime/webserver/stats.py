@@ -49,29 +49,40 @@ class Stats:
 
 
 class LogBuffer(logging.Handler):
-    """The last ``LOG_LINES`` lines: the server's log records and workers' output."""
+    """The last ``LOG_LINES`` lines: the server's log records and workers' output.
 
-    def __init__(self, maxlen: int = LOG_LINES) -> None:
+    With several server processes (``board``), the lines of all of them go to
+    the board's shared ring, so ``/logs`` shows them whichever server answers."""
+
+    def __init__(self, maxlen: int = LOG_LINES, board: Board | None = None) -> None:
         super().__init__()
         self.lines: deque[str] = deque(maxlen=maxlen)
+        self.board = board
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+
+    def _add(self, line: str) -> None:
+        if self.board is not None:
+            self.board.append_log(line)
+        else:
+            self.lines.append(line)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
-            self.lines.append(self.format(record))
+            self._add(self.format(record))
         except Exception:  # never let logging break a request
             self.handleError(record)
 
     def worker_output(self, pid: int, text: str) -> None:
         """Lines the user code printed in worker ``pid``; also echoed to stderr."""
         for line in text.splitlines():
-            self.lines.append(f"[worker {pid}] {line}")
+            self._add(f"[worker {pid}] {line}")
         sys.stderr.write(text)
 
     def tail(self, n: int) -> str:
         if n <= 0:
             return ""
-        lines = list(self.lines)[-n:]
+        source = self.board.log_lines() if self.board is not None else list(self.lines)
+        lines = source[-n:]
         return "\n".join(lines) + ("\n" if lines else "")
 
 
@@ -79,6 +90,8 @@ NUMERIC = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out", "
 _FATAL_BYTES = 4096
 _ERRORS_BYTES = 8192
 _SLOT = 8 * (1 + len(NUMERIC)) + _ERRORS_BYTES  # ready flag, counters, last errors (JSON)
+_LOG_BYTES = 256 * 1024  # the servers' shared log ring
+_NOT_READY, _READY, _RESTARTING = 0.0, 1.0, 2.0
 
 
 class Board:
@@ -86,15 +99,20 @@ class Board:
 
     An anonymous ``MAP_SHARED`` mapping made before the servers are forked: one
     slot per server that only that server writes (ready flag, counters, its last
-    errors as JSON), read by all, so no locks; and the first fatal start-up
-    reason, which the parent prints last before it exits.
+    errors as JSON), read by all, so no locks; the first fatal start-up
+    reason, which the parent prints last before it exits; and a ring of the
+    servers' last log lines (the one part written by all, under a lock).
+    A slot outlives its server: a replacement (``servers``) keeps counting.
     """
 
     def __init__(self, servers: int) -> None:
         import mmap
+        import multiprocessing
 
         self.servers = servers
         self.mem = mmap.mmap(-1, _FATAL_BYTES + servers * _SLOT)
+        self.log_mem = mmap.mmap(-1, 8 + _LOG_BYTES)  # bytes written so far, then the ring
+        self.log_lock = multiprocessing.get_context("fork").Lock()
 
     def _numbers(self, slot: int) -> memoryview[float]:
         start = _FATAL_BYTES + slot * _SLOT
@@ -104,10 +122,40 @@ class Board:
         return _FATAL_BYTES + slot * _SLOT + 8 * (1 + len(NUMERIC))
 
     def set_ready(self, slot: int, ready: bool) -> None:
-        self._numbers(slot)[0] = 1.0 if ready else 0.0
+        self._numbers(slot)[0] = _READY if ready else _NOT_READY
+
+    def set_restarting(self, slot: int) -> None:
+        """A new server is loading in ``slot``; it takes no connection until ready."""
+        self._numbers(slot)[0] = _RESTARTING
 
     def all_ready(self) -> bool:
-        return all(self._numbers(s)[0] == 1.0 for s in range(self.servers))
+        """Every server that takes connections is ready (one at least)."""
+        states = [self._numbers(s)[0] for s in range(self.servers)]
+        return _READY in states and all(v in (_READY, _RESTARTING) for v in states)
+
+    def append_log(self, line: str) -> None:
+        data = (line + "\n").encode("utf-8", "replace")[-_LOG_BYTES:]
+        with self.log_lock:
+            total = int.from_bytes(self.log_mem[:8], "little")
+            at = total % _LOG_BYTES
+            first = min(len(data), _LOG_BYTES - at)
+            self.log_mem[8 + at : 8 + at + first] = data[:first]
+            if first < len(data):
+                self.log_mem[8 : 8 + len(data) - first] = data[first:]
+            self.log_mem[:8] = (total + len(data)).to_bytes(8, "little")
+
+    def log_lines(self) -> list[str]:
+        with self.log_lock:
+            total = int.from_bytes(self.log_mem[:8], "little")
+            if total <= _LOG_BYTES:
+                data = bytes(self.log_mem[8 : 8 + total])
+            else:
+                at = total % _LOG_BYTES
+                data = bytes(self.log_mem[8 + at :]) + bytes(self.log_mem[8 : 8 + at])
+        lines = data.decode("utf-8", "replace").split("\n")
+        if total > _LOG_BYTES:
+            lines = lines[1:]  # the oldest line was partly overwritten
+        return [ln for ln in lines if ln][-LOG_LINES:]
 
     def set_fatal(self, reason: str) -> None:
         data = reason.encode("utf-8", "replace")[: _FATAL_BYTES - 1]
@@ -155,7 +203,8 @@ class SharedStats(Stats):
         self.board = board
         self.slot = slot
         self.numbers = board._numbers(slot)
-        self.last_errors = deque(maxlen=LAST_ERRORS)
+        # a replaced server's errors stay: its successor goes on from them
+        self.last_errors = deque(board.errors(slot), maxlen=LAST_ERRORS)
 
     def error(self, obj: str, sample: str | None, message: str) -> None:
         super().error(obj, sample, message)

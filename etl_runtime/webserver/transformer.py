@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import tempfile
 from collections.abc import Callable
 
@@ -23,6 +24,8 @@ from etl_runtime.webserver.shards import load_tariterators
 from etl_runtime.webserver.stats import Board, LogBuffer, SharedStats, Stats
 
 log = logging.getLogger("sluice.transformer")
+
+RETIRE_GRACE_SECONDS = 30  # a retiring server's in-flight requests get this long
 
 
 class Transformer:
@@ -48,7 +51,7 @@ class Transformer:
         self.board = board
         self.slot = slot
         self.stats: Stats = Stats() if board is None else SharedStats(board, slot)
-        self.logs = LogBuffer()
+        self.logs = LogBuffer(board=board)
         self.pool = WorkerPool(
             spec,
             WorkerPool.default_size(spec, workers),
@@ -58,12 +61,16 @@ class Transformer:
         self.inline: InlineRunner | None = None
         if inline and spec.mode == "object":
             self.inline = InlineRunner(spec, self.pool.size, deps_dir, self.logs)
+            self.inline.on_stuck = self._stuck
         else:
             # Now, in create_app: before uvicorn starts the loop and any thread.
             self.pool.start_forker()
         self.ready = False
         self.fatal: str | None = None
         self.on_fatal: Callable[[str], None] = lambda reason: None
+        # Set by a supervised server (``servers``): stop serving, to be replaced.
+        self.on_retire: Callable[[str], None] | None = None
+        self.retiring = False
 
     @property
     def workers(self) -> int:
@@ -99,6 +106,20 @@ class Transformer:
     def all_ready(self) -> bool:
         """Ready, and so is every other server process of this transformer."""
         return self.ready and (self.board is None or self.board.all_ready())
+
+    def _stuck(self, reason: str) -> None:
+        """An inline transform outlived its deadline: its thread runs on (a new one
+        took its place). A supervised server retires, so the supervisor replaces
+        the process and the stuck thread dies with it; a lone server keeps going."""
+        if self.on_retire is None or self.retiring:
+            log.warning("%s; this server process cannot be replaced, it keeps serving", reason)
+            return
+        self.retiring = True
+        log.warning("%s; this server stops taking connections and will be replaced", reason)
+        # If the stuck thread holds the interpreter so the server cannot finish,
+        # the kernel ends the process: SIGALRM's default action needs no Python.
+        signal.alarm(RETIRE_GRACE_SECONDS)
+        self.on_retire(reason)
 
     def fail(self, reason: str) -> None:
         self.ready = False

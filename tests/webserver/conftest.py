@@ -15,6 +15,7 @@ from typing import Any
 
 import cloudpickle
 import httpx
+import psutil
 
 from etl_runtime.core.spec import runtime_python_version
 from tests.servers import SessionServers, free_port, loop_of, serve_process
@@ -128,8 +129,11 @@ def loop_transformer(servers: SessionServers, mode: str, loop_name: str) -> str:
         return transformer(f"{mode}-{loop_name}", spec, workers=1, SLUICE_LOOP=loop_name)
 
     url = servers.get(("loop-transformer", mode, loop_name), start)
-    # the env var is honoured, not just accepted
-    assert loop_of(httpx.get(f"{url}/health").json()["pid"]) == loop_name
+    # the env var is honoured, not just accepted: by the one server (wds), or by
+    # the servers under the supervisor whose pid /health names (object, inline)
+    pid = httpx.get(f"{url}/health").json()["pid"]
+    servers = [p.pid for p in psutil.Process(pid).children()] if mode == "object" else [pid]
+    assert servers and all(loop_of(p) == loop_name for p in servers), (pid, servers)
     return url
 
 

@@ -4,7 +4,8 @@ A request whose client left used to keep its worker until the transform
 finished or ``requestSeconds`` (600 s) ran out, so a hung ETL blocked every
 later request for minutes. Now a client that disconnects before the first
 byte gets its worker killed and replaced at once, and the default
-``requestSeconds`` is 120 s.
+``requestSeconds`` is 120 s. (Worker processes, ``SLUICE_INLINE=0``; the
+inline default frees its thread: test_default_shape.)
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def test_a_client_that_leaves_frees_its_worker(how: str, loop_name: str, tmp_pat
     hang = tmp_path / "hang.bin"
     hang.write_bytes(b"hang")
     with (
-        transformer("hangs", spec, workers=1, SLUICE_LOOP=loop_name) as url,
+        transformer("hangs", spec, workers=1, SLUICE_LOOP=loop_name, SLUICE_INLINE="0") as url,
         httpx.Client(timeout=60) as c,
     ):
         assert c.put(f"{url}/b/ok", content=b"ok").content == b"OK"

@@ -90,7 +90,8 @@ def test_a_dead_forker_is_replaced_and_workers_keep_being_replaced() -> None:
     """The helper that forks workers is killed (say, by the OOM killer), then a worker
     dies: the transformer starts a new helper for the replacement and keeps serving,
     instead of failing every later worker start."""
-    with transformer("upper", {"mode": "object", "code": source_code(UPPER)}, workers=2) as url:
+    spec = {"mode": "object", "code": source_code(UPPER)}
+    with transformer("upper", spec, workers=2, SLUICE_INLINE="0") as url:
         server = next(
             p
             for p in psutil.process_iter(["cmdline"])

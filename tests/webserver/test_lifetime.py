@@ -26,7 +26,7 @@ def test_sigkilled_transformer_leaves_no_workers() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "etl_runtime.webserver", "--host", "127.0.0.1"]
         + ["--port", str(free_port()), "--workers", "2"],
-        env={**os.environ, **transformer_env("stuck", spec)},
+        env={**os.environ, **transformer_env("stuck", spec, SLUICE_INLINE="0")},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -1,4 +1,6 @@
-"""Object mode over real HTTP: results, streaming, errors, auth, parallel workers."""
+"""Object mode in worker processes (``SLUICE_INLINE=0``) over real HTTP: results,
+streaming, errors, auth, parallel workers. The inline default: test_inline,
+test_default_shape."""
 
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ def dispatch(data: bytes, args: str | None) -> Any:
 @pytest.fixture(scope="module")
 def url() -> Iterator[str]:
     spec = {"mode": "object", "code": pickled_code(dispatch)}
-    with transformer("objects", spec, workers=2, SLUICE_ETL_TOKEN=TOKEN) as base:
+    with transformer("objects", spec, workers=2, SLUICE_ETL_TOKEN=TOKEN, SLUICE_INLINE="0") as base:
         yield base
 
 

@@ -33,8 +33,7 @@ def served(request: pytest.FixtureRequest) -> Iterator[tuple[str, subprocess.Pop
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = transformer_env("multi", SPEC, SLUICE_ETL_TOKEN=TOKEN, SLUICE_SERVERS="2")
-    if request.param == "inline":
-        env["SLUICE_INLINE"] = "1"
+    env["SLUICE_INLINE"] = "1" if request.param == "inline" else "0"
     proc = subprocess.Popen(
         [sys.executable, "-m", "etl_runtime.webserver", "--host", "127.0.0.1"]
         + ["--port", str(port), "--workers", "2"],
@@ -92,9 +91,12 @@ def test_errors_before_and_after_the_first_byte(served: tuple[str, subprocess.Po
     assert "bkt/bad.bin" in errors and "bkt/mid" in errors
 
 
-def test_sigkill_leaves_no_server_or_worker() -> None:
+@pytest.mark.parametrize("inline", ["0", "1"])
+def test_sigkill_leaves_no_server_or_worker(inline: str) -> None:
     port = free_port()
-    env = transformer_env("multi", SPEC, SLUICE_ETL_TOKEN=TOKEN, SLUICE_SERVERS="2")
+    env = transformer_env(
+        "multi", SPEC, SLUICE_ETL_TOKEN=TOKEN, SLUICE_SERVERS="2", SLUICE_INLINE=inline
+    )
     proc = subprocess.Popen(
         [sys.executable, "-m", "etl_runtime.webserver", "--host", "127.0.0.1"]
         + ["--port", str(port), "--workers", "2"],
@@ -105,7 +107,8 @@ def test_sigkill_leaves_no_server_or_worker() -> None:
     try:
         wait_http(f"http://127.0.0.1:{port}/health", timeout=90, proc=proc)
         kids = psutil.Process(proc.pid).children(recursive=True)
-        assert len(kids) >= 6  # 2 servers, each with a forker helper and a worker
+        # 2 servers, each with a forker helper and a worker; inline, the 2 servers
+        assert len(kids) >= (2 if inline == "1" else 6)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
         _, alive = psutil.wait_procs(kids, timeout=15)
