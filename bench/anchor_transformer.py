@@ -9,9 +9,12 @@ as answer), in two configurations:
 * ``ais-default``: ``FastAPIServer().start()``, what its README's examples run
   (one uvicorn process).
 
-Sluice runs ``python -m etl_runtime.webserver --servers N --workers N``: N
-server processes on one port, with one worker process each (``sluice``) or
-running the function in their own thread (``sluice-inline``, ``--inline``). Every server gets the
+Sluice runs as a user gets it, ``python -m etl_runtime.webserver`` with no
+flags (``sluice-default``: for object mode, one server per usable CPU running
+the code inline, see ``etl_runtime/webserver/sizing.py``), or with
+``--servers N --workers N``: N server processes on one port, with one worker
+process each (``sluice``, ``--no-inline``) or running the function in their
+own thread (``sluice-inline``, ``--inline``). Every server gets the
 same function: identity on 1 MiB and on 16 KiB bodies, and a PIL JPEG resize
 (1024x768 JPEG in, 224x224 JPEG out). For each transform and concurrency
 (1, 16, 64 requests in flight) the load generator (``loadgen``: client
@@ -19,7 +22,7 @@ processes with raw HTTP/1.1 connections, CPU per request printed) drives each
 server in turn for ``--seconds``; rows print req/s, p50, p99 and the Sluice /
 anchor ratio. Goal: ratio >= 1.0 on every row with p99 no worse.
 
-    .venv/bin/python bench/anchor_transformer.py [--servers 12] [--seconds 4]
+    .venv/bin/python bench/anchor_transformer.py [--servers NCPU] [--seconds 4]
         [--concurrency 1,16,64] [--transforms identity-1MiB,identity-16KiB,jpeg-resize]
 """
 
@@ -112,11 +115,15 @@ def server(kind: str, code: str, servers: int, workdir: Path) -> Iterator[str]:
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "AIS_TARGET_URL": "http://127.0.0.1:9"}
     if kind.startswith("sluice"):
         spec = {"mode": "object", "code": {"source": code}}
-        env["SLUICE_INLINE"] = "1" if kind == "sluice-inline" else ""
+        for var in ("SLUICE_INLINE", "SLUICE_SERVERS", "SLUICE_WORKERS"):
+            env.pop(var, None)  # the defaults are what users get
         env.update(SLUICE_ETL_NAME="anchor", SLUICE_ETL_SPEC=json.dumps(spec))
         env["SLUICE_ETL_TOKEN"] = TOKEN
         argv = [sys.executable, "-m", "etl_runtime.webserver", "--host", "127.0.0.1"]
-        argv += ["--port", str(port), "--servers", str(servers), "--workers", str(servers)]
+        argv += ["--port", str(port)]
+        if kind != "sluice-default":
+            argv += ["--servers", str(servers), "--workers", str(servers)]
+            argv += ["--inline" if kind == "sluice-inline" else "--no-inline"]
     else:
         module = workdir / "ais_anchor.py"
         module.write_text(AIS_SERVER.format(code=code))
@@ -161,13 +168,23 @@ def requests(url: str, body: bytes, check_len: bool) -> list[Req]:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--servers", type=int, default=12, help="processes per server (both sides)")
+    p.add_argument(
+        "--servers",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="processes per server (AIStore's uvicorn --workers; Sluice's but for sluice-default)",
+    )
     p.add_argument("--seconds", type=float, default=4.0, help="measured time per row")
     p.add_argument("--warmup", type=float, default=1.0)
     p.add_argument("--client-procs", type=int, default=4, help="load generator processes")
     p.add_argument("--concurrency", default="1,16,64")
     p.add_argument("--transforms", default=",".join(TRANSFORMS))
-    p.add_argument("--kinds", default="sluice,sluice-inline,ais-best,ais-default")
+    p.add_argument(
+        "--kinds",
+        default="sluice-default,ais-best",
+        help="of sluice-default, sluice, sluice-inline, ais-best, ais-default",
+    )
+    p.add_argument("--rounds", type=int, default=1, help="each kind once per round, in turn")
     args = p.parse_args()
     kinds = args.kinds.split(",")
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -176,7 +193,7 @@ def main() -> None:
         f"{args.client_procs} client processes; {args.seconds:.0f}s per row"
     )
     header = (
-        f"{'transform':<15} {'conc':>4} {'server':<12} {'req/s':>8} {'p50 ms':>8} "
+        f"{'transform':<15} {'conc':>4} {'server':<14} {'req/s':>8} {'p50 ms':>8} "
         f"{'p99 ms':>8} {'err':>4} {'client CPU ms/req':>17}"
     )
     summary: list[str] = []
@@ -186,20 +203,24 @@ def main() -> None:
             body = make_body()
             print(f"\n{name}: body {len(body)} bytes")
             print(header)
-            results: dict[tuple[str, int], Result] = {}
-            for kind in kinds:
-                with server(kind, code, args.servers, Path(tmp)) as url:
-                    reqs = requests(url, body, check_len)
-                    run_load(reqs, 8, 0.5, procs=args.client_procs, warmup=0.3)  # warm up
-                    for c in levels:
-                        r = run_load(reqs, c, args.seconds, args.client_procs, args.warmup)
-                        results[(kind, c)] = r
-                        print(
-                            f"{name:<15} {c:>4} {kind:<12} {r.rate:>8.1f} {r.p50_ms:>8.2f} "
-                            f"{r.p99_ms:>8.2f} {r.errors:>4} {r.client_cpu_ms:>17.3f}"
-                            + (f"  first error: {r.first_error}" if r.errors else ""),
-                            flush=True,
-                        )
+            runs: dict[tuple[str, int], list[Result]] = {}
+            for round_ in range(args.rounds):
+                order = kinds[round_ % len(kinds) :] + kinds[: round_ % len(kinds)]
+                for kind in order:
+                    with server(kind, code, args.servers, Path(tmp)) as url:
+                        reqs = requests(url, body, check_len)
+                        run_load(reqs, 8, 0.5, procs=args.client_procs, warmup=0.3)  # warm up
+                        for c in levels:
+                            r = run_load(reqs, c, args.seconds, args.client_procs, args.warmup)
+                            runs.setdefault((kind, c), []).append(r)
+                            print(
+                                f"{name:<15} {c:>4} {kind:<14} {r.rate:>8.1f} {r.p50_ms:>8.2f} "
+                                f"{r.p99_ms:>8.2f} {r.errors:>4} {r.client_cpu_ms:>17.3f}"
+                                + (f"  first error: {r.first_error}" if r.errors else ""),
+                                flush=True,
+                            )
+            # the median round of each row (by rate)
+            results = {k: sorted(v, key=lambda r: r.rate)[len(v) // 2] for k, v in runs.items()}
             for c in levels:
                 for us, kind in [(u, k) for u in kinds for k in kinds]:
                     ours, theirs = results.get((us, c)), results.get((kind, c))

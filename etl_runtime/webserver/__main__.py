@@ -215,8 +215,13 @@ def _serve_many(
 
     try:
         fatal = serve_many(chosen.servers, args.host, args.port, make_server, board)
-    except OSError as e:
-        return _fail(name, f"cannot listen on {args.host}:{args.port}: {e}")
+    except OSError as e:  # e.g. the port was taken meanwhile: a new start may do
+        print(
+            f"sluice: ETL '{name}': cannot listen on {args.host}:{args.port}: {e}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     except ServersFailing as e:  # not a configuration error: exit 1, to be restarted
         print(f"sluice: ETL '{name}': {e}", file=sys.stderr, flush=True)
         return 1

@@ -17,6 +17,7 @@ server threads (``inline``).
 from __future__ import annotations
 
 import io
+import sys
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
@@ -133,3 +134,13 @@ class LineWriter(io.TextIOBase):
         if self.buf:
             text, self.buf = self.buf, ""
             self.emit(text + "\n")
+
+
+def reseed_numpy() -> None:
+    """A fresh seed for numpy's global generator when it was imported before the fork
+    (the forker, the zygote, the supervisor of inline servers): else every worker
+    or server would draw the same "random" numbers. (``random`` reseeds itself
+    after a fork; torch's default seed is fixed anyway.)"""
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        numpy.random.seed()

@@ -113,6 +113,7 @@ class InlineRunner:
         os.environ.update(dict(self.spec.env))
         if self.deps_dir and self.deps_dir not in sys.path:
             sys.path.insert(0, self.deps_dir)
+        calls.reseed_numpy()  # this server was forked from one that may hold numpy
         pid = os.getpid()
         sys.stdout = calls.LineWriter(lambda text: self.logs.worker_output(pid, text))
         try:

@@ -51,7 +51,7 @@ from typing import Any
 import uvicorn
 
 from etl_runtime.core.errors import EXIT_CONFIG_ERROR
-from etl_runtime.core.procs import die_with_parent
+from etl_runtime.core.procs import die_with_parent, set_process_name
 from etl_runtime.webserver.stats import Board, LogBuffer
 
 log = logging.getLogger("sluice.transformer")
@@ -91,6 +91,7 @@ def _server_main(
     restarted: bool,
 ) -> None:
     die_with_parent(parent)
+    set_process_name("sluice-server")  # ps, top, psutil's name()
     for handler in list(log.handlers):  # the server's app adds its own
         if isinstance(handler, LogBuffer):
             log.removeHandler(handler)

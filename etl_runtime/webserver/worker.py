@@ -64,15 +64,6 @@ def _exit_when_server_hangs_up(sock: socket.socket) -> None:
                 os._exit(0)
 
 
-def _reseed_numpy() -> None:
-    """A fresh seed for numpy's global generator when it was imported before the fork
-    (the forker, the zygote): else every worker would draw the same "random" numbers.
-    (``random`` reseeds itself after a fork; torch's default seed is fixed anyway.)"""
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-
-
 def worker_main(sock: socket.socket, spec_json: str, deps_dir: str | None) -> None:
     # The server decides when we stop (by closing the socket): a Ctrl-C or a
     # SIGTERM sent to the whole process group must not kill workers under it.
@@ -82,7 +73,7 @@ def worker_main(sock: socket.socket, spec_json: str, deps_dir: str | None) -> No
         target=_exit_when_server_hangs_up, args=(sock,), name="hangup-watch", daemon=True
     ).start()
     frames = ipc.FrameSocket(sock)
-    _reseed_numpy()
+    calls.reseed_numpy()
     spec = EtlSpec.from_dict(__import__("json").loads(spec_json))
     os.environ.update(dict(spec.env))
     if deps_dir:

@@ -90,10 +90,11 @@ def test_object_etl_is_forked_by_the_zygote_and_transforms(
     pids = transformers_of(cluster, "zy-upper")
     assert len(pids) == 3
     assert {psutil.Process(pid).ppid() for pid in pids.values()} == {zygote.pid}
-    # Its workers are forks of the transformer (through its helper), not fresh interpreters.
+    # Its servers (object code runs inline by default) are forks of the transformer,
+    # not fresh interpreters.
     for pid in pids.values():
         names = {k.name() for k in psutil.Process(pid).children(recursive=True)}
-        assert names == {"sluice-forker", "sluice-worker"}, names
+        assert names == {"sluice-server"}, names
     client.etl("zy-upper").delete()
 
 
