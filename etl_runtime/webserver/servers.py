@@ -61,8 +61,11 @@ RESTART_BUDGET = 10  # replacements of servers ...
 RESTART_WINDOW = 60.0  # ... within this many seconds, then the transformer stops
 
 
-def reuseport_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host:port`` with ``SO_REUSEPORT`` (not listening)."""
+def server_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` (not listening), shared by the servers.
+
+    No ``SO_REUSEPORT``: another process that picked the same port (a port
+    race of ``free_port()``) must fail to bind it, not split our connections."""
     infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     family, kind, proto, _, addr = infos[0]
     # proto IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY on accepted connections only
@@ -72,7 +75,6 @@ def reuseport_socket(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, kind, proto)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind(addr)
     return sock
 
@@ -110,7 +112,7 @@ def serve_many(
     Returns the fatal start-up reason if a server had one (exit code 2), else
     None; raises ``ServersFailing`` when servers kept ending.
     """
-    sock = reuseport_socket(host, port)
+    sock = server_socket(host, port)
     sock.listen(BACKLOG)
     log.addHandler(LogBuffer(board=board))  # its own lines in /logs, too
     ctx = multiprocessing.get_context("fork")  # no threads or loop exist yet

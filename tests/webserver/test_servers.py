@@ -121,17 +121,17 @@ def test_sigkill_leaves_no_server_or_worker(inline: str) -> None:
 
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_connections_on_the_shared_port_send_small_answers_at_once(loop: str) -> None:
-    """Accepted connections of the SO_REUSEPORT socket have TCP_NODELAY on both
+    """Accepted connections of the servers' shared socket have TCP_NODELAY on both
     loops (asyncio sets it only for sockets that say they are TCP): without it a
     small answer written in two parts waited ~40 ms for a delayed ACK."""
     import asyncio
     import socket
 
     from etl_runtime.core.eventloop import loop_factory
-    from etl_runtime.webserver.servers import reuseport_socket
+    from etl_runtime.webserver.servers import server_socket
 
     async def main() -> int:
-        sock = reuseport_socket("127.0.0.1", 0)
+        sock = server_socket("127.0.0.1", 0)
         sock.listen()
         seen: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
