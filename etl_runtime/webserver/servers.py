@@ -114,7 +114,7 @@ def serve_many(
     """
     sock = server_socket(host, port)
     sock.listen(BACKLOG)
-    log.addHandler(LogBuffer(board=board))  # its own lines in /logs, too
+    log.addHandler(LogBuffer(board=board, ring=servers))  # its own lines in /logs, too
     ctx = multiprocessing.get_context("fork")  # no threads or loop exist yet
     me = os.getpid()
     procs: dict[int, Any] = {}  # slot -> its current server process

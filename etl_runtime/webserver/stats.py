@@ -51,20 +51,24 @@ class Stats:
 class LogBuffer(logging.Handler):
     """The last ``LOG_LINES`` lines: the server's log records and workers' output.
 
-    With several server processes (``board``), the lines of all of them go to
-    the board's shared ring, so ``/logs`` shows them whichever server answers."""
+    With several server processes (``board``), each writes its lines to its
+    ring on the board, and ``/logs`` merges them all, whichever server answers."""
 
-    def __init__(self, maxlen: int = LOG_LINES, board: Board | None = None) -> None:
+    def __init__(self, maxlen: int = LOG_LINES, board: Board | None = None, ring: int = 0) -> None:
+        """``ring``: this process's log ring on ``board`` (its server slot)."""
         super().__init__()
         self.lines: deque[str] = deque(maxlen=maxlen)
         self.board = board
+        self.ring = ring
         self.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
 
     def _add(self, line: str) -> None:
-        if self.board is not None:
-            self.board.append_log(line)
-        else:
-            self.lines.append(line)
+        assert self.lock is not None  # made by Handler.__init__
+        with self.lock:  # the threads of this process write one ring (an RLock: emit holds it)
+            if self.board is not None:
+                self.board.append_log(self.ring, line)
+            else:
+                self.lines.append(line)
 
     def emit(self, record: logging.LogRecord) -> None:
         try:
@@ -90,7 +94,7 @@ NUMERIC = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out", "
 _FATAL_BYTES = 4096
 _ERRORS_BYTES = 8192
 _SLOT = 8 * (1 + len(NUMERIC)) + _ERRORS_BYTES  # ready flag, counters, last errors (JSON)
-_LOG_BYTES = 256 * 1024  # the servers' shared log ring
+_LOG_BYTES = 128 * 1024  # each server's log ring
 _NOT_READY, _READY, _RESTARTING = 0.0, 1.0, 2.0
 
 
@@ -101,18 +105,17 @@ class Board:
     slot per server that only that server writes (ready flag, counters, its last
     errors as JSON), read by all, so no locks; the first fatal start-up
     reason, which the parent prints last before it exits; and a ring of the
-    servers' last log lines (the one part written by all, under a lock).
+    servers' last log lines, one ring per server (and one for the supervisor).
     A slot outlives its server: a replacement (``servers``) keeps counting.
     """
 
     def __init__(self, servers: int) -> None:
         import mmap
-        import multiprocessing
 
         self.servers = servers
         self.mem = mmap.mmap(-1, _FATAL_BYTES + servers * _SLOT)
-        self.log_mem = mmap.mmap(-1, 8 + _LOG_BYTES)  # bytes written so far, then the ring
-        self.log_lock = multiprocessing.get_context("fork").Lock()
+        # a log ring per server and one for the supervisor: bytes written, then the ring
+        self.log_mem = mmap.mmap(-1, (servers + 1) * (8 + _LOG_BYTES))
 
     def _numbers(self, slot: int) -> memoryview[float]:
         start = _FATAL_BYTES + slot * _SLOT
@@ -133,29 +136,42 @@ class Board:
         states = [self._numbers(s)[0] for s in range(self.servers)]
         return _READY in states and all(v in (_READY, _RESTARTING) for v in states)
 
-    def append_log(self, line: str) -> None:
-        data = (line + "\n").encode("utf-8", "replace")[-_LOG_BYTES:]
-        with self.log_lock:
-            total = int.from_bytes(self.log_mem[:8], "little")
-            at = total % _LOG_BYTES
-            first = min(len(data), _LOG_BYTES - at)
-            self.log_mem[8 + at : 8 + at + first] = data[:first]
-            if first < len(data):
-                self.log_mem[8 : 8 + len(data) - first] = data[first:]
-            self.log_mem[:8] = (total + len(data)).to_bytes(8, "little")
+    def append_log(self, ring: int, line: str) -> None:
+        """Add ``line`` to log ring ``ring`` (a server's slot, or ``servers`` for the
+        supervisor): one writer per ring, so no lock (no semaphore needs /dev/shm)."""
+        data = f"{time.time_ns()} {line}\n".encode("utf-8", "replace")[-_LOG_BYTES:]
+        base = ring * (8 + _LOG_BYTES)
+        mem = self.log_mem
+        total = int.from_bytes(mem[base : base + 8], "little")
+        at = total % _LOG_BYTES
+        first = min(len(data), _LOG_BYTES - at)
+        mem[base + 8 + at : base + 8 + at + first] = data[:first]
+        if first < len(data):
+            mem[base + 8 : base + 8 + len(data) - first] = data[first:]
+        mem[base : base + 8] = (total + len(data)).to_bytes(8, "little")
 
     def log_lines(self) -> list[str]:
-        with self.log_lock:
-            total = int.from_bytes(self.log_mem[:8], "little")
+        """The last ``LOG_LINES`` lines of all rings, in the order they were written."""
+        stamped: list[tuple[int, str]] = []
+        for ring in range(self.servers + 1):
+            base = ring * (8 + _LOG_BYTES)
+            mem = self.log_mem
+            total = int.from_bytes(mem[base : base + 8], "little")
             if total <= _LOG_BYTES:
-                data = bytes(self.log_mem[8 : 8 + total])
+                data = bytes(mem[base + 8 : base + 8 + total])
             else:
                 at = total % _LOG_BYTES
-                data = bytes(self.log_mem[8 + at :]) + bytes(self.log_mem[8 : 8 + at])
-        lines = data.decode("utf-8", "replace").split("\n")
-        if total > _LOG_BYTES:
-            lines = lines[1:]  # the oldest line was partly overwritten
-        return [ln for ln in lines if ln][-LOG_LINES:]
+                data = bytes(mem[base + 8 + at : base + 8 + _LOG_BYTES])
+                data += bytes(mem[base + 8 : base + 8 + at])
+            lines = data.decode("utf-8", "replace").split("\n")
+            if total > _LOG_BYTES:
+                lines = lines[1:]  # the oldest line was partly overwritten
+            for entry in lines:
+                stamp, _, line = entry.partition(" ")
+                if stamp.isdigit():
+                    stamped.append((int(stamp), line))
+        stamped.sort(key=lambda e: e[0])
+        return [line for _, line in stamped[-LOG_LINES:]]
 
     def set_fatal(self, reason: str) -> None:
         data = reason.encode("utf-8", "replace")[: _FATAL_BYTES - 1]

@@ -51,7 +51,7 @@ class Transformer:
         self.board = board
         self.slot = slot
         self.stats: Stats = Stats() if board is None else SharedStats(board, slot)
-        self.logs = LogBuffer(board=board)
+        self.logs = LogBuffer(board=board, ring=slot)
         self.pool = WorkerPool(
             spec,
             WorkerPool.default_size(spec, workers),
