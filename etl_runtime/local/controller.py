@@ -51,29 +51,19 @@ from etl_runtime.cluster.records import EtlRecord, TargetDiscovery, TargetInfo, 
 from etl_runtime.core import auth
 from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.core.spec import EtlSpec, validate_name
-from etl_runtime.local import containers, processes, runas, zygote
-from etl_runtime.local.processes import TransformerProcess
+from etl_runtime.local import containers, pidfiles, processes, runas, zygote
+from etl_runtime.local.processes import TransformerProcess, restart_backoff
 from etl_runtime.local.zygote import Zygote
 
 log = logging.getLogger(__name__)
 
 PROBE_FAILURES_TO_UNREADY = 3  # failed probes in a row: unready (one slow answer is not)
-MAX_BACKOFF_SECONDS = 30.0
 # In its first STARTING_WINDOW seconds a starting transformer is probed this often
 # (else every ``interval``): Running is reported within this much of it being ready.
 STARTING_PROBE_SECONDS = 0.05
 STARTING_WINDOW = 10.0
 # The transformer runtime; ``--host``/``--port`` are appended.
 TRANSFORMER_COMMAND = (sys.executable, "-m", "etl_runtime.webserver")
-
-
-def restart_backoff(restarts: int) -> float:
-    return min(MAX_BACKOFF_SECONDS, 2.0 ** min(restarts, 5))
-
-
-def backoff_after(p: TransformerProcess) -> float:
-    """How long to wait before replacing ``p`` (short again after a healthy run)."""
-    return restart_backoff(reconcile.next_restarts(p.observed()) - 1)
 
 
 class LocalEtlBackend:
@@ -109,7 +99,9 @@ class LocalEtlBackend:
         self._records: dict[str, EtlRecord] = {}
         self._procs: dict[str, list[TransformerProcess]] = {}
         # (etl, target) -> (spec hash, crashes so far): carried into the replacement.
-        self._restarts: dict[tuple[str, str], tuple[str, int]] = {}
+        # (ETL, target) -> spec hash, restarts, how the last run ended (shown while
+        # the next one starts, so a crash loop's Error names its cause)
+        self._restarts: dict[tuple[str, str], tuple[str, int, str | None]] = {}
         self._stopping: set[asyncio.Task[None]] = set()
         self._watching: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
@@ -170,7 +162,7 @@ class LocalEtlBackend:
 
     def _adopt(self) -> None:
         """Take over transformers left running by a controller that died."""
-        for path, data in processes.read_pid_files(self.state_dir):
+        for path, data in pidfiles.read_pid_files(self.state_dir):
             proc = TransformerProcess.adopt(data)
             if proc is None:
                 path.unlink(missing_ok=True)
@@ -321,7 +313,8 @@ class LocalEtlBackend:
         }
         for p in victims:
             if self._is_transient(p, spec, want) and p.target not in backing_off:
-                self._restarts[(rec.name, p.target)] = (want, reconcile.next_restarts(p.observed()))
+                again = reconcile.next_restarts(p.observed())
+                self._restarts[(rec.name, p.target)] = (want, again, p.message)
         for target in todo.create:
             if target.id not in backing_off and (proc := await self._spawn(rec, target)):
                 procs.append(self._watch(proc))
@@ -387,11 +380,14 @@ class LocalEtlBackend:
             z = z if z.ready else None
         name = reconcile.transformer_name(rec.name, target.id)
         want = rec.spec.content_hash()
-        prev_hash, restarts = self._restarts.get((rec.name, target.id), (want, 0))
+        prev_hash, restarts, last_exit = self._restarts.get((rec.name, target.id), (want, 0, None))
         if prev_hash != want:
-            restarts = 0
+            restarts, last_exit = 0, None
         if rec.spec.foreign:  # the user's own image, under podman
-            return await containers.spawn(rec, target, name, restarts, self.state_dir)
+            started = await containers.spawn(rec, target, name, restarts, self.state_dir)
+            if started is not None:
+                started.last_exit = last_exit
+            return started
         deps = self.state_dir / "deps" / rec.name / target.id
         if self.run_as is not None:  # it pip-installs `dependencies` there itself
             await asyncio.to_thread(self.run_as.own, deps)
@@ -422,6 +418,7 @@ class LocalEtlBackend:
             zygote=z,
             user=self.run_as.popen_kwargs() if self.run_as else None,
         )
+        proc.last_exit = last_exit
         log.info("started transformer %s (pid %d, port %d)", name, proc.pid, proc.port)
         return proc
 
@@ -435,7 +432,7 @@ class LocalEtlBackend:
                 await containers.remove(cname)  # podman run then exits
             await p.terminate(self.grace)
             if not keep_listed:
-                processes.remove_pid_file(self.state_dir, p)
+                pidfiles.remove_pid_file(self.state_dir, p)
 
         task = asyncio.create_task(run(), name=f"stop-{p.name}-{p.pid}")
         self._stopping.add(task)

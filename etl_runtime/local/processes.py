@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -38,6 +37,7 @@ import httpx
 from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
 from etl_runtime.cluster.records import TargetInfo, TransformerStatus
 from etl_runtime.core import procs as launch
+from etl_runtime.local.pidfiles import write_pid_file
 from etl_runtime.local.zygote import Zygote, ZygoteChild
 
 LOG_TAIL_BYTES = 16 * 1024
@@ -45,6 +45,13 @@ LOG_ROTATE_BYTES = 10 * 1024 * 1024
 # Inherited variables that must not leak into user code (secrets) or confuse
 # the transformer (another server's flags).
 _STRIPPED_ENV_PREFIX = "SLUICE_"
+
+
+MAX_BACKOFF_SECONDS = 30.0
+
+
+def restart_backoff(restarts: int) -> float:
+    return min(MAX_BACKOFF_SECONDS, 2.0 ** min(restarts, 5))
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -133,6 +140,7 @@ class TransformerProcess:
     exited_at: float | None = None
     message: str | None = "starting"
     kill_reason: str | None = None  # why we killed it, shown instead of the exit
+    last_exit: str | None = None  # how the run before this one (same target) ended
 
     def exited_at_or(self, default: float) -> float:
         return self.exited_at if self.exited_at is not None else default
@@ -169,13 +177,18 @@ class TransformerProcess:
             terminated=self.terminated,
             exit_code=self.exit_code,
             restarts=self.restarts,
-            message=None if self.ready else self.message,
+            message=None if self.ready else self._why_not_ready(),
             healthy_for=(
                 self.exited_at - self.ready_at
                 if self.exited_at is not None and self.ready_at is not None
                 else None
             ),
         )
+
+    def _why_not_ready(self) -> str | None:
+        if self.message == "starting" and self.last_exit:
+            return f"starting again; its last run {self.last_exit}"
+        return self.message
 
     async def probe(self, client: httpx.AsyncClient, failures_to_unready: int) -> None:
         """``GET /health``: ready, or why not (unready after that many failures in a row)."""
@@ -377,34 +390,6 @@ async def spawn(
     )
     write_pid_file(state_dir, proc)
     return proc
-
-
-def pid_dir(state_dir: Path) -> Path:
-    return state_dir / "run"
-
-
-def write_pid_file(state_dir: Path, proc: TransformerProcess) -> None:
-    d = pid_dir(state_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{proc.name}.{proc.pid}.tmp"
-    tmp.write_text(json.dumps(proc.pid_record()))
-    os.replace(tmp, d / f"{proc.name}.{proc.pid}.json")
-
-
-def remove_pid_file(state_dir: Path, proc: TransformerProcess) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(pid_dir(state_dir) / f"{proc.name}.{proc.pid}.json")
-
-
-def read_pid_files(state_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
-    out = []
-    for path in sorted(pid_dir(state_dir).glob("*.json")):
-        try:
-            out.append((path, json.loads(path.read_text())))
-        except (OSError, ValueError):
-            with contextlib.suppress(OSError):
-                path.unlink()
-    return out
 
 
 def answered_by(p: TransformerProcess, r: httpx.Response) -> bool:

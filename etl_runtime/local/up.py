@@ -48,7 +48,8 @@ import httpx
 from etl_runtime.core import auth, procs
 from etl_runtime.local import runas, supervisor
 from etl_runtime.local.api import LocalCluster
-from etl_runtime.local.processes import TransformerProcess, free_port, pid_dir, read_pid_files
+from etl_runtime.local.pidfiles import pid_dir, read_pid_files
+from etl_runtime.local.processes import TransformerProcess, free_port
 from etl_runtime.local.supervisor import Child
 
 __all__ = ["LocalCluster", "main", "load_cluster_key"]
