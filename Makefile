@@ -43,7 +43,7 @@ images:  # localhost/sluice/{server,runtime,operator}:dev, no registry (docs/dep
 	bash scripts/images.sh
 
 test: install images k8s-tools minio browser lint
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=30  # the slowest tests, to keep the suite in budget
 
 k8s-up: install k8s-tools
 	$(BIN)/python -m tests.k8s.cluster up
