@@ -168,34 +168,41 @@ class InlineRunner:
     async def _in_pool(
         self, fn: Callable[..., Any], *args: Any, watch: Request | None = None
     ) -> Any:
-        """``fn(*args)`` in a thread. With ``watch``, a call that takes longer than
+        """``fn(*args)`` in a thread. With ``watch``, a call still running after
         ``DISCONNECT_WATCH_AFTER`` is raced against that client leaving (its body
         was read whole, so its next ``receive()`` returns only then): abandoned
-        work must not hold a thread, as it must not hold a worker (``objects``)."""
+        work must not hold a thread, as it must not hold a worker (``objects``).
+        Most calls end sooner and cost two loop timers, no task."""
         loop = asyncio.get_running_loop()
         call = _Call(loop.create_future(), fn, args)
         self.work.put(call)
         deadline = loop.call_later(self.timeout, self._expired, call)
+        watcher: asyncio.Task[None] | None = None
+
+        def watch_client() -> None:
+            nonlocal watcher
+            if watch is not None and not call.future.done():
+                watcher = loop.create_task(self._watch(call, watch))
+
+        soon = loop.call_later(DISCONNECT_WATCH_AFTER, watch_client) if watch else None
         try:
-            if watch is None:
-                return await call.future
-            try:
-                async with asyncio.timeout(DISCONNECT_WATCH_AFTER):
-                    return await asyncio.shield(call.future)
-            except TimeoutError:
-                pass
-            gone = asyncio.ensure_future(disconnected(watch))
-            try:
-                await asyncio.wait({call.future, gone}, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                if not gone.done():
-                    gone.cancel()
-            if call.future.done():
-                return call.future.result()
-            self._abandon(call, "client left before the inline transform answered")
-            raise ClientDisconnect()
+            return await call.future
+        except asyncio.CancelledError:
+            if not call.started:
+                call.future.cancel()  # its request is gone: no thread will run it
+            raise
         finally:
             deadline.cancel()
+            if soon is not None:
+                soon.cancel()
+            if watcher is not None and not watcher.done():
+                watcher.cancel()
+
+    async def _watch(self, call: _Call, request: Request) -> None:
+        await disconnected(request)
+        if not call.future.done():
+            call.future.set_exception(ClientDisconnect())
+            self._abandon(call, "client left before the inline transform answered")
 
     async def transform(
         self, stats: Stats, request: Request, obj: str, args: str | None, fqn: str | None
