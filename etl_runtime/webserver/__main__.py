@@ -71,10 +71,11 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _fail(name: str, reason: str) -> int:
+def _fail(name: str, reason: str, code: int = EXIT_CONFIG_ERROR) -> int:
+    """The last stderr line names the reason; 2 = a configuration error, 1 = may pass."""
     sys.stderr.flush()
     print(f"sluice: ETL '{name}': {reason}", file=sys.stderr, flush=True)
-    return EXIT_CONFIG_ERROR
+    return code
 
 
 def _load_spec(spec_file: str | None) -> EtlSpec:
@@ -216,15 +217,9 @@ def _serve_many(
     try:
         fatal = serve_many(chosen.servers, args.host, args.port, make_server, board)
     except OSError as e:  # e.g. the port was taken meanwhile: a new start may do
-        print(
-            f"sluice: ETL '{name}': cannot listen on {args.host}:{args.port}: {e}",
-            file=sys.stderr,
-            flush=True,
-        )
-        return 1
+        return _fail(name, f"cannot listen on {args.host}:{args.port}: {e}", code=1)
     except ServersFailing as e:  # not a configuration error: exit 1, to be restarted
-        print(f"sluice: ETL '{name}': {e}", file=sys.stderr, flush=True)
-        return 1
+        return _fail(name, str(e), code=1)
     return _fail(name, fatal) if fatal else 0
 
 
