@@ -42,8 +42,12 @@ browser:
 images:  # localhost/sluice/{server,runtime,operator}:dev, no registry (docs/deploy.md)
 	bash scripts/images.sh
 
+# Two pytest-xdist workers: the suite waits on servers about half the time, so two
+# keep both cores busy (tests sharing a cluster stay on one worker: tests/conftest.py).
+TEST_WORKERS ?= 2
+
 test: install images k8s-tools minio browser lint
-	$(BIN)/pytest -q --durations=30  # the slowest tests, to keep the suite in budget
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40  # the slowest, to keep the suite in budget
 
 k8s-up: install k8s-tools
 	$(BIN)/python -m tests.k8s.cluster up

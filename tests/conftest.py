@@ -21,3 +21,23 @@ def session_servers() -> Iterator[SessionServers]:
     """Slow-starting servers shared by every test that needs them (see ``SessionServers``)."""
     with contextlib.ExitStack() as stack:
         yield SessionServers(stack)
+
+
+# Tests that share one heavy session resource run on one pytest-xdist worker
+# (`make test` runs `-n 2 --dist loadgroup`): a second control plane or real-node
+# cluster per worker would cost minutes and contend for the same node slots.
+_GROUPS = (
+    ("real_cluster", "realnode"),  # control plane + real kubelets (tests/k8s/realfixtures.py)
+    ("control_plane", "plane"),  # control plane + process kubelet (tests/k8s/fixtures.py)
+    ("kubelet", "plane"),
+    ("built_images", "images"),  # podman containers of the built images
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        for fixture, group in _GROUPS:
+            if fixture in names:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break

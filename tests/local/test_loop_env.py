@@ -10,9 +10,10 @@ import pytest
 from etl_runtime.local import LocalCluster
 
 
-def _gateway_has_uvloop() -> bool:
+def _gateway_has_uvloop(data: Path) -> bool:
+    # This cluster's gateway only: other test processes may run gateways of their own.
     pids = subprocess.run(
-        ["pgrep", "-f", "etl_runtime.gateway"], capture_output=True, text=True, check=False
+        ["pgrep", "-f", f"etl_runtime.gateway .*{data}"], capture_output=True, text=True, check=False
     ).stdout.split()
     maps = []
     for pid in pids:
@@ -32,4 +33,4 @@ def test_the_chosen_loop_runs_the_gateway(
     monkeypatch.setenv("SLUICE_LOOP", loop)
     monkeypatch.setenv("SLUICE_ZYGOTE", "off")
     with LocalCluster(tmp_path / "data", targets=1):
-        assert _gateway_has_uvloop() is (loop == "uvloop")
+        assert _gateway_has_uvloop(tmp_path / "data") is (loop == "uvloop")
