@@ -69,6 +69,7 @@ plain dict (``to_wire`` / ``from_wire``) and become the same classes again there
 
 from __future__ import annotations
 
+import json
 import traceback
 from typing import Any
 
@@ -329,6 +330,21 @@ class TransformerFailed(SluiceError):
 
     def body(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.payload, **self.context, "error": self.message}
+
+    @classmethod
+    def answered(
+        cls, status: int, body: bytes | bytearray, etl: str, **context: Any
+    ) -> TransformerFailed:
+        """A Sluice transformer's error answer: ``status`` and its JSON (or text) ``body``."""
+        try:
+            payload = json.loads(body)
+        except ValueError:
+            payload = None
+        if not isinstance(payload, dict):
+            text = body.decode(errors="replace").strip()[:500]
+            payload = {"error": f"transformer answered {status}: {text}"}
+        payload.setdefault("etl", etl)
+        return cls(status, payload, **context)
 
 
 class S3Error(SluiceError):

@@ -29,7 +29,6 @@ counted here; ``stats()`` reports them beside the transformer's own counts."""
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import os
 import time
@@ -348,15 +347,9 @@ class EtlForwarder:
             body = await response.read(ERROR_BODY_MAX)
         except DuplexError:
             body = b""
-        try:
-            payload = json.loads(body)
-        except ValueError:
-            payload = None
-        if not isinstance(payload, dict):
-            text = body.decode(errors="replace").strip()[:500]
-            payload = {"error": f"transformer answered {response.status_code}: {text}"}
-        payload.setdefault("etl", etl)
-        return TransformerFailed(response.status_code, payload, bucket=bucket, object=name)
+        return TransformerFailed.answered(
+            response.status_code, body, etl, bucket=bucket, object=name
+        )
 
     async def _relay(
         self, response: DuplexResponse, etl: str, obj: str, tar: bool = False

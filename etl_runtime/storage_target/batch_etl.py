@@ -11,7 +11,14 @@ its manifest as for plain objects. One uncached ETL (the usual case) takes
 that path's last step directly (``EtlForwarder.send``: the file by path
 where the transformer can read it, else its bytes), with the ETL looked up
 and the files found (or read) once per share, in one thread hop: per object
-that path cost the target more CPU than the transformer's call itself.
+that path cost the target more CPU than the transformer's call itself. Objects
+by path to a Sluice transformer in object mode go ``BATCH_ITEMS`` to a
+request (``_batch``, ``wire/etlbatch.py``): one exchange, all their outputs
+framed in its answer, each with its own outcome; a transformer that dies
+mid-answer fails the items it has no whole output for (502). Files in shards,
+pipelines, ``cache: true`` ETLs, AIStore-style images (``spec.foreign``),
+objects sent as bytes, and a transformer without the route (older) keep one
+request per object.
 
 * object mode: the object's transformed bytes are the entry;
 * a file inside a shard (``archpath``): the shard is transformed once per
@@ -33,10 +40,12 @@ target; never bytes in the archive.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import stat
 import tempfile
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import IO
@@ -44,9 +53,17 @@ from typing import IO
 import anyio.to_thread
 
 from etl_runtime.cluster.records import EtlRecord, TransformerStatus
-from etl_runtime.core.errors import ObjectNotFound, SluiceError
+from etl_runtime.core import auth
+from etl_runtime.core.errors import (
+    DuplexError,
+    EtlNotReady,
+    ObjectNotFound,
+    SluiceError,
+    TransformerFailed,
+)
 from etl_runtime.etl.pipeline import transform_chain
 from etl_runtime.storage_target.context import Target
+from etl_runtime.wire import etlbatch
 from etl_runtime.wire.duplex import DuplexResponse
 from etl_runtime.wire.shardread import ShardReader, same_path
 
@@ -56,6 +73,10 @@ CONCURRENCY = 16  # items of one share answer transformed at once
 MEMORY = 16 << 20  # transformed bytes of one answer kept in memory; the rest spills to disk
 ITEM_MEMORY = 1 << 20  # one item's bytes kept in memory before it spills
 INLINE_MAX = 4 << 20  # an object sent in the transformer's request (not by path) up to this
+BATCH_ITEMS = 16  # objects per batched transform request (wire/etlbatch.py)
+BATCH_SLACK = 10.0  # s past requestSeconds the target waits: the transformer's 504 comes first
+REFUSED_SECONDS = 60.0  # a transformer without batches (older) is sent objects one by one
+_refused: dict[str, float] = {}  # transformer endpoint -> until when
 
 
 class Elsewhere:
@@ -175,7 +196,8 @@ class EtlShare:
         tf = fwd.transformer(record)
         if len(self._chain) > 1 or (record.spec.cache and fwd.cache is not None):
             return None
-        return record, tf, record.spec.arg_type == "fqn" or fwd.fqn_always
+        by_path = record.spec.arg_type == "fqn" or fwd.fqn_always
+        return record, tf, by_path and not record.spec.foreign  # an image gets the bytes
 
     def _prepare(self, fqn: bool) -> None:
         """In a worker thread, once per share: each object's path (by path) or its bytes."""
@@ -213,13 +235,19 @@ class EtlShare:
             await anyio.to_thread.run_sync(self._prepare, self._to_transformer[2])
         jobs: list[asyncio.Task[None]] = []
         shards: dict[tuple[str, str], list[int]] = {}
+        batched: list[int] = []
+        batches = self._batches()
         for i, (bucket, name, archpath) in enumerate(self._rows):
             if not self._owned[i]:
                 continue
             if archpath:
                 shards.setdefault((bucket, name), []).append(i)
+            elif batches and isinstance(self._ready.get((bucket, name)), str):
+                batched.append(i)
             else:
                 jobs.append(asyncio.create_task(self._object(i, bucket, name)))
+        for k in range(0, len(batched), BATCH_ITEMS):
+            jobs.append(asyncio.create_task(self._batch(batched[k : k + BATCH_ITEMS])))
         for (bucket, name), wanted in shards.items():
             jobs.append(asyncio.create_task(self._shard(bucket, name, wanted)))
         try:
@@ -228,6 +256,93 @@ class EtlShare:
             for job in jobs:
                 job.cancel()
             raise
+
+    def _batches(self) -> bool:
+        """Whether objects go to the transformer in batches: straight to a Sluice
+        transformer (not an image's), by path, object mode, one that has batches."""
+        if self._to_transformer is None:
+            return False
+        record, tf, by_path = self._to_transformer
+        if not by_path or record.spec.foreign or record.spec.mode != "object":
+            return False
+        return _refused.get(tf.endpoint or "", 0.0) < time.monotonic()
+
+    async def _batch(self, items: list[int]) -> None:
+        """``items`` (objects by path) in one batched request; their outcomes from its frames.
+        A transformer without the route (404/405: an older one) gets them one by one."""
+        assert self._to_transformer is not None
+        record, tf, _ = self._to_transformer
+        fwd, etl = self._target.forwarder, record.name
+        rows = [(i, *self._rows[i][:2]) for i in items]
+        body = json.dumps(
+            {
+                "etl_args": self._args,
+                "items": [[f"{b}/{n}", self._ready[(b, n)]] for _, b, n in rows],
+            }
+        ).encode()
+        token = auth.transformer_token(fwd.cluster_key, etl, record.uid)
+        try:
+            response = await fwd.duplex.request(
+                "POST",
+                f"{(tf.endpoint or '').rstrip('/')}{etlbatch.PATH}",
+                body=body,
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=record.spec.request_timeout_seconds + BATCH_SLACK,
+            )
+        except DuplexError as e:
+            for i, bucket, name in rows:
+                self.outcomes[i] = EtlNotReady(
+                    f"the transformer of ETL {etl!r} on target {self._target.id!r} did not "
+                    f"answer ({type(e).__name__}: {e}); retry shortly",
+                    etl=etl,
+                    bucket=bucket,
+                    object=name,
+                    target=self._target.id,
+                )
+            return
+        done = 0
+        try:
+            if response.status_code in (404, 405):
+                _refused[tf.endpoint or ""] = time.monotonic() + REFUSED_SECONDS
+                await asyncio.gather(*(self._object(i, b, n) for i, b, n in rows))
+                done = len(rows)
+                return
+            if response.status_code != 200:
+                raw = await response.read(etlbatch.ERROR_MAX)
+                for i, bucket, name in rows:
+                    err = TransformerFailed.answered(
+                        response.status_code, raw, etl, bucket=bucket, object=name
+                    )
+                    self.outcomes[i] = self._fail(err, bucket, name)
+                done = len(rows)
+                return
+            reader = etlbatch.FrameReader(response.aiter_bytes())
+            for i, bucket, name in rows:
+                self.outcomes[i] = await self._frames_of(reader, etl, bucket, name)
+                done += 1
+            if not await reader.end():
+                log.warning("GetBatch: ETL %s: a batch answer went on past its last item", etl)
+        except Exception as e:
+            for i, bucket, name in rows[done:]:
+                self.outcomes[i] = self._fail(e, bucket, name)
+        finally:
+            await response.aclose()
+
+    async def _frames_of(
+        self, reader: etlbatch.FrameReader, etl: str, bucket: str, name: str
+    ) -> Outcome:
+        """One item's frames: its output, or its error."""
+        sink = _Sink(self.budget, self._tmp)
+        while True:
+            status, _ = await reader.next_head()
+            if status not in (etlbatch.LAST, etlbatch.MORE):
+                raw = await reader.whole()
+                err = TransformerFailed.answered(status, raw, etl, bucket=bucket, object=name)
+                return self._fail(err, bucket, name)
+            while piece := await reader.piece():
+                await sink.write(piece)
+            if status == etlbatch.LAST:
+                return await sink.output()
 
     def close(self) -> None:
         for f in self.budget.files:

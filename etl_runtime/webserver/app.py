@@ -23,6 +23,7 @@ from etl_runtime.core.errors import InvalidRequest, NotReady, SluiceError, Unaut
 from etl_runtime.core.metrics import EtlStatsCollector, install_metrics
 from etl_runtime.core.params import refuse_repeated
 from etl_runtime.core.spec import SPEC_HASH_HEADER, EtlSpec
+from etl_runtime.webserver.batch import batch_answer
 from etl_runtime.webserver.direct import direct_answer
 from etl_runtime.webserver.fastpath import FastPathApp
 from etl_runtime.webserver.fqn import confine, data_roots
@@ -30,6 +31,7 @@ from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
 from etl_runtime.webserver.stats import Board, Stats
 from etl_runtime.webserver.transformer import Transformer
+from etl_runtime.wire import etlbatch
 
 LOGGERS = ("sluice", "uvicorn.error")
 HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn"})
@@ -164,6 +166,11 @@ def create_app(
     async def direct(request: Request, bucket: str, object: str) -> Response:
         """A client sent here by its target's 307 (see ``direct``); signed, not bearer."""
         return await direct_answer(transformer, request, bucket, object, roots)
+
+    @app.post(etlbatch.PATH, dependencies=[Depends(authorized)])
+    async def batch(request: Request) -> Response:
+        """Many objects by path, their outputs framed in one answer (see ``batch``)."""
+        return await batch_answer(transformer, request, roots)
 
     app.add_fast_route("PUT", hpush)
     app.add_fast_route("GET", direct)

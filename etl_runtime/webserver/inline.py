@@ -207,13 +207,30 @@ class InlineRunner:
     async def transform(
         self, stats: Stats, request: Request, obj: str, args: str | None, fqn: str | None
     ) -> Response:
+        data = None
+        if fqn is None:
+            data = await _body(request)
+            stats.bytes_in += len(data)
+        result = await self.outcome(stats, data, fqn, obj, args, watch=request)
+        if not isinstance(result, AsyncIterator):
+            return Response(result, media_type=MEDIA_TYPE)
+        return TransformedStream(result, MEDIA_TYPE)
+
+    async def outcome(
+        self,
+        stats: Stats,
+        data: bytes | None,
+        fqn: str | None,
+        obj: str,
+        args: str | None,
+        watch: Request | None = None,
+    ) -> memoryview | AsyncIterator[bytes]:
+        """One object's output: whole (a bytes result), or its chunks as the function
+        yields them. Raises the ``SluiceError`` of a failure before the first byte
+        (counted); the chunks raise one after it. Also a batch's item (``batch``)."""
         started = time.perf_counter()
         try:
-            data = None
-            if fqn is None:
-                data = await _body(request)
-                stats.bytes_in += len(data)
-            result, read = await self._in_pool(self._call, data, fqn, obj, args, watch=request)
+            result, read = await self._in_pool(self._call, data, fqn, obj, args, watch=watch)
             stats.bytes_in += read
             first = None
             if isinstance(result, Iterator):
@@ -226,12 +243,12 @@ class InlineRunner:
             stats.objects += 1
             stats.bytes_out += len(result)
             stats.transform_seconds += time.perf_counter() - started
-            return Response(memoryview(result).cast("B"), media_type=MEDIA_TYPE)
+            return memoryview(result).cast("B")
         if first is _DONE:
             stats.objects += 1
             stats.transform_seconds += time.perf_counter() - started
-            return Response(b"", media_type=MEDIA_TYPE)
-        return TransformedStream(self._stream(result, first, stats, obj, started), MEDIA_TYPE)
+            return memoryview(b"")
+        return self._stream(result, first, stats, obj, started)
 
     async def _stream(
         self, chunks: Iterator[Any], first: Any, stats: Stats, obj: str, started: float

@@ -20,6 +20,7 @@ one send, instead of a syscall per frame header and payload.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import pickle
@@ -83,6 +84,48 @@ async def transform_object(
         return Response(b"", media_type=MEDIA_TYPE)
     chunks = _result_stream(task, stats, obj, first, started)
     return TransformedStream(chunks, MEDIA_TYPE, length=length)
+
+
+async def object_outcome(
+    pool: WorkerPool, stats: Stats, obj: str, args: str | None, fqn: str
+) -> bytes | AsyncIterator[bytes]:
+    """One object by path through a worker, for a batch (``batch``): its whole output
+    (a bytes result that came in one frame), or its chunks. Raises the ``SluiceError``
+    of a failure before the first byte; the chunks raise one after it."""
+    task = await pool.acquire(OBJECT_TASK)
+    started = time.perf_counter()
+    try:
+        await task.send((ipc.OBJECT, pickle.dumps((args, fqn, obj))))
+        with contextlib.suppress(OSError):
+            stats.bytes_in += os.path.getsize(fqn)
+        kind, first = await task.next_frame()
+        if kind == ipc.SIZE:
+            length = ipc.LENGTH.unpack(first)[0]
+            kind, first = await task.next_frame()
+            if kind == ipc.CHUNK and len(first) == length:
+                await task.next_frame()  # its END
+                task.release()
+                stats.objects += 1
+                stats.bytes_out += length
+                stats.transform_seconds += time.perf_counter() - started
+                return first
+    except SluiceError as e:
+        task.release()
+        stats.error(obj, None, e.message)
+        stats.transform_seconds += time.perf_counter() - started
+        raise
+    except ConnectionError as e:
+        task.release()
+        raise WorkerDied(f"worker process {task.worker.pid} went away: {e}") from e
+    except BaseException:
+        task.release()
+        raise
+    if kind == ipc.END:
+        task.release()
+        stats.objects += 1
+        stats.transform_seconds += time.perf_counter() - started
+        return b""
+    return _result_stream(task, stats, obj, first, started)
 
 
 async def _first_frame(task: Task, request: Request) -> tuple[int, bytes]:
