@@ -246,8 +246,9 @@ class EtlShare:
                 batched.append(i)
             else:
                 jobs.append(asyncio.create_task(self._object(i, bucket, name)))
-        for k in range(0, len(batched), BATCH_ITEMS):
-            jobs.append(asyncio.create_task(self._batch(batched[k : k + BATCH_ITEMS])))
+        requests = -(-len(batched) // BATCH_ITEMS)  # of even sizes: 21 items are 11 + 10
+        for k in range(requests):
+            jobs.append(asyncio.create_task(self._batch(batched[k::requests])))
         for (bucket, name), wanted in shards.items():
             jobs.append(asyncio.create_task(self._shard(bucket, name, wanted)))
         try:

@@ -5,9 +5,10 @@ error, telemetry and exception middleware, route matching against every
 route, the endpoint wrapper and dependency solving come to more CPU per
 request than an identity transform's whole call. ``FastPathApp`` is the
 FastAPI app with one shortcut in front: a route added with
-``add_fast_route(method, endpoint)`` (path ``/{bucket}/{object:path}``) is
-matched by its own compiled path regex and its endpoint called directly as
-``endpoint(request, bucket, object)``; every other request (``/health``,
+``add_fast_route(method, endpoint)`` (path ``/{bucket}/{object:path}``, or
+another one: the batch ``POST``) is matched by its own compiled path regex
+and its endpoint called directly as ``endpoint(request, bucket, object)``
+(the path's parameters); every other request (``/health``,
 ``/stats``, ``/logs``, ``/metrics``, other methods) goes through FastAPI.
 
 What a user sees does not change:
@@ -38,7 +39,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 OBJECT_PATH = "/{bucket}/{object:path}"
-Endpoint = Callable[[Request, str, str], Awaitable[Response]]
+Endpoint = Callable[..., Awaitable[Response]]
 
 
 class FastPathApp(FastAPI):
@@ -49,9 +50,10 @@ class FastPathApp(FastAPI):
         self.fast_routes: dict[str, tuple[APIRoute, Endpoint]] = {}
         self._fast_stack: ASGIApp | None = None
 
-    def add_fast_route(self, method: str, endpoint: Endpoint) -> None:
-        """Serve ``method /{bucket}/{object:path}`` with ``endpoint(request, bucket, object)``."""
-        self.add_api_route(OBJECT_PATH, endpoint, methods=[method])
+    def add_fast_route(self, method: str, endpoint: Endpoint, path: str = OBJECT_PATH) -> None:
+        """Serve ``method path`` with ``endpoint(request, **path_params)``: for the object
+        path ``endpoint(request, bucket, object)``."""
+        self.add_api_route(path, endpoint, methods=[method])
         route = self.routes[-1]
         assert isinstance(route, APIRoute)
         self.fast_routes[method] = (route, endpoint)
@@ -81,7 +83,7 @@ class FastPathApp(FastAPI):
         params = scope["path_params"]
         request = Request(scope, receive)
         try:
-            response = await endpoint(request, params["bucket"], params["object"])
+            response = await endpoint(request, **params)
         except Exception as exc:
             handler = self._handler_for(exc)
             if handler is None:
