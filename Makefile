@@ -6,7 +6,7 @@ CACHE   := $(HOME)/.cache/sluice
 UV      := $(CACHE)/tools/bin/uv
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test lint unit k8s-tools minio browser k8s-up k8s-down bench clean images
+.PHONY: install demo test lint unit tools k8s-tools minio browser k8s-up k8s-down bench clean images
 
 install: $(STAMP)
 
@@ -39,6 +39,9 @@ minio:
 browser:
 	bash scripts/browser.sh
 
+tools:  # all of the above at once: one apt-get, the Go builds beside the images (scripts/tools.sh)
+	bash scripts/tools.sh
+
 images:  # localhost/sluice/{server,runtime,operator}:dev, no registry (docs/deploy.md)
 	bash scripts/images.sh
 
@@ -46,7 +49,7 @@ images:  # localhost/sluice/{server,runtime,operator}:dev, no registry (docs/dep
 # keep both cores busy (tests sharing a cluster stay on one worker: tests/conftest.py).
 TEST_WORKERS ?= 2
 
-test: install images k8s-tools minio browser lint
+test: install tools lint
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40  # the slowest, to keep the suite in budget
 
 k8s-up: install k8s-tools

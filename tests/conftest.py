@@ -34,10 +34,29 @@ _GROUPS = (
 )
 
 
+def pytest_itemcollected(item: pytest.Item) -> None:
+    names = set(getattr(item, "fixturenames", ()))
+    for fixture, group in _GROUPS:
+        if fixture in names:
+            item.add_marker(pytest.mark.xdist_group(group))
+            break
+
+
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """xdist's scheduler groups by an ``@group`` suffix of the node id, which its worker
+    sets as ``item._nodeid``; pytest 9 keeps the id in ``item._id`` instead, so on
+    pytest 9 (xdist 3.8) the suffix never appears and the groups are ignored. Set it."""
+    if not config.getoption("loadgroup", default=False):
+        return
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        for fixture, group in _GROUPS:
-            if fixture in names:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
+        marks = [m.args[0] for m in item.iter_markers("xdist_group") if m.args]
+        if not marks or "@" in item.nodeid:
+            continue
+        grouped = f"{item.nodeid}@{'_'.join(sorted(set(marks)))}"
+        if hasattr(item, "_id"):
+            from _pytest.nodeid import coerce_node_id
+
+            item._id = coerce_node_id(grouped)
+        else:
+            item._nodeid = grouped

@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# `make tools`: everything the suite needs besides the venv, at once.
+#
+# 1. One apt-get for every Debian package the other scripts would install
+#    (each of them checks again and finds its packages there): apt's lock
+#    allows one install at a time, and one `apt-get update` is enough.
+# 2. Then two lanes side by side:
+#      Go lane:     scripts/k8s-tools.sh, then scripts/minio.sh (compilers: CPU)
+#      images lane: scripts/images.sh, then scripts/browser.sh (downloads, pip
+#                   inside buildah: mostly waiting on the network and the disk)
+#    On a cold 2-core machine the images lane hides under the Go lane instead
+#    of adding its minutes after it (docs/testing.md, "What make test costs").
+#
+# Every step is cached by version or content, so a warm run takes seconds.
+# The scripts stay usable alone (make k8s-tools, make minio, make images,
+# make browser). SLUICE_NO_APT=1 skips step 1 (and the scripts' own apt steps).
+set -euo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+t0=$SECONDS
+log() { printf '[tools %4ss] %s\n' "$((SECONDS - t0))" "$*" >&2; }
+
+# --- 1. Debian packages -------------------------------------------------------
+pkgs=()
+has() { command -v "$1" >/dev/null || [[ -x "/usr/sbin/$1" ]]; }
+for pair in podman buildah runc mmdebstrap skopeo containerd iptables conntrack; do
+  has "$pair" || pkgs+=("$pair")
+done
+[[ -d /usr/lib/cni ]] || pkgs+=(containernetworking-plugins)
+has newuidmap || pkgs+=(uidmap)
+[[ -x "${SLUICE_CHROMIUM:-/usr/bin/chromium}" ]] || pkgs+=(chromium)
+if ((${#pkgs[@]})) && [[ -z "${SLUICE_NO_APT:-}" ]] && command -v apt-get >/dev/null; then
+  SUDO=""
+  [[ "$(id -u)" == 0 ]] || SUDO=sudo
+  log "installing ${pkgs[*]} with apt-get"
+  export DEBIAN_FRONTEND=noninteractive
+  for try in 1 2 3 4 5 6; do $SUDO apt-get update -q >/dev/null && break; sleep 10; done
+  $SUDO apt-get install -y -q -o DPkg::Lock::Timeout=600 "${pkgs[@]}" >/dev/null
+  log "Debian packages installed"
+fi
+
+# --- 2. the two lanes -----------------------------------------------------------
+(bash "$ROOT/scripts/k8s-tools.sh" && bash "$ROOT/scripts/minio.sh") &
+go_lane=$!
+images_rc=0
+{ bash "$ROOT/scripts/images.sh" && bash "$ROOT/scripts/browser.sh"; } || images_rc=$?
+log "images lane done (exit $images_rc); waiting for the Go lane"
+go_rc=0
+wait "$go_lane" || go_rc=$?
+log "done: Go lane exit $go_rc, images lane exit $images_rc"
+exit $((go_rc ? go_rc : images_rc))
