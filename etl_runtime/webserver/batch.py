@@ -13,7 +13,10 @@ stuck thread replaced and the server retired); else a worker process
 (``objects.object_outcome``: a worker past ``requestSeconds`` is killed and
 replaced). Up to ``WINDOW_PER_THREAD`` objects per thread (or worker) are in
 work while the answer is written, so the next output is ready when the
-previous one went out; outputs that are ready are sent in one write.
+previous one went out. Outputs are gathered into one write (one HTTP chunk:
+each cost both sides a send, a wake-up and a parse) while the next one is
+not ready, up to ``HOLD_ITEMS`` of them or ``HOLD_SECONDS`` since the first;
+an item's paths are checked with its batch's directories resolved once.
 
 Every object keeps its own outcome: its output, or its JSON error body with
 the status an hpush ``PUT`` would have answered (a transform that raised:
@@ -50,6 +53,8 @@ log = logging.getLogger("sluice.transformer")
 
 WINDOW_PER_THREAD = 2  # objects in work per inline thread or worker
 SEND_AT = 256 << 10  # frames gathered up to this before a write
+HOLD_ITEMS = 8  # outputs held for one write while the next is not ready, up to this many
+HOLD_SECONDS = 0.002  # ... or as long as this since the first of them
 ALONE = 64 << 10  # an output this big is written as it is, not joined
 
 Output = bytes | memoryview | AsyncIterator[bytes]
@@ -72,8 +77,10 @@ async def batch_answer(
     inline = transformer.inline
     window = WINDOW_PER_THREAD * (inline.threads if inline is not None else transformer.workers)
 
+    dirs: dict[str, str] = {}
+
     async def one(obj: str, fqn: str) -> Output:
-        real = confine(fqn, roots)
+        real = confine(fqn, roots, dirs)
         if inline is not None:
             return await inline.outcome(stats, None, real, obj, args)
         return await object_outcome(transformer.pool, stats, obj, args, real)
@@ -112,16 +119,22 @@ async def _frames(
     ahead: deque[asyncio.Future[Output]] = deque()
     started = 0
     out: list[bytes | memoryview] = []
-    size = 0
+    size = held = 0
+    since = 0.0
+    clock = asyncio.get_running_loop().time
     try:
         for obj, _ in items:
             while started < len(items) and len(ahead) < window:
                 ahead.append(asyncio.ensure_future(one(*items[started])))
                 started += 1
             job = ahead.popleft()
-            if out and not job.done():  # about to wait: send what is ready first
-                yield b"".join(out)
-                out, size = [], 0
+            if out and not job.done():  # about to wait: send what is ready, unless it is
+                if held >= HOLD_ITEMS or clock() - since >= HOLD_SECONDS:  # little and new
+                    yield b"".join(out)
+                    out, size, held = [], 0, 0
+            if not held:
+                since = clock()
+            held += 1
             try:
                 result = await job
             except Exception as e:
@@ -133,7 +146,7 @@ async def _frames(
                 if len(result) >= ALONE:
                     yield b"".join(out)
                     yield result
-                    out, size = [], 0
+                    out, size, held = [], 0, 0
                 else:
                     out.append(result)
                     size += len(result)
@@ -143,9 +156,10 @@ async def _frames(
                     async for chunk in result:
                         out += [etlbatch.head(etlbatch.MORE, len(chunk)), chunk]
                         size += len(chunk)
-                        if size >= SEND_AT:
+                        if size >= SEND_AT or clock() - since >= HOLD_SECONDS:
                             yield b"".join(out)
-                            out, size, mark = [], 0, 0
+                            out, size, mark, held = [], 0, 0, 0
+                            since = clock()
                 except Exception as e:
                     del out[mark:]  # pieces not sent yet: the error frame voids them anyway
                     out += _error(e, etl, obj)
@@ -155,7 +169,7 @@ async def _frames(
                 out.append(etlbatch.head(etlbatch.LAST, 0))
             if size >= SEND_AT:
                 yield b"".join(out)
-                out, size = [], 0
+                out, size, held = [], 0, 0
         if out:
             yield b"".join(out)
     finally:
