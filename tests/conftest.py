@@ -3,11 +3,35 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import ssl
 from collections.abc import Iterator
+from typing import Any
 
+import httpx._transports.default as _httpx_transports
 import pytest
 
 from tests.servers import EVENT_LOOPS, SessionServers
+
+_create_ssl_context = _httpx_transports.create_ssl_context
+
+
+@functools.lru_cache(maxsize=4)
+def _default_ssl_context(trust_env: bool) -> ssl.SSLContext:
+    return _create_ssl_context(verify=True, cert=None, trust_env=trust_env)
+
+
+def _shared_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = True) -> Any:
+    """Every ``httpx.get(...)`` and ``httpx.Client()`` loads certifi's CA bundle into a new
+    SSL context: 33 ms of CPU each on the 2-core machine, thousands of times a run (the
+    suite's clients speak plain HTTP on loopback and never use it). One context per
+    process, as a long-lived client would hold; any other ``verify``/``cert`` as before."""
+    if verify is True and cert is None:
+        return _default_ssl_context(trust_env)
+    return _create_ssl_context(verify=verify, cert=cert, trust_env=trust_env)
+
+
+_httpx_transports.create_ssl_context = _shared_ssl_context  # the name httpx's transports call
 
 
 @pytest.fixture(scope="module", params=EVENT_LOOPS)
@@ -23,9 +47,11 @@ def session_servers() -> Iterator[SessionServers]:
         yield SessionServers(stack)
 
 
-# Tests that share one heavy session resource run on one pytest-xdist worker
-# (`make test` runs `-n 2 --dist loadgroup`): a second control plane or real-node
-# cluster per worker would cost minutes and contend for the same node slots.
+# How `make test` spreads the suite over its pytest-xdist workers (`-n 2 --dist
+# loadgroup`): a module's tests run on one worker, so its module-scoped cluster
+# starts once (split, each worker would start its own); the modules that share one
+# heavy session resource run on one worker together: a second control plane or
+# real-node cluster per worker would cost minutes and contend for the node slots.
 _GROUPS = (
     ("real_cluster", "realnode"),  # control plane + real kubelets (tests/k8s/realfixtures.py)
     ("control_plane", "plane"),  # control plane + process kubelet (tests/k8s/fixtures.py)
@@ -36,10 +62,8 @@ _GROUPS = (
 
 def pytest_itemcollected(item: pytest.Item) -> None:
     names = set(getattr(item, "fixturenames", ()))
-    for fixture, group in _GROUPS:
-        if fixture in names:
-            item.add_marker(pytest.mark.xdist_group(group))
-            break
+    group = next((g for fixture, g in _GROUPS if fixture in names), None)
+    item.add_marker(pytest.mark.xdist_group(group or item.nodeid.split("::")[0]))
 
 
 @pytest.hookimpl(trylast=True)

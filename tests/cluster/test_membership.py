@@ -33,17 +33,17 @@ def kind(i: int) -> str:
 
 def read_all(ep: str) -> list[str]:
     """Names whose read failed or returned the wrong bytes."""
+    c = httpx.Client(timeout=60, follow_redirects=True, limits=httpx.Limits(max_connections=8))
 
     def one(i: int) -> str | None:
-        with httpx.Client(timeout=60, follow_redirects=True) as c:
-            r = c.get(f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}")
+        r = c.get(f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}")
         ok = r.status_code == 200 and r.content == body(i)
         kept = r.headers.get("content-type") == kind(i) and r.headers.get("x-sluice-meta-n") == str(
             i
         )
         return None if ok and kept else f"{i}:{r.status_code}:{kept}"
 
-    with ThreadPoolExecutor(8) as pool:
+    with c, ThreadPoolExecutor(8) as pool:
         return [bad for bad in pool.map(one, range(OBJECTS)) if bad]
 
 
@@ -74,21 +74,22 @@ def wait_rebalanced(ep: str) -> None:
 
 
 @pytest.mark.timeout(420)
-def test_three_four_two_targets(tmp_path: Path) -> None:
+def test_three_four_two_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_ZYGOTE", "off")  # no ETL here: no transformer runtime to warm
     data = tmp_path / "data"
     with LocalCluster(data, targets=3) as cluster:
         ep = cluster.endpoint
         assert httpx.post(f"{ep}/v1/buckets/data", json={"action": "create-bck"}).is_success
+        c = httpx.Client(timeout=60, follow_redirects=True, limits=httpx.Limits(max_connections=8))
 
         def put(i: int) -> int:
-            with httpx.Client(timeout=60, follow_redirects=True) as c:
-                return c.put(
-                    f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}",
-                    content=body(i),
-                    headers={"Content-Type": kind(i), "X-Sluice-Meta-N": str(i)},
-                ).status_code
+            return c.put(
+                f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}",
+                content=body(i),
+                headers={"Content-Type": kind(i), "X-Sluice-Meta-N": str(i)},
+            ).status_code
 
-        with ThreadPoolExecutor(8) as pool:
+        with c, ThreadPoolExecutor(8) as pool:
             assert set(pool.map(put, range(OBJECTS))) == {200}
         check_placement(data, ["t0", "t1", "t2"])
 

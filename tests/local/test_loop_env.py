@@ -13,7 +13,10 @@ from etl_runtime.local import LocalCluster
 def _gateway_has_uvloop(data: Path) -> bool:
     # This cluster's gateway only: other test processes may run gateways of their own.
     pids = subprocess.run(
-        ["pgrep", "-f", f"etl_runtime.gateway .*{data}"], capture_output=True, text=True, check=False
+        ["pgrep", "-f", f"etl_runtime.gateway .*{data}"],
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout.split()
     maps = []
     for pid in pids:
