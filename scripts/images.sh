@@ -180,7 +180,7 @@ buildah_dockerfile() {  # buildah_dockerfile NAME -> path of the Dockerfile buil
   # RUN --mount reads (deps, app) with a LABEL that differs on every run; the
   # layers before it stay cached.
   local out="$CACHE/build/$1.Dockerfile"
-  awk -v nonce="$BUILD_NONCE" '
+  awk -v nonce="$1-$BUILD_NONCE" '
     function close_stage() { if (stage == "deps" || stage == "app") print "LABEL dev.sluice.build-nonce=" nonce }
     toupper($1) == "FROM" { close_stage(); stage = (tolower($3) == "as") ? $4 : "" }
     { print }
@@ -228,6 +228,7 @@ build_image() {
   find "$CACHE/archives" -name "$name-*.tar" ! -name "$(basename "$archive")" -delete
   ln -sfn "$(basename "$archive")" "$CACHE/archives/$name.tar"
   printf '%s %s\n' "$key" "$id" >"$CACHE/stamps/$name"
+  BUILT+=("$name")
   log "$name: done in $((SECONDS - start)) s"
 }
 
@@ -246,6 +247,7 @@ write_index() {
 main() {
   mkdir -p "$CACHE/stamps" "$CACHE/archives" "$CACHE/logs" "$CACHE/build"
   BUILD_NONCE="$(date +%s)-$$"
+  BUILT=()
   exec 9>"$CACHE/.lock"
   flock 9  # one build at a time on this machine (make images, pytest sessions)
   local start=$SECONDS
@@ -264,11 +266,19 @@ main() {
     build_image "$name"
   done
   write_index
-  # The stage ends of earlier runs (buildah_dockerfile) are never used again.
-  podman images --all --filter label=dev.sluice.build-nonce \
-    --format '{{.ID}} {{index .Labels "dev.sluice.build-nonce"}}' |
-    awk -v nonce="$BUILD_NONCE" '$2 != nonce { print $1 }' |
-    xargs -r podman rmi >/dev/null 2>&1 || true
+  # The stage ends of earlier builds (buildah_dockerfile) of the images built now
+  # are never used again. Only those: the stage end of an image this run found
+  # cached is what keeps its stages' layers (the runtime's wheels: minutes of
+  # pip) in the layer cache for its next build. (Labels that start with a digit
+  # name no image: written before this rule, they go too.)
+  local built
+  for built in "${BUILT[@]}"; do
+    podman images --all --filter "label=dev.sluice.build-nonce" \
+      --format '{{.ID}} {{index .Labels "dev.sluice.build-nonce"}}' |
+      awk -v name="$built-" -v nonce="$built-$BUILD_NONCE" \
+        '(index($2, name) == 1 && $2 != nonce) || $2 ~ /^[0-9]/ { print $1 }' |
+      xargs -r podman rmi >/dev/null 2>&1 || true
+  done
   log "all done in $((SECONDS - start)) s: $CACHE/index.json"
 }
 
