@@ -9,7 +9,7 @@
 #      images lane: scripts/images.sh, then scripts/browser.sh (downloads, pip
 #                   inside buildah: mostly waiting on the network and the disk)
 #    On a cold 2-core machine the images lane hides under the Go lane instead
-#    of adding its minutes after it (docs/testing.md, "What make test costs").
+#    of adding its minutes after it (docs/testing-kubernetes.md, "What `make test` costs").
 #
 # Every step is cached by version or content, so a warm run takes seconds.
 # The scripts stay usable alone (make k8s-tools, make minio, make images,
