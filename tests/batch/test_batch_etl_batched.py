@@ -13,10 +13,8 @@ transformer is used again once it was replaced.
 
 from __future__ import annotations
 
-import io
 import os
 import signal
-import tarfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -27,6 +25,7 @@ import requests
 
 from etl_runtime import Client as SluiceClient
 from etl_runtime.local import LocalCluster
+from tests.batch.test_batch_etl import read_tar
 
 N = 120  # more than one batched request per target
 BIG = {17: 3 << 20, 40: 200 << 10}  # outputs past a target's 1 MiB per item, past 64 KiB
@@ -82,15 +81,6 @@ def moss(url: str, names: list[str], etl: str, **body: Any) -> requests.Response
         f"{url}/v1/ml/moss", params={"etl_name": etl}, json={"in": items, "strm": True, **body},
         timeout=120,
     )  # fmt: skip
-
-
-def read_tar(raw: bytes) -> list[tuple[str, bytes, dict[str, str]]]:
-    out = []
-    with tarfile.open(fileobj=io.BytesIO(raw), mode="r|") as tar:
-        for m in tar:
-            f = tar.extractfile(m)
-            out.append((m.name, f.read() if f is not None else b"", dict(m.pax_headers)))
-    return out
 
 
 def batch_requests(url: str, etl: str) -> float:
