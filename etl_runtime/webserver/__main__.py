@@ -9,6 +9,7 @@ message on Kubernetes).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import logging
 import os
@@ -29,6 +30,8 @@ from etl_runtime.webserver.stats import Board
 from etl_runtime.webserver.transformer import Transformer
 from etl_runtime.wire import connections
 from etl_runtime.wire.connections import Limits
+
+RETIRE_DRAIN_SECONDS = 0.5  # a retiring server reads the requests of connections it took
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -210,8 +213,19 @@ def _serve_many(
         def stop(reason: str) -> None:
             server.should_exit = True
 
+        def retire(reason: str) -> None:
+            # Stop taking connections now, not at uvicorn's next tick (0.1 s): its
+            # shutdown closes a connection that has no request read yet, and one
+            # accepted in that tick (its client's request on its way) saw a reset.
+            # The shared socket stays open in the supervisor; its backlog waits for
+            # the replacement. A connection accepted just before gets its request
+            # read, answered and closed.
+            for listener in server.servers:
+                listener.close()
+            asyncio.get_running_loop().call_later(RETIRE_DRAIN_SECONDS, stop, reason)
+
         transformer.on_fatal = stop
-        transformer.on_retire = stop  # the supervisor starts a new server in this slot
+        transformer.on_retire = retire  # the supervisor starts a new server in this slot
         return server, transformer
 
     try:
