@@ -2,8 +2,9 @@
 
 Cold GET. The first GET of an object that is not here starts one *fill*: a
 backend GET whose bytes go into a temp file as they arrive. Every GET of that
-object while the fill runs — the first one included, and any number more — is
-a reader of that temp file: it gets the headers as soon as the backend
+object while the fill receives — the first one included, and any number more —
+is a reader of that temp file (one that comes once every byte is in waits for
+the publish and is a warm GET): it gets the headers as soon as the backend
 answered (size, ETag, Last-Modified), then each byte as soon as the fill wrote
 it, so the first byte does not wait for the whole object, and ten concurrent
 cold GETs make one backend fetch. The fill runs to its end even when its
@@ -166,6 +167,13 @@ class RemoteCache:
 
     async def ensure_fresh(self, bucket: str, name: str, props: BucketProps) -> bool:
         """True if ``bucket/name`` is cached here (and valid); a hit is counted."""
+        fill = self._fills.get((bucket, name))
+        if fill is not None and fill.meta is not None and fill.written >= fill.meta.size:
+            # Every byte is here and the fill is publishing (fsync, rename). A GET
+            # that comes now is a warm GET, checked as the bucket says, not another
+            # reader of a fetch that began before it (it served an object deleted on
+            # the backend meanwhile, with validate_warm_get on).
+            await fill.finished.wait()
         path = self.store.local_path(bucket, name)
         if not path.is_file():
             return False
