@@ -90,6 +90,19 @@ def cpu_by_pid() -> dict[tuple[str, int], float]:
     return out
 
 
+def settle(quiet: float = 1.0, limit: float = 90.0) -> float:
+    """Wait until the servers are idle (under 5% of a core over ``quiet`` s): the
+    zygote's warm-up (imports of seconds of CPU after ``sluice up``) landed on the
+    first row measured, and made its GETs look slower than they are. The wait."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        before = cpu_by_pid()
+        time.sleep(quiet)
+        if sum(cpu_spent(before).values()) < 0.05 * quiet:
+            break
+    return time.monotonic() - t0
+
+
 def cpu_spent(before: dict[tuple[str, int], float]) -> dict[str, float]:
     """CPU seconds per role since ``before``, of the processes alive then and now (a
     process that started in between, such as a zygote's fork, counts from zero)."""
@@ -323,6 +336,7 @@ def main() -> None:
             size = SIZES[label]
             names = [f"{label}/{i:05d}" for i in range(counts[label])]
             upload(url, names, size)
+            print(f"# servers idle after {settle():.1f}s", flush=True)
             # a 1 MiB batch of 64 would last seconds: few of them in the window, too coarse
             per = args.large_batch if size >= 1 << 20 else args.batch
             sargs = argparse.Namespace(**{**vars(args), "batch": per})

@@ -134,7 +134,10 @@ class ClusterMap:
 
     def owners(self, bucket: str, name: str) -> list[str]:
         """The targets that must hold ``bucket/name``: the HRW top ``copies`` members."""
-        order = hrw_order(self.members, f"{bucket}/{name}")
+        key = f"{bucket}/{name}"
+        if self.copies(bucket) == 1 and self.members:  # the first of hrw_order, no sort
+            return [max(self.members, key=lambda t: (hrw_score(t, key), t))]
+        order = hrw_order(self.members, key)
         return order[: max(1, min(self.copies(bucket), len(order)))]
 
     def previous_owners(self, bucket: str, name: str) -> list[str]:

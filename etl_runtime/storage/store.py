@@ -106,6 +106,7 @@ class ObjectStore:
         self.target_id = target_id  # named in errors (a full disk)
         self.root = Path(data_dir)
         self.buckets_dir = self.root / "buckets"
+        self._buckets_fspath = os.fspath(self.buckets_dir)
         self.tmp_dir = self.root / ".tmp"
         # Told (in the writer's thread) when an object changed or went, (bucket, None) for
         # a whole bucket: the ETL output cache drops what it kept of it (etl/outcache.py).
@@ -168,6 +169,12 @@ class ObjectStore:
     def local_path(self, bucket: str, name: str) -> Path:
         """Where ``bucket/name`` lives here, without any existence check."""
         return self.buckets_dir / validate_bucket(bucket) / validate_object(bucket, name)
+
+    def local_fspath(self, bucket: str, name: str) -> str:
+        """``local_path`` as a string, made without ``pathlib`` (a third of its time:
+        GetBatch shares open thousands of objects a second)."""
+        bucket, name = validate_bucket(bucket), validate_object(bucket, name)
+        return f"{self._buckets_fspath}/{bucket}/{name}"
 
     def remove_if_unchanged(self, bucket: str, name: str, stamp: tuple[int, int, int]) -> bool:
         """Delete the object if it is still the file of ``stamp`` (inode, mtime, size)."""

@@ -140,12 +140,12 @@ class _Share:
 
     def _open(self, bucket: str, name: str, start: int, length: int, arcname: str) -> None:
         store, placement = self.target.store, self.target.placement
-        validate_names(bucket, name)
+        path = store.local_fspath(bucket, name)  # checks both names
         if self._not_an_owner(bucket, name):
             self.manifest.append([ELSEWHERE])
             return
         try:
-            fd = os.open(store.local_path(bucket, name), os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             if placement is not None and placement.may_be_elsewhere(bucket):
                 self.manifest.append([ELSEWHERE])
