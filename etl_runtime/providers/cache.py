@@ -2,12 +2,12 @@
 
 Cold GET. The first GET of an object that is not here starts one *fill*: a
 backend GET whose bytes go into a temp file as they arrive. Every GET of that
-object while the fill receives — the first one included, and any number more —
-is a reader of that temp file (one that comes once every byte is in waits for
-the publish and is a warm GET): it gets the headers as soon as the backend
-answered (size, ETag, Last-Modified), then each byte as soon as the fill wrote
-it, so the first byte does not wait for the whole object, and ten concurrent
-cold GETs make one backend fetch. The fill runs to its end even when its
+object until its last byte is in (the first one included, any number more) is
+a reader of that temp file (a later one waits for the publish: a warm GET):
+it gets the headers as soon as the backend answered (size, ETag,
+Last-Modified), then each byte as soon as the fill wrote it, so the first
+byte does not wait for the whole object, and ten concurrent cold GETs make
+one backend fetch. The fill runs to its end even when its
 readers leave (it is the cache), then publishes the file into the store like
 any write (fsync, atomic rename). A fill that breaks makes its readers'
 answers break off (never a short answer that looks whole) and leaves nothing
@@ -167,12 +167,8 @@ class RemoteCache:
 
     async def ensure_fresh(self, bucket: str, name: str, props: BucketProps) -> bool:
         """True if ``bucket/name`` is cached here (and valid); a hit is counted."""
-        fill = self._fills.get((bucket, name))
+        fill = self._fills.get((bucket, name))  # publishing: then this is a warm GET
         if fill is not None and fill.meta is not None and fill.written >= fill.meta.size:
-            # Every byte is here and the fill is publishing (fsync, rename). A GET
-            # that comes now is a warm GET, checked as the bucket says, not another
-            # reader of a fetch that began before it (it served an object deleted on
-            # the backend meanwhile, with validate_warm_get on).
             await fill.finished.wait()
         path = self.store.local_path(bucket, name)
         if not path.is_file():
@@ -292,9 +288,7 @@ class RemoteCache:
         if src is None:
             if fill.error is not None:
                 raise fill.error
-            f, _info = await anyio.to_thread.run_sync(
-                self.store.open_object, fill.bucket, fill.name
-            )
+            f, _ = await anyio.to_thread.run_sync(self.store.open_object, fill.bucket, fill.name)
             with f:
                 while chunk := await anyio.to_thread.run_sync(f.read, READ_CHUNK):
                     yield chunk
@@ -339,10 +333,8 @@ class RemoteCache:
 
         async def upload(tmp: Path, etag: str, size: int) -> None:
             meta = await backend.put_file(name, tmp)
-            try:  # the cached copy carries the backend's ETag, as a fetch would
+            with contextlib.suppress(OSError):  # the copy has the backend's ETag, as fetched
                 os.setxattr(tmp, ETAG_XATTR, meta.etag.encode())
-            except OSError:
-                pass
             self._touch(bucket, name, size, new=True)
             self._validated[(bucket, name)] = time.monotonic()
 
