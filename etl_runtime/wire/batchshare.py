@@ -150,11 +150,14 @@ class ShareBody:
     async def _recv(self, view: memoryview | bytearray) -> int:
         if self._sock is None:
             raise ShareBroken("the answer was closed")
-        try:
-            async with asyncio.timeout(self._timeout):
-                n = await self._loop.sock_recv_into(self._sock, view)
-        except TimeoutError:
-            raise ShareBroken(f"no data for {self._timeout:.0f}s") from None
+        try:  # what the socket holds already: no timer to arm and cancel
+            n = self._sock.recv_into(view)
+        except BlockingIOError:
+            try:
+                async with asyncio.timeout(self._timeout):
+                    n = await self._loop.sock_recv_into(self._sock, view)
+            except TimeoutError:
+                raise ShareBroken(f"no data for {self._timeout:.0f}s") from None
         if not n:
             raise ShareBroken("the connection was closed before the answer ended")
         self.received = True

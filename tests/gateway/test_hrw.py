@@ -46,3 +46,23 @@ def test_joining_target_takes_objects_only_for_itself() -> None:
 def test_no_targets() -> None:
     with pytest.raises(ValueError):
         hrw_owner([], "b/o")
+
+
+def test_placement_is_the_documented_hash_so_stored_data_is_found_after_upgrades() -> None:
+    """Owners are ``blake2b(id + "/" + bucket/object)``, 8 bytes big-endian, highest first
+    (docs/architecture.md): a faster way to compute it must give the same owners."""
+    import hashlib
+
+    from etl_runtime.cluster.clustermap import BucketProps, ClusterMap, hrw_order, hrw_score
+
+    def score(tid: str, key: str) -> int:
+        digest = hashlib.blake2b(f"{tid}/{key}".encode(), digest_size=8).digest()
+        return int.from_bytes(digest, "big")
+
+    ids = [t.id for t in TARGETS] + ["target-é"]
+    cmap = ClusterMap(version=1, members=tuple(ids), buckets={"bucket": BucketProps()})
+    for key in KEYS[:3000]:
+        expected = sorted(ids, key=lambda t: (score(t, key), t), reverse=True)
+        assert hrw_order(ids, key) == expected
+        assert cmap.owners("bucket", key.split("/", 1)[1]) == expected[:1]
+        assert hrw_score(ids[0], key) == score(ids[0], key)

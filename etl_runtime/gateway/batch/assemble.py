@@ -75,7 +75,7 @@ class Assembler:
         self._shared, self._shares = plan(gw, req)  # per item: its ShareItem or None
         self._slots: dict[int, Slot] = {}  # items read with a GET, in flight, by index
         self._scanned = 0  # items looked at for a Slot so far
-        self.out: list[dict[str, Any]] = []  # MossOut per item written
+        self.out: list[dict[str, Any]] = []  # MossOut per item written (multipart)
         self.spool: Spool | None = None  # the multipart answer's archive
         for share in self._shares:
             share.start()
@@ -156,6 +156,7 @@ class Assembler:
     async def archive(self) -> AsyncIterator[Piece]:
         """The answer's archive, chunk by chunk; raises (after a broken entry) to abort."""
         req, w = self._req, ArchiveWriter(self._req.fmt)
+        outs = not req.streaming  # the multipart answer's JSON part lists every item
         try:
             for i, item in enumerate(req.items):
                 self._fill()
@@ -178,7 +179,8 @@ class Assembler:
                         yield w.take()
                         raise head.error
                     w.placeholder(req.missing_name(item, head.shard_missing), head.error.message)
-                    self.out.append(moss_out(item, 0, head.error.message))
+                    if outs:
+                        self.out.append(moss_out(item, 0, head.error.message))
                     continue
                 assert isinstance(head, int)
                 if si is not None:
@@ -188,7 +190,8 @@ class Assembler:
                     assert slot is not None
                     async for chunk in self._slot_entry(w, slot, head):
                         yield chunk
-                self.out.append(moss_out(item, head))
+                if outs:
+                    self.out.append(moss_out(item, head))
             w.end()
             yield w.take()
         finally:
