@@ -41,7 +41,7 @@ from etl_runtime.core.errors import SluiceError
 from etl_runtime.gateway.batch.archive import BLOCK, ArchiveWriter, Chunk, Piece
 from etl_runtime.gateway.batch.items import Failed, Slot, Spool
 from etl_runtime.gateway.batch.request import BatchRequest, Item
-from etl_runtime.gateway.batch.shares import READ_BY_GET, ShareItem, plan
+from etl_runtime.gateway.batch.shares import READ_BY_GET, SMALL_ENTRY, ShareItem, plan
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.wire.batchshare import Spliced, padding, placeholder_header
 from etl_runtime.wire.duplex import DuplexClient
@@ -183,7 +183,17 @@ class Assembler:
                         self.out.append(moss_out(item, 0, head.error.message))
                     continue
                 assert isinstance(head, int)
-                if si is not None:
+                if si is not None and head <= SMALL_ENTRY:
+                    try:
+                        piece = await si.share.small_entry(si, head)
+                    except SluiceError:  # nothing of it written: an entry that never ends
+                        w.broken_entry(name, 1)
+                        yield w.take()
+                        raise
+                    w.data(piece)
+                    if w.pending >= FLUSH_BYTES:
+                        yield w.take()
+                elif si is not None:
                     async for chunk in self._shared_entry(w, si, name, head):
                         yield chunk
                 else:

@@ -263,6 +263,25 @@ class TargetShare:
             raise self._away(
                 si, f"broke off its share of the batch ({type(e).__name__}: {e})"
             ) from None
+        await self._entry_done(part)
+
+    async def small_entry(self, si: ShareItem, size: int) -> bytes:
+        """``entry`` of an item up to ``SMALL_ENTRY``, header to padding in one piece: a
+        coroutine, not an async generator (two of those per item, each registered with
+        the loop, were 3% of the gateway's CPU on a batch of 10 KiB objects)."""
+        part = si.part
+        assert part is not None and part.body is not None
+        try:
+            piece = await part.body.exactly(si.header_len + size + padding(size))
+        except OSError as e:
+            raise self._away(
+                si, f"broke off its share of the batch ({type(e).__name__}: {e})"
+            ) from None
+        await self._entry_done(part)
+        return piece
+
+    async def _entry_done(self, part: _Part) -> None:
+        assert part.body is not None
         part.entries_left -= 1
         if not part.entries_left:
             try:
@@ -289,7 +308,9 @@ def read_router(gw: Gateway) -> Callable[[str, str], TargetInfo | None]:
         if bucket not in cmap.buckets or not cmap.members:
             return None
         reachable = [t for t in cmap.owners(bucket, name) if t in alive]
-        for tid in sorted(reachable, key=lambda t: t in suspect):  # stable: owner order
+        if len(reachable) > 1:
+            reachable.sort(key=lambda t: t in suspect)  # stable: owner order
+        for tid in reachable:
             info = known.get(tid)
             if info is None and tid in cmap.urls:
                 info = TargetInfo(id=tid, url=cmap.urls[tid])
