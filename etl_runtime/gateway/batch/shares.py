@@ -236,49 +236,44 @@ class TargetShare:
     async def entry(
         self, si: ShareItem, size: int
     ) -> AsyncIterator[bytes | bytearray | memoryview | Spliced]:
-        """The item's TAR entry: its header (whole, one piece), bytes, padding; raises if cut.
-
-        A small entry comes in one piece (or not at all); a big one's padding is
-        ours, the target's is dropped with the next read, so an entry is complete
-        in the answer once its last byte is."""
+        """A big item's TAR entry (over ``SMALL_ENTRY``: ``small_entry`` takes the others):
+        its header (whole, one piece), bytes, padding; raises if cut. The padding is
+        ours, the target's is dropped with the next read, so an entry is complete in
+        the answer once its last byte is."""
         part = si.part
         assert part is not None and part.body is not None
         pad = padding(size)
         try:
-            if size <= SMALL_ENTRY:
-                yield await part.body.exactly(si.header_len + size + pad)
+            yield await part.body.exactly(si.header_len)
+            if self.splice:
+                what = self._away(si, "broke off its share of the batch").message
+                async for moved in part.body.spliced(size, what):
+                    yield moved
             else:
-                yield await part.body.exactly(si.header_len)
-                if self.splice:
-                    what = self._away(si, "broke off its share of the batch").message
-                    async for moved in part.body.spliced(size, what):
-                        yield moved
-                else:
-                    async for piece in part.body.pieces(size):
-                        yield piece
-                part.body.skip(pad)
-                if pad:
-                    yield bytes(pad)
+                async for piece in part.body.pieces(size):
+                    yield piece
+            part.body.skip(pad)
+            if pad:
+                yield bytes(pad)
         except OSError as e:
-            raise self._away(
-                si, f"broke off its share of the batch ({type(e).__name__}: {e})"
-            ) from None
+            raise self._broke(si, e) from None
         await self._entry_done(part)
 
     async def small_entry(self, si: ShareItem, size: int) -> bytes:
-        """``entry`` of an item up to ``SMALL_ENTRY``, header to padding in one piece: a
-        coroutine, not an async generator (two of those per item, each registered with
+        """A small item's whole TAR entry, header to padding, in one piece (or an error):
+        a coroutine, not an async generator (two of those per item, each registered with
         the loop, were 3% of the gateway's CPU on a batch of 10 KiB objects)."""
         part = si.part
         assert part is not None and part.body is not None
         try:
             piece = await part.body.exactly(si.header_len + size + padding(size))
         except OSError as e:
-            raise self._away(
-                si, f"broke off its share of the batch ({type(e).__name__}: {e})"
-            ) from None
+            raise self._broke(si, e) from None
         await self._entry_done(part)
         return piece
+
+    def _broke(self, si: ShareItem, e: OSError) -> SluiceError:
+        return self._away(si, f"broke off its share of the batch ({type(e).__name__}: {e})")
 
     async def _entry_done(self, part: _Part) -> None:
         assert part.body is not None
