@@ -30,6 +30,7 @@ from etl_runtime.gateway.s3 import KeyStore, s3_router
 from etl_runtime.gateway.smap import check_ready, daemon_router
 from etl_runtime.gateway.ui import ui_router
 from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.fastpath import FastPathApp
 from etl_runtime.wire.http_errors import install_error_handlers
 
 
@@ -80,7 +81,8 @@ def create_gateway_app(
             await batch_http.aclose()
             await gw.stop()
 
-    app = FastAPI(title="Sluice gateway", lifespan=lifespan)
+    # FastPathApp: the object, S3 object and GetBatch routes skip FastAPI's routing.
+    app = FastPathApp(title="Sluice gateway", lifespan=lifespan)
     app.state.gateway = gw
     install_error_handlers(app)
 

@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import httpx
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
@@ -41,6 +41,7 @@ from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
+from etl_runtime.wire.fastpath import FastRouter
 from etl_runtime.wire.routes import each_method
 
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
@@ -147,8 +148,8 @@ async def _view_read(
     return Response(status_code=307, headers={"Location": location})
 
 
-def redirect_router(gw: Gateway) -> APIRouter:
-    router = APIRouter()
+def redirect_router(gw: Gateway) -> FastRouter:
+    router = FastRouter()
 
     @each_method(router, "/v1/objects/{bucket}", METHODS)
     async def missing_object_name(bucket: str) -> None:
@@ -180,4 +181,5 @@ def redirect_router(gw: Gateway) -> APIRouter:
                 await _drain(request)
         return Response(status_code=307, headers={"Location": location})
 
+    router.fast("/v1/objects/{bucket}/{name:path}", METHODS)  # wire/fastpath.py
     return router

@@ -35,6 +35,7 @@ from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.internal import internal_router
 from etl_runtime.storage_target.objects import object_router
 from etl_runtime.storage_target.remote_routes import remote_router
+from etl_runtime.wire.fastpath import FastPathApp
 from etl_runtime.wire.http_errors import install_error_handlers
 from etl_runtime.wire.zerocopy import SendfileCollector
 
@@ -100,7 +101,8 @@ def create_target_app(
                 await forwarder.cache.stop()
             await forwarder.stop()
 
-    app = FastAPI(title=f"Sluice target {target_id}", lifespan=lifespan)
+    # FastPathApp: the object GET/HEAD and GetBatch share routes skip FastAPI's routing.
+    app = FastPathApp(title=f"Sluice target {target_id}", lifespan=lifespan)
     app.state.target = target
     install_error_handlers(app, {"target": target_id})
     collectors: list[Collector] = [StorageCollector(target_id, data_dir)]

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 import anyio.to_thread
-from fastapi import APIRouter, Request
+from fastapi import Request
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
@@ -53,6 +53,7 @@ from etl_runtime.wire.batchshare import (
     padding,
     tar_header,
 )
+from etl_runtime.wire.fastpath import FastRouter
 from etl_runtime.wire.zerocopy import EXTENSION, offers_zerocopy
 
 SMALL = 64 << 10  # a file up to this size is read with the manifest and sent from memory
@@ -315,8 +316,8 @@ class ShareResponse(Response):
             await send({"type": "http.response.body", "body": block, "more_body": True})
 
 
-def batch_router(target: Target) -> APIRouter:
-    router = APIRouter()
+def batch_router(target: Target) -> FastRouter:
+    router = FastRouter()
 
     async def answer(request: Request, etl: bool) -> Response:
         require_read(request, target.read_token, target.token, target.cluster_key)
@@ -348,4 +349,6 @@ def batch_router(target: Target) -> APIRouter:
     async def batch_share_etl(request: Request) -> Response:
         return await answer(request, etl=True)
 
+    router.fast(SHARE_PATH, ["POST"])  # wire/fastpath.py
+    router.fast(SHARE_ETL_PATH, ["POST"])
     return router

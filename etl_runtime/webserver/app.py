@@ -25,13 +25,13 @@ from etl_runtime.core.params import refuse_repeated
 from etl_runtime.core.spec import SPEC_HASH_HEADER, EtlSpec
 from etl_runtime.webserver.batch import batch_answer
 from etl_runtime.webserver.direct import direct_answer
-from etl_runtime.webserver.fastpath import FastPathApp
 from etl_runtime.webserver.fqn import confine, data_roots
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
 from etl_runtime.webserver.stats import Board, Stats
 from etl_runtime.webserver.transformer import Transformer
 from etl_runtime.wire import etlbatch
+from etl_runtime.wire.fastpath import FastPathApp
 
 LOGGERS = ("sluice", "uvicorn.error")
 HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn"})

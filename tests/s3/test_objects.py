@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Any
 
+import httpx
 import pytest
 from botocore.exceptions import ClientError
 
@@ -82,7 +83,7 @@ def test_put_get_head_delete(s3: Any) -> None:
     assert s3.get_object(Bucket="s3-objects", Key="empty")["Body"].read() == b""
 
 
-def test_listing_prefix_delimiter_pages(s3: Any) -> None:
+def test_listing_prefix_delimiter_pages(s3: Any, endpoint: str) -> None:
     s3.create_bucket(Bucket="s3-list")
     names = [f"img/{i:02d}.jpg" for i in range(7)] + ["img/sub/x.jpg", "txt/a b.txt", "top"]
     names += [f"deep/{d}/f{i}" for d in "abc" for i in range(3)]
@@ -112,6 +113,10 @@ def test_listing_prefix_delimiter_pages(s3: Any) -> None:
     assert prefixes == ["deep/a/", "deep/b/", "deep/c/"]
     v1 = s3.list_objects(Bucket="s3-list", Prefix="img/", MaxKeys=4)
     assert len(v1["Contents"]) == 4 and v1["IsTruncated"]
+    # With a trailing slash (some clients send it), the bucket's listing, not the
+    # object route's fast path with an empty key (wire/fastpath.py).
+    r = httpx.get(f"{endpoint}/s3/s3-list/?list-type=2&prefix=txt/")
+    assert r.status_code == 200 and "<Key>txt/a b.txt</Key>" in r.text, r.text
 
 
 def test_delete_objects(s3: Any) -> None:

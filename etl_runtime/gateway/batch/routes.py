@@ -19,7 +19,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import cast
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -36,6 +36,7 @@ from etl_runtime.gateway.context import Gateway
 from etl_runtime.wire import splice
 from etl_runtime.wire.batchshare import Spliced
 from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.fastpath import FastRouter
 
 log = logging.getLogger(__name__)
 
@@ -137,9 +138,9 @@ async def get_batch(
     return BatchResponse(asm.archive(), asm, req.content_type, length)
 
 
-def batch_router(gw: Gateway, http: DuplexClient) -> APIRouter:
+def batch_router(gw: Gateway, http: DuplexClient) -> FastRouter:
     """``http``: the client items are read with (the app closes it at shutdown)."""
-    router = APIRouter()
+    router = FastRouter()
 
     @router.get("/v1/ml/moss")
     async def get_batch_any(request: Request) -> Response:
@@ -149,4 +150,6 @@ def batch_router(gw: Gateway, http: DuplexClient) -> APIRouter:
     async def get_batch_bucket(bucket: str, request: Request) -> Response:
         return await get_batch(gw, http, request, bucket)
 
+    router.fast("/v1/ml/moss", ["GET"])  # wire/fastpath.py
+    router.fast("/v1/ml/moss/{bucket}", ["GET"])
     return router

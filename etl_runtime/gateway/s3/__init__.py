@@ -10,19 +10,18 @@ See docs/architecture.md, "S3 API".
 
 from __future__ import annotations
 
-from fastapi import APIRouter
-
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.s3.keys import KeyStore, keys_router
 from etl_runtime.gateway.s3.routes import s3_router as _routes
 from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.fastpath import FastRouter
 
 __all__ = ["KeyStore", "s3_router"]
 
 
-def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -> APIRouter:
+def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -> FastRouter:
     """The S3 routes under ``/s3`` and the key routes under ``/v1/s3/keys``."""
-    router = APIRouter()
+    router = FastRouter()
     router.include_router(keys_router(gw, keys))
     router.include_router(_routes(gw, keys, duplex))
     return router

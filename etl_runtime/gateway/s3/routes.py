@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import Response
 
 from etl_runtime.cluster.clustermap import BucketProps
@@ -33,9 +33,10 @@ from etl_runtime.gateway.context import Gateway, unreachable
 from etl_runtime.gateway.s3 import multipart, objects, xml
 from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
-from etl_runtime.gateway.s3.errors import S3Route
+from etl_runtime.gateway.s3.errors import S3Route, answered
 from etl_runtime.gateway.s3.keys import KeyStore
 from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.fastpath import FastRouter
 from etl_runtime.wire.routes import each_method
 
 XML = "application/xml"
@@ -211,9 +212,9 @@ async def delete_objects(gw: Gateway, request: Request, bucket: str, sha256: str
     return xml.delete_result(deleted, failed, quiet)
 
 
-def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -> APIRouter:
+def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -> FastRouter:
     """The S3 API; ``duplex``: the client of the GET hop to the owner (``objects.get``)."""
-    router = APIRouter(route_class=S3Route)
+    router = FastRouter(route_class=S3Route)
 
     @router.get("/s3")
     @router.get("/s3/")
@@ -284,4 +285,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
             return Response(status_code=204)
         raise S3Error("NotImplemented", 501, "this object POST is not supported")
 
+    # Every object call skips FastAPI's routing (wire/fastpath.py): a 16 KiB GetObject
+    # spent a third of the gateway's CPU matching routes (docs/benchmarks.md, "S3 API").
+    router.fast("/s3/{bucket}/{key:path}", S3_METHODS, wrap=answered)
     return router
