@@ -34,7 +34,9 @@ def make_app() -> FastPathApp:
             raise ObjectNotFound(f"{bucket}/{name} does not exist", bucket=bucket, object=name)
         if name == "boom":
             raise RuntimeError("unexpected")
-        return JSONResponse({"bucket": bucket, "name": name, "fast": "sluice.fast" in request.scope})
+        return JSONResponse(
+            {"bucket": bucket, "name": name, "fast": "sluice.fast" in request.scope}
+        )
 
     async def wrapped(request: Request, call: object) -> Response:
         response: Response = await call  # type: ignore[misc]
