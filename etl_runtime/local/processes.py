@@ -201,6 +201,8 @@ class TransformerProcess:
                 ok, why = False, f"not ready: port {self.port} is answered by another process"
         except httpx.HTTPError as e:
             ok, why = False, f"not ready: {type(e).__name__}"
+        if self.terminated:  # it exited while the probe was out: poll() said why, keep that
+            return
         if ok:
             self.ready, self.probe_failures, self.message = True, 0, None
             if self.ready_at is None:

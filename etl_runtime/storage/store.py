@@ -258,9 +258,15 @@ class ObjectStore:
     def open_if_tagged(self, bucket: str, name: str) -> tuple[IO[bytes], ObjectInfo] | None:
         """``open_object`` that never reads the file, for the event loop (an open, an
         fstat, a getxattr): None if its ETag is not stored beside it (``open_object``
-        would hash the file) or it does not open (``open_object`` says why)."""
+        would hash the file) or it does not open (``open_object`` says why).
+
+        The path is made as a string, and the bucket's directory is not checked
+        first: a bucket the map does not know goes to ``open_object`` (404), and a
+        missing directory fails the open itself."""
+        if self.bucket_known(bucket) is False:
+            return None
         try:
-            f = open(self._object_path(bucket, name), "rb")  # noqa: SIM115 - the caller's
+            f = open(self.local_fspath(bucket, name), "rb")  # noqa: SIM115 - the caller's
         except OSError:
             return None
         try:
