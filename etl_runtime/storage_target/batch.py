@@ -21,6 +21,7 @@ request (the gateway's bug, not the user's) is refused as a whole.
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
 import time
@@ -226,8 +227,8 @@ class _Share:
     ) -> None:
         """Every item through the ETL chain (``batch_etl.py``), then the manifest."""
         self.mtime = mtime
-        owned = await anyio.to_thread.run_sync(self.owned, items)
         rows = [(b, o, archpath) for b, o, _, _, _, archpath in items]
+        owned = functools.partial(self.owned, items)  # in the share's one thread hop
         etl = self.etl = EtlShare(self.target, chain, args, rows, owned)
         await etl.run()
         for item, outcome in zip(items, etl.outcomes, strict=True):

@@ -46,7 +46,7 @@ import os
 import stat
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -182,13 +182,12 @@ class EtlShare:
         chain: list[str],
         etl_args: str | None,
         rows: list[tuple[str, str, str]],  # (bucket, object, archpath or "")
-        owned: list[bool],  # False: the item is not ours (ELSEWHERE)
+        owned: Callable[[], list[bool]],  # in a thread: False, the item is not ours (ELSEWHERE)
     ) -> None:
-        self._target, self._chain, self._args = target, chain, etl_args
-        self._rows, self._owned = rows, owned
+        self._target, self._chain, self._args, self._rows = target, chain, etl_args, rows
+        self._find_owned, self._owned = owned, [False] * len(rows)
         self.outcomes: list[Outcome] = [ELSEWHERE] * len(rows)
-        self.budget = Budget()
-        self._tmp = str(target.store.tmp_dir)
+        self.budget, self._tmp = Budget(), str(target.store.tmp_dir)
         self._gate = asyncio.Semaphore(CONCURRENCY)
         self._to_transformer: tuple[EtlRecord, TransformerStatus, bool] | None = None
         self._ready: dict[tuple[str, str], str | bytes | SluiceError] = {}
@@ -204,9 +203,13 @@ class EtlShare:
         by_path = record.spec.arg_type == "fqn" or fwd.fqn_always
         return record, tf, by_path and not record.spec.foreign  # an image gets the bytes
 
-    def _prepare(self, fqn: bool) -> None:
-        """In a worker thread, once per share: each object's path (by path) or its bytes."""
-        store = self._target.store
+    def _prepare(self, direct: tuple[EtlRecord, TransformerStatus, bool] | None) -> None:
+        """In a worker thread, once per share: which items are ours; straight to the
+        transformer, each object's path (by path) or its bytes."""
+        self._owned = self._find_owned()
+        if direct is None:
+            return
+        fqn, store = direct[2], self._target.store
         real = os.path.realpath(store.buckets_dir)  # once: object paths under it are real
         for i, (bucket, name, _) in enumerate(self._rows):
             if not self._owned[i] or (bucket, name) in self._ready:
@@ -232,12 +235,13 @@ class EtlShare:
 
     async def run(self) -> None:
         try:
-            self._to_transformer = self._direct()
+            direct = self._direct()
         except SluiceError as e:  # every item fails the same way
+            self._owned = await anyio.to_thread.run_sync(self._find_owned)
             self.outcomes = [e if mine else ELSEWHERE for mine in self._owned]
             return
-        if self._to_transformer is not None:
-            await anyio.to_thread.run_sync(self._prepare, self._to_transformer[2])
+        self._to_transformer = direct  # one thread hop per share (130 µs of CPU each)
+        await anyio.to_thread.run_sync(self._prepare, direct)
         jobs: list[asyncio.Task[None]] = []
         shards: dict[tuple[str, str], list[int]] = {}
         batched: list[int] = []

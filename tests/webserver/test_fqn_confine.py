@@ -34,6 +34,10 @@ def test_paths_under_the_root_and_symlinks_out_of_it(tmp_path: Path, cached: boo
         assert confine(str(root / "alias" / "o1"), roots, dirs) == os.path.realpath(
             root / "b" / "o1"
         )
-        for bad in (root / "b" / "leak", root / "out" / "key", root / "b" / ".." / ".." / "secret"):
+        sibling = tmp_path / "data2"  # the root's name is a prefix of it: still outside
+        sibling.mkdir(exist_ok=True)
+        (sibling / "x").write_bytes(b"x")
+        outside_paths = (root / "b" / "leak", root / "out" / "key", sibling / "x")
+        for bad in (*outside_paths, root / "b" / ".." / ".." / "secret"):
             with pytest.raises(BadRequest, match="outside the target's data directory"):
                 confine(str(bad), roots, dirs)
