@@ -79,8 +79,8 @@ def transformer_pids(etl: str | None = None, leaders_only: bool = True) -> set[i
                 continue
             if etl is None or env["SLUICE_ETL_NAME"] == etl:
                 out.add(p.pid)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            pass
+        except (psutil.NoSuchProcess, psutil.AccessDenied, ProcessLookupError):
+            pass  # it exited while we looked (os.getsid raises ProcessLookupError): gone
     return out
 
 
