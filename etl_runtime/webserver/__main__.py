@@ -28,7 +28,7 @@ from etl_runtime.webserver.servers import ServersFailing, serve_many
 from etl_runtime.webserver.sizing import parse_inline, parse_servers
 from etl_runtime.webserver.stats import Board
 from etl_runtime.webserver.transformer import Transformer
-from etl_runtime.wire import connections
+from etl_runtime.wire import connections, wholebody
 from etl_runtime.wire.connections import Limits
 
 RETIRE_DRAIN_SECONDS = 0.5  # a retiring server reads the requests of connections it took
@@ -181,6 +181,11 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _is_hpush(scope: dict) -> bool:
+    """The object's PUT (hpush), whose body an inline server gives its function whole."""
+    return bool(scope["method"] == "PUT")
+
+
 def _serve_many(
     name: str,
     spec: EtlSpec,
@@ -203,8 +208,10 @@ def _serve_many(
             inline=chosen.inline,
             ready_before_serving=restarted,
         )
-        # made in each server process: its own connection tracker
-        options = connections.server_options("auto", limits)
+        # made in each server process: its own connection tracker. Inline code takes
+        # the object whole: its hpush body is received into one buffer (wholebody).
+        http = wholebody.protocol(_is_hpush) if chosen.inline else "auto"
+        options = connections.server_options(http, limits)
         server = uvicorn.Server(
             uvicorn.Config(app, loop=loop, log_level="info", access_log=False, **options)
         )

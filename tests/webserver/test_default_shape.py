@@ -12,6 +12,7 @@ transformer with a line that says so. On both event loops.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import subprocess
 import sys
@@ -41,6 +42,10 @@ def misbehaves(data: bytes, args: str | None) -> bytes:
 
     if args == "pid":
         return str(os.getpid()).encode()
+    if args == "kind":  # what the function was given, as a user's code would see it
+        import hashlib
+
+        return f"{type(data).__name__} {len(data)} {hashlib.md5(data).hexdigest()}".encode()
     if args == "hang":
         while True:  # holds its thread (and the GIL, in turns) for good
             time.sleep(0.01)
@@ -90,6 +95,16 @@ def test_defaults_inline_and_safe(loop_name: str) -> None:
         answering = {int(httpx.put(f"{url}/b/o", params={"etl_args": "pid"}, headers=AUTH).content)
                      for _ in range(10)}  # fmt: skip
         assert answering and answering <= servers
+
+        # A large body reaches the function whole, as bytes, byte for byte (received
+        # into one buffer: wire/wholebody), announced or chunked.
+        big = os.urandom(3 << 20)
+        want = f"bytes {len(big)} {hashlib.md5(big).hexdigest()}".encode()
+        assert put(c, url, big, etl_args="kind").content == want
+        chunked = c.put(f"{url}/b/o", content=iter([big[:100_000], big[100_000:]]),
+                        params={"etl_args": "kind"}, headers=AUTH)  # fmt: skip
+        assert chunked.content == want
+        assert put(c, url, big[:70_000]).content == big[:70_000].upper()
 
         # A hang: 504 naming the limit; the transformer answers on, and the stuck
         # server is replaced (the supervisor stays).
