@@ -40,6 +40,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
@@ -108,7 +110,7 @@ TRANSFORMS = {
 
 
 @contextlib.contextmanager
-def server(kind: str, code: str, servers: int, workdir: Path) -> Iterator[str]:
+def server(kind: str, code: str, servers: int, workdir: Path) -> Iterator[tuple[str, int]]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # AIStore reads AIS_TARGET_URL at start (for hpull, unused here): any URL does.
@@ -147,7 +149,7 @@ def server(kind: str, code: str, servers: int, workdir: Path) -> Iterator[str]:
             raise
         if kind != "ais-default":
             time.sleep(1.0)  # every server process up, not just the first to answer
-        yield url
+        yield url, proc.pid
     finally:
         proc.terminate()
         try:
@@ -156,6 +158,21 @@ def server(kind: str, code: str, servers: int, workdir: Path) -> Iterator[str]:
             proc.kill()
             proc.wait()
         log.close()
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and all its descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            t = p.cpu_times()
+            total += t.user + t.system
+    return total
 
 
 def requests(url: str, body: bytes, check_len: bool) -> list[Req]:
@@ -194,7 +211,7 @@ def main() -> None:
     )
     header = (
         f"{'transform':<15} {'conc':>4} {'server':<14} {'req/s':>8} {'p50 ms':>8} "
-        f"{'p99 ms':>8} {'err':>4} {'client CPU ms/req':>17}"
+        f"{'p99 ms':>8} {'err':>4} {'client CPU ms/req':>17} {'server CPU ms/req':>17}"
     )
     summary: list[str] = []
     with tempfile.TemporaryDirectory(prefix="sluice-anchor-") as tmp:
@@ -207,15 +224,22 @@ def main() -> None:
             for round_ in range(args.rounds):
                 order = kinds[round_ % len(kinds) :] + kinds[: round_ % len(kinds)]
                 for kind in order:
-                    with server(kind, code, args.servers, Path(tmp)) as url:
+                    with server(kind, code, args.servers, Path(tmp)) as (url, pid):
                         reqs = requests(url, body, check_len)
                         run_load(reqs, 8, 0.5, procs=args.client_procs, warmup=0.3)  # warm up
                         for c in levels:
+                            before = tree_cpu(pid)
                             r = run_load(reqs, c, args.seconds, args.client_procs, args.warmup)
+                            # the server tree's CPU per request (all its processes)
+                            spent = tree_cpu(pid) - before
+                            # the warm-up's CPU is in ``spent``: divide by its requests too
+                            total = max(1.0, r.rate * (args.seconds + args.warmup))
+                            r.server_cpu_ms = spent * 1e3 / total  # type: ignore[attr-defined]
                             runs.setdefault((kind, c), []).append(r)
                             print(
                                 f"{name:<15} {c:>4} {kind:<14} {r.rate:>8.1f} {r.p50_ms:>8.2f} "
-                                f"{r.p99_ms:>8.2f} {r.errors:>4} {r.client_cpu_ms:>17.3f}"
+                                f"{r.p99_ms:>8.2f} {r.errors:>4} {r.client_cpu_ms:>17.3f} "
+                                f"{r.server_cpu_ms:>17.3f}"  # type: ignore[attr-defined]
                                 + (f"  first error: {r.first_error}" if r.errors else ""),
                                 flush=True,
                             )
@@ -231,13 +255,14 @@ def main() -> None:
                     summary.append(
                         f"| {name} | {c} | {us} vs {kind} | {ours.rate:.0f} | {theirs.rate:.0f} | "
                         f"{ours.rate / theirs.rate:.2f} | {ours.p50_ms:.1f} / {theirs.p50_ms:.1f} "
-                        f"| {ours.p99_ms:.1f} / {theirs.p99_ms:.1f} |"
+                        f"| {ours.p99_ms:.1f} / {theirs.p99_ms:.1f} "
+                        f"| {ours.server_cpu_ms:.3f} / {theirs.server_cpu_ms:.3f} |"  # type: ignore[attr-defined]
                     )
     print(
         "\n| transform | concurrency | servers | Sluice req/s | anchor req/s | ratio "
-        "| p50 ms Sluice / anchor | p99 ms Sluice / anchor |"
+        "| p50 ms Sluice / anchor | p99 ms Sluice / anchor | server CPU ms/req Sluice / anchor |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(summary))
 
 
