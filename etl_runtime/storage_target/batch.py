@@ -2,10 +2,17 @@
 
 The caller is the gateway's ``gateway/batch/shares.py``; the exchange
 (manifest, then TAR entries back to back) is drawn in ``wire/batchshare.py``.
-Every item is opened before the answer starts, in one trip to a worker
-thread: its outcome goes into the manifest, a small file's bytes are read
-right there (up to ``INLINE_BUDGET`` per answer), a bigger file stays open
-and is sent with ``os.sendfile`` when its turn comes. An item this target
+Every item is opened before the answer starts: its outcome goes into the
+manifest, a small file's bytes are read right there (up to ``INLINE_BUDGET``
+per answer), a bigger file stays open and is sent with ``os.sendfile`` when
+its turn comes. A share of up to ``LOOP_ITEMS`` items is opened on the event
+loop, reading at most ``LOOP_INLINE_BUDGET`` (as a GET opens its object on
+the loop, ``store.open_if_tagged``); a bigger one in one trip to a worker
+thread. In the thread, every ``open``, ``fstat``, ``pread`` and ``close``
+let go of the interpreter lock, and the loop, busy with the other shares,
+took it back each time: py-spy put a quarter of a target's CPU per 10 KiB
+item in that hand-over and anyio's thread machinery (docs/benchmarks.md,
+"Shares opened on the loop"). An item this target
 should not answer from its own disk (it is not an owner, or a copy may still
 be on a neighbour) is marked "elsewhere" and the gateway reads it with a
 plain GET, which knows how to redirect or pull it.
@@ -59,6 +66,8 @@ from etl_runtime.wire.zerocopy import EXTENSION, offers_zerocopy
 
 SMALL = 64 << 10  # a file up to this size is read with the manifest and sent from memory
 INLINE_BUDGET = 8 << 20  # bytes read that way per answer; the rest goes by sendfile
+LOOP_ITEMS = 128  # a share of up to this many (a whole part of the gateway) opened on the loop...
+LOOP_INLINE_BUDGET = 1 << 20  # ... reading at most this much there (the rest: sendfile)
 FLUSH = 1 << 20  # bytes gathered before a write
 COPY_BLOCK = 1 << 20  # without sendfile: a big file is read in blocks of this size
 MAX_ITEMS = 4096
@@ -117,6 +126,7 @@ class _Share:
         self.manifest: list[list[Any]] = []
         self.entries: list[_Entry] = []
         self.inline = 0
+        self.budget = INLINE_BUDGET
         self.mtime = 0
         self.cmap: ClusterMap | None = None
         self.etl: EtlShare | None = None
@@ -126,8 +136,10 @@ class _Share:
         if placement is not None and placement.cmap is not None:
             self.cmap = placement.cmap.get()  # one look for the whole share
 
-    def open_all(self, items: list[Row], mtime: int) -> None:
+    def open_all(self, items: list[Row], mtime: int, budget: int = INLINE_BUDGET) -> None:
+        """Open every item; read small ones whole, up to ``budget`` bytes in all."""
         self.mtime = mtime
+        self.budget = budget
         self._look()
         for item in items:
             try:
@@ -175,7 +187,7 @@ class _Share:
                 offset = start
                 n = size - start if length == -1 else min(length, size - start)
             entry = _Entry(tar_header(arcname, n, self.mtime), n, None, offset)
-            if n <= SMALL and self.inline + n <= INLINE_BUDGET:
+            if n <= SMALL and self.inline + n <= self.budget:
                 data = os.pread(fd, n, offset)
                 if len(data) != n:  # objects are replaced by rename, never cut: a disk fault
                     raise OSError(f"a short read ({len(data)} of {n} bytes)")
@@ -335,6 +347,8 @@ def batch_router(target: Target) -> FastRouter:
         try:
             if chain:
                 await share.transform_all(items, chain, args, mtime)
+            elif len(items) <= LOOP_ITEMS:
+                share.open_all(items, mtime, LOOP_INLINE_BUDGET)  # on the loop: see above
             else:
                 await anyio.to_thread.run_sync(share.open_all, items, mtime)
         except BaseException:

@@ -26,6 +26,8 @@ import requests
 
 from etl_runtime.gateway.batch.shares import PART
 from etl_runtime.local import LocalCluster
+from etl_runtime.storage_target.batch import LOOP_ITEMS
+from etl_runtime.wire.batchshare import ELSEWHERE, MANIFEST_LEN, SHARE_PATH, padding
 
 N = 40
 BIG = 4 << 20
@@ -102,6 +104,42 @@ def test_many_parts_per_target_keep_order_ranges_and_missing_items(cluster: Loca
     assert all("does not exist" in o["err_msg"] for o in missing)
     archive = parts[2].split(b"\r\n\r\n", 1)[1][: -len(b"\r\n")]
     assert read_tar(archive) == want
+
+
+def test_a_share_opened_on_the_loop_or_in_a_thread_answers_the_same(
+    cluster: LocalCluster,
+) -> None:
+    """A target opens a share of up to ``LOOP_ITEMS`` items on its event loop and a
+    bigger one in a worker thread: the same manifest, headers and bytes either way,
+    every item in its place (asked of one target directly, as the gateway does)."""
+    url = cluster.endpoint.rstrip("/")
+    r = httpx.get(f"{url}/v1/objects/small/o000", follow_redirects=False, trust_env=False)
+    target = r.headers["location"].split("/v1/")[0]
+    for count in (LOOP_ITEMS, LOOP_ITEMS + 72):
+        rows = [["small", f"o{i % N:03d}", 0, 0, f"e{i}"] for i in range(count)]
+        rows.append(["small", "gone", 0, 0, "gone"])
+        r = httpx.post(f"{target}{SHARE_PATH}", json={"in": rows}, trust_env=False, timeout=60)
+        assert r.status_code == 200, r.text
+        raw = r.content
+        (size,) = MANIFEST_LEN.unpack_from(raw)
+        pos = MANIFEST_LEN.size + size
+        manifest = json.loads(raw[MANIFEST_LEN.size : pos])
+        assert len(manifest) == count + 1
+        here = 0
+        for i, entry in enumerate(manifest[:-1]):
+            if entry == [ELSEWHERE]:  # another target owns it
+                continue
+            status, n, head = entry
+            assert status == 200
+            info = tarfile.TarInfo.frombuf(raw[pos : pos + 512], "utf-8", "surrogateescape")
+            assert (info.name, info.size) == (f"e{i}", n)
+            pos += head
+            assert raw[pos : pos + n] == data_of(i % N)
+            pos += n + padding(n)
+            here += 1
+        assert here >= count // 10 and pos == len(raw)
+        last = manifest[-1]
+        assert last == [ELSEWHERE] or (last[0] == 404 and "small/gone" in last[1]["error"])
 
 
 def test_a_range_past_the_end_names_the_item(cluster: LocalCluster) -> None:
