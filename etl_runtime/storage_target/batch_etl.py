@@ -10,13 +10,13 @@ work; a part's answer starts once all of its items are in, their outcomes in
 its manifest as for plain objects. One uncached ETL (the usual case) takes
 that path's last step directly (``EtlForwarder.send``: the file by path
 where the transformer can read it, else its bytes), with the ETL looked up
-and the files found (or read) once per share, in one thread hop: per object
-that path cost the target more CPU than the transformer's call itself. Objects
-by path to a Sluice transformer in object mode go up to ``BATCH_ITEMS`` (a
-whole part) to a request (``_batch``, ``wire/etlbatch.py``): one exchange,
-each output or error framed in its answer; a transformer that dies mid-answer
-fails the items it owes (502). Files in shards, pipelines, ``cache: true``
-ETLs, AIStore-style images (``spec.foreign``), objects sent as bytes and a
+and the files found once per share (on the loop, or read in one thread hop):
+per object that path cost the target more CPU than the transformer's call.
+Objects by path to a Sluice transformer in object mode go up to
+``BATCH_ITEMS`` to a request (``_batch``, ``wire/etlbatch.py``), each output
+or error framed in its answer; a transformer that dies mid-answer fails the
+items it owes (502). Files in shards, pipelines, ``cache: true`` ETLs,
+AIStore-style images (``spec.foreign``), objects sent as bytes and a
 transformer without the route (older) keep one request per object.
 
 * object mode: the object's transformed bytes are the entry;
@@ -76,6 +76,7 @@ INLINE_MAX = 4 << 20  # an object sent in the transformer's request (not by path
 BATCH_ITEMS = 32  # objects per batched request: a part's (3 parts in flight per target)
 BATCH_SLACK = 10.0  # s past requestSeconds the target waits: the transformer's 504 comes first
 REFUSED_SECONDS = 60.0  # a transformer without batches (older) is sent objects one by one
+LOOP_ROWS = 128  # a share this small that reads no file is prepared on the event loop
 _refused: dict[str, float] = {}  # transformer endpoint -> until when
 
 
@@ -161,14 +162,10 @@ async def _body(response: DuplexResponse) -> AsyncIterator[bytes | bytearray]:
 
 
 def _broken(e: Exception, etl: str, bucket: str, name: str, target: str) -> SluiceError:
-    err = SluiceError(
-        f"the answer of ETL {etl!r} for ais://{bucket}/{name} broke off on target "
-        f"{target!r} ({type(e).__name__}: {e})",
-        etl=etl,
-        bucket=bucket,
-        object=name,
-        target=target,
-    )
+    what = f"ETL {etl!r} for ais://{bucket}/{name}"
+    why = f"broke off on target {target!r} ({type(e).__name__}: {e})"
+    err = SluiceError(f"the answer of {what} {why}", etl=etl, bucket=bucket, object=name)
+    err.context["target"] = target
     err.status, err.kind = 502, "TransformerFailed"
     return err
 
@@ -204,7 +201,7 @@ class EtlShare:
         return record, tf, by_path and not record.spec.foreign  # an image gets the bytes
 
     def _prepare(self, direct: tuple[EtlRecord, TransformerStatus, bool] | None) -> None:
-        """In a worker thread, once per share: which items are ours; straight to the
+        """Once per share (see ``run``): which items are ours; straight to the
         transformer, each object's path (by path) or its bytes."""
         self._owned = self._find_owned()
         if direct is None:
@@ -240,8 +237,11 @@ class EtlShare:
             self._owned = await anyio.to_thread.run_sync(self._find_owned)
             self.outcomes = [e if mine else ELSEWHERE for mine in self._owned]
             return
-        self._to_transformer = direct  # one thread hop per share (130 µs of CPU each)
-        await anyio.to_thread.run_sync(self._prepare, direct)
+        self._to_transformer = direct
+        if (direct is None or direct[2]) and len(self._rows) <= LOOP_ROWS:  # stats, no reads:
+            self._prepare(direct)  # on the loop (as batch.py's LOOP_ITEMS)
+        else:
+            await anyio.to_thread.run_sync(self._prepare, direct)
         jobs: list[asyncio.Task[None]] = []
         shards: dict[tuple[str, str], list[int]] = {}
         batched: list[int] = []
