@@ -149,3 +149,23 @@ def test_a_length_that_is_not_one_number_is_left_to_uvicorn() -> None:
     assert wholebody.announced_length([(b"transfer-encoding", b"chunked")]) is None
     with pytest.raises(ValueError, match="at least 2 bytes"):
         wholebody.Whole(1)  # the one-byte bytes objects are shared: never written into
+
+
+def test_a_client_that_expects_100_continue_gets_it_then_sends_the_body(loop_name: str) -> None:
+    """curl sends ``Expect: 100-continue`` before a body over 1 MB, and waits."""
+    app = Recorder()
+    with serve(app, loop_name) as url:
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as s:
+            s.settimeout(10)
+            head = f"PUT /e HTTP/1.1\r\nhost: x\r\ncontent-length: {len(BIG)}\r\n"
+            s.sendall((head + "expect: 100-continue\r\n\r\n").encode())
+            assert s.recv(1024).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+            s.sendall(BIG)
+            got = b""
+            while not got.endswith(b"\r\n0\r\n\r\n"):  # the chunked answer's end
+                chunk = s.recv(1 << 20)
+                assert chunk, got[:200]
+                got += chunk
+        assert got.startswith(b"HTTP/1.1 200") and f"{len(BIG)} 1 bytes\n".encode() in got[:300]
+        assert app.seen[0]["body"] == BIG
