@@ -40,13 +40,11 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from loadgen import Req, Result, run_load  # noqa: E402
+from loadgen import Req, Result, run_load, tree_cpu  # noqa: E402
 
 from tests.servers import free_port, wait_http  # noqa: E402
 
@@ -158,21 +156,6 @@ def server(kind: str, code: str, servers: int, workdir: Path) -> Iterator[tuple[
             proc.kill()
             proc.wait()
         log.close()
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` and all its descendants."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0.0
-    total = 0.0
-    for p in procs:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
 
 
 def requests(url: str, body: bytes, check_len: bool) -> list[Req]:

@@ -52,7 +52,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -63,7 +62,7 @@ from etl_runtime.core.spec import EtlSpec  # noqa: E402
 from tests.servers import free_port, serve_process  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "bench"))
-from loadgen import Req, Result, run_once  # noqa: E402
+from loadgen import Req, Result, run_once, tree_cpu  # noqa: E402
 
 RESIZE = """
 import io
@@ -135,17 +134,6 @@ def servers(workdir: Path, args: argparse.Namespace) -> Iterator[tuple[str, str,
         env = {"SLUICE_CLUSTER_KEY": key, "SLUICE_ETL_FQN": "always"}
         target = stack.enter_context(serve_process(argv, f"{url}/v1/health", env))
         yield url, tf_url, target.pid, tf.pid
-
-
-def tree_cpu(pid: int) -> float:
-    """CPU seconds so far of ``pid`` and its children (a transformer's workers)."""
-    proc = psutil.Process(pid)
-    total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            t = p.cpu_times()
-            total += t.user + t.system
-    return total
 
 
 def measure(reqs: list[Req], args: argparse.Namespace, pids: dict[str, int]) -> dict:

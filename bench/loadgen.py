@@ -247,6 +247,26 @@ def _cpu() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def tree_cpu(pid: int) -> float:
+    """CPU seconds so far (user + system) of server process ``pid`` and all its
+    descendants (a transformer's servers and workers, a cluster's processes)."""
+    import psutil  # dev dependency: only the benches that watch servers need it
+
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += t.user + t.system
+    return total
+
+
 def _process(
     reqs: list[Req], first: int, stride: int, threads: int, t0: float, t1: float, queue: object
 ) -> None:

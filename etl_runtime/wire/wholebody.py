@@ -10,7 +10,7 @@ the function the object whole, so for it these were pure cost: py-spy
 ``memcpy`` under ``on_body``, ``receive`` and the join, about as much as its
 ``write`` to the socket (docs/benchmarks.md, "Request bodies received whole").
 
-``protocol(base, wants)`` subclasses a uvicorn httptools protocol. For a
+``protocol(wants)`` subclasses uvicorn's httptools protocol. For a
 request that ``wants(scope)`` accepts, with one ``Content-Length`` from
 ``MIN_BYTES`` to ``MAX_BYTES`` and no ``Transfer-Encoding``, the parser's
 pieces are copied straight into one new ``bytes`` object of that length, and
