@@ -59,6 +59,22 @@ def hrw_digest(target_id: str, key: bytes) -> bytes:
     return h.digest()
 
 
+def hrw_first(ids: Sequence[str], key: bytes) -> str:
+    """``hrw_order(ids, key)[0]``, without the sort or a call per target (the gateway
+    places every GetBatch item, and its target checks it: 1.9 against 3.1 µs for 3)."""
+    best, top = "", b""
+    for t in ids:
+        prefix = _PREFIXES.get(t)
+        if prefix is None:
+            prefix = _PREFIXES[t] = hashlib.blake2b(f"{t}/".encode(), digest_size=8)
+        h = prefix.copy()
+        h.update(key)
+        d = h.digest()
+        if d > top or (d == top and t > best):
+            best, top = t, d
+    return best
+
+
 def hrw_score(target_id: str, key: str) -> int:
     return int.from_bytes(hrw_digest(target_id, key.encode()), "big")
 
@@ -153,8 +169,7 @@ class ClusterMap:
         """The targets that must hold ``bucket/name``: the HRW top ``copies`` members."""
         key = f"{bucket}/{name}"
         if self.copies(bucket) == 1 and self.members:  # the first of hrw_order, no sort
-            k = key.encode()
-            return [max(self.members, key=lambda t: (hrw_digest(t, k), t))]
+            return [hrw_first(self.members, key.encode())]
         order = hrw_order(self.members, key)
         return order[: max(1, min(self.copies(bucket), len(order)))]
 

@@ -35,8 +35,20 @@ def validate_bucket(bucket: str) -> str:
 
 
 def validate_object(bucket: str, name: str) -> str:
-    # One regex for the usual name (a GetBatch share checks each of its items:
-    # 2.5 µs against 6 for the walk below); anything else is walked and named.
+    # The usual name, up to one segment's length: string tests in C (0.5 µs; every
+    # GetBatch item is checked on the gateway and again on its target). Up to the
+    # longest name, one regex (2.5 µs against 6 for the walk below). Anything
+    # else is walked, and what is wrong named.
+    if (
+        0 < len(name) <= MAX_SEGMENT
+        and name.isascii()
+        and name[0] != "/"
+        and name[-1] != "/"
+        and "//" not in name
+        and "\x00" not in name
+        and "/." not in "/" + name
+    ):
+        return name
     if (
         name.isascii()
         and len(name) <= MAX_OBJECT_NAME

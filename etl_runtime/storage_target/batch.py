@@ -121,8 +121,10 @@ def _chain(body: dict[str, Any]) -> tuple[list[str], str | None]:
 class _Share:
     """Opening every item of a share (in a worker thread) and what came of it."""
 
-    def __init__(self, target: Target) -> None:
+    def __init__(self, target: Target, placed: Any = None) -> None:
         self.target = target
+        self.placed = placed  # [target id, map version] the gateway placed the items by
+        self.placed_here = False  # ... and they are this target's and this map's
         self.manifest: list[list[Any]] = []
         self.entries: list[_Entry] = []
         self.inline = 0
@@ -135,6 +137,9 @@ class _Share:
         placement = self.target.placement
         if placement is not None and placement.cmap is not None:
             self.cmap = placement.cmap.get()  # one look for the whole share
+            # The gateway chose this target among each item's owners under the same map:
+            # owners() would say the same for every item (a pure function of the map).
+            self.placed_here = self.placed == [placement.self_id, self.cmap.version]
 
     def open_all(self, items: list[Row], mtime: int, budget: int = INLINE_BUDGET) -> None:
         """Open every item; read small ones whole, up to ``budget`` bytes in all."""
@@ -215,7 +220,7 @@ class _Share:
     def _not_an_owner(self, bucket: str, name: str) -> bool:
         """``Placement.read_owner`` is not None, with the map looked up once per share."""
         cmap, placement = self.cmap, self.target.placement
-        if cmap is None or placement is None:
+        if cmap is None or placement is None or self.placed_here:
             return False
         if cmap.version == 0 or not cmap.members or bucket not in cmap.buckets:
             return False
@@ -342,7 +347,7 @@ def batch_router(target: Target) -> FastRouter:
                 f"GetBatch share: {SHARE_ETL_PATH} takes the items of an ETL ('etl'), "
                 f"{SHARE_PATH} plain ones"
             )
-        share = _Share(target)
+        share = _Share(target, body.get("placed"))
         mtime = int(time.time())
         try:
             if chain:

@@ -129,6 +129,7 @@ def test_request_names_unknown_fields_and_bad_items() -> None:
         ("a", 0, 0),
         ("bench/10KiB/00012", 10240, 1_700_000_000),
         ("x" * 100, 5, 1),  # the longest name a ustar header holds
+        ("", 0, 0),
         ("x" * 101, 5, 1),  # a pax record
         ("é/ü.txt", 3, 3),  # not ASCII: a pax record
         ("a/b c", 8**11 - 1, 123),  # the largest size in 11 octal digits

@@ -142,6 +142,40 @@ def test_a_share_opened_on_the_loop_or_in_a_thread_answers_the_same(
         assert last == [ELSEWHERE] or (last[0] == 404 and "small/gone" in last[1]["error"])
 
 
+def test_a_share_placed_under_another_map_is_checked_item_by_item(
+    cluster: LocalCluster,
+) -> None:
+    """The gateway sends ``placed``: [target, map version] it chose the items by. Under
+    the same map the target takes its word (owners() is a function of the map); a
+    share placed for another target or by another map version is checked item by
+    item, so an object the target holds but does not own is "not here", never served."""
+    url = cluster.endpoint.rstrip("/")
+    r = httpx.get(f"{url}/v1/objects/small/o000", follow_redirects=False, trust_env=False)
+    target = r.headers["location"].split("/v1/")[0]
+    proc = _target_process(cluster, urlsplit(target).port or 0)
+    tid = proc.cmdline()[proc.cmdline().index("--id") + 1]
+    version = json.loads((cluster.data_dir / "cluster.json").read_text())["version"]
+    rows = [["small", f"o{i:03d}", 0, 0, f"e{i}"] for i in range(N)]
+
+    def manifest(placed: list[object] | None) -> list[list[object]]:
+        body: dict[str, object] = {"in": rows} if placed is None else {"in": rows, "placed": placed}
+        r = httpx.post(f"{target}{SHARE_PATH}", json=body, trust_env=False, timeout=60)
+        assert r.status_code == 200, r.text
+        (size,) = MANIFEST_LEN.unpack_from(r.content)
+        return json.loads(r.content[MANIFEST_LEN.size : MANIFEST_LEN.size + size])
+
+    checked = manifest(None)
+    elsewhere = [i for i, e in enumerate(checked) if e == [ELSEWHERE]]
+    assert 0 < len(elsewhere) < N  # some of the objects are another target's
+    assert manifest([tid, version - 1]) == checked
+    assert manifest(["t-other", version]) == checked
+    # placed here by this map: taken as placed (the gateway never sends such an
+    # item here; an object this target holds no file of is still not served)
+    trusted = manifest([tid, version])
+    assert all(trusted[i] == checked[i] for i in range(N) if i not in elsewhere)
+    assert all(trusted[i] != [200] and trusted[i][0] in (0, 404) for i in elsewhere)
+
+
 def test_a_range_past_the_end_names_the_item(cluster: LocalCluster) -> None:
     url = cluster.endpoint.rstrip("/")
     size = len(data_of(4))

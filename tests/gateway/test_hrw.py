@@ -6,6 +6,7 @@ import collections
 
 import pytest
 
+from etl_runtime.cluster.clustermap import hrw_first, hrw_order
 from etl_runtime.cluster.hrw import hrw_owner
 from etl_runtime.cluster.records import TargetInfo
 
@@ -66,3 +67,12 @@ def test_placement_is_the_documented_hash_so_stored_data_is_found_after_upgrades
         assert hrw_order(ids, key) == expected
         assert cmap.owners("bucket", key.split("/", 1)[1]) == expected[:1]
         assert hrw_score(ids[0], key) == score(ids[0], key)
+
+
+def test_a_single_copy_owner_is_the_first_of_the_full_order() -> None:
+    """``ClusterMap.owners`` takes ``hrw_first`` for one copy, ``hrw_order`` for more:
+    the two must never disagree, or a one-copy object is looked for on the wrong target."""
+    ids = [t.id for t in TARGETS]
+    for k in KEYS[:5000]:
+        assert hrw_first(ids, k.encode()) == hrw_order(ids, k)[0]
+        assert hrw_first(list(reversed(ids)), k.encode()) == hrw_order(ids, k)[0]

@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
+from etl_runtime.cluster.clustermap import ClusterMap
 from etl_runtime.cluster.hrw import hrw_owner, object_key
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.errors import NoTargets, SluiceError
@@ -105,8 +106,11 @@ class _Part:
 class TargetShare:
     """Every shareable item of one batch that one target owns, asked for in parts."""
 
-    def __init__(self, gw: Gateway, target: TargetInfo, etl: EtlKey = ((), None)) -> None:
+    def __init__(
+        self, gw: Gateway, target: TargetInfo, etl: EtlKey = ((), None), map_version: int = -1
+    ) -> None:
         self._gw, self.target = gw, target
+        self.map_version = map_version  # of the cluster map that placed the items (-1: none)
         self.etl = etl  # every item of this share goes through this ETL chain (or none)
         self._part_size, self._ahead = (ETL_PART, ETL_AHEAD) if etl[0] else (PART, AHEAD)
         self.items: list[ShareItem] = []
@@ -140,10 +144,13 @@ class TargetShare:
                 part.task.cancel()
         self._started = len(self._parts)
 
+    def _away_message(self, si: ShareItem, why: str) -> str:
+        return f"in[{si.item.index}] {si.item.cname()}: target {self.target.id} {why}; retry"
+
     def _away(self, si: ShareItem, why: str) -> NoTargets:
         item = si.item
         return NoTargets(
-            f"in[{item.index}] {item.cname()}: target {self.target.id} {why}; retry",
+            self._away_message(si, why),
             bucket=item.bucket,
             object=item.name,
             target=self.target.id,
@@ -180,6 +187,8 @@ class TargetShare:
                 row.append(it.archpath)
             rows.append(row)
         ask: dict[str, Any] = {"in": rows}
+        if self.map_version >= 0:  # the target skips its owner check under the same map
+            ask["placed"] = [self.target.id, self.map_version]
         chain, args = self.etl
         if chain:
             ask["etl"] = list(chain)
@@ -246,7 +255,7 @@ class TargetShare:
         try:
             yield await part.body.exactly(si.header_len)
             if self.splice:
-                what = self._away(si, "broke off its share of the batch").message
+                what = self._away_message(si, "broke off its share of the batch")
                 async for moved in part.body.spliced(size, what):
                     yield moved
             else:
@@ -286,17 +295,18 @@ class TargetShare:
             self._consumed(part)
 
 
-def read_router(gw: Gateway) -> Callable[[str, str], TargetInfo | None]:
-    """``placement.route(gw, "GET", ...)`` for many items: the map, liveness and
-    addresses looked up once. None where ``route`` would raise (the item then takes
-    the GET path, whose ``route`` answers the error)."""
-    if gw.cmap is None:
+def read_router(gw: Gateway, cmap: ClusterMap | None) -> Callable[[str, str], TargetInfo | None]:
+    """``placement.route(gw, "GET", ...)`` for many items: the map (``cmap``, the
+    gateway's, looked up by the caller), liveness and addresses looked up once. None
+    where ``route`` would raise (the item then takes the GET path, whose ``route``
+    answers the error)."""
+    if cmap is None:
         try:
             live = gw.live_targets()
         except SluiceError:
             return lambda bucket, name: None
         return lambda bucket, name: hrw_owner(live, object_key(bucket, name))
-    cmap, alive, suspect = gw.cmap.get(), gw.alive_ids(), gw.suspect_ids()
+    alive, suspect = gw.alive_ids(), gw.suspect_ids()
     known = {t.id: t for t in gw.known_targets()}
 
     def owner(bucket: str, name: str) -> TargetInfo | None:
@@ -320,7 +330,9 @@ def plan(gw: Gateway, req: BatchRequest) -> tuple[list[ShareItem | None], list[T
     """Per item, its ``ShareItem`` (None: read with a GET); the shares, not started."""
     shares: dict[tuple[str, EtlKey], TargetShare] = {}
     out: list[ShareItem | None] = []
-    owner = read_router(gw)
+    cmap = gw.cmap.get() if gw.cmap is not None else None
+    owner = read_router(gw, cmap)
+    version = cmap.version if cmap is not None else -1
     for item in req.items:
         target = owner(item.read_bucket, item.name) if shareable(item) else None
         if target is None:
@@ -330,6 +342,6 @@ def plan(gw: Gateway, req: BatchRequest) -> tuple[list[ShareItem | None], list[T
         key = (target.id, etl)
         share = shares.get(key)
         if share is None:
-            share = shares[key] = TargetShare(gw, target, etl)
+            share = shares[key] = TargetShare(gw, target, etl, version)
         out.append(share.add(item, req.name_in_archive(item)))
     return out, list(shares.values())
