@@ -136,7 +136,9 @@ def _string(raw: dict[str, Any], key: str, i: int) -> str:
 
 
 def _archpath(value: str, i: int) -> str:
-    if "\x00" in value or any(seg in ("..",) for seg in value.split("/")):
+    if not value:  # the usual case: a whole object
+        return value
+    if "\x00" in value or ".." in value.split("/"):
         raise InvalidRequest(f"in[{i}].archpath {value!r} is not a valid path inside a shard")
     return value
 
@@ -149,7 +151,10 @@ def _item(
     cmap: ClusterMap | None,
     chain: tuple[str, ...] = (),
     etl_args: str | None = None,
+    checked: set[tuple[str, str]] | None = None,
 ) -> Item:
+    """Item ``i``. ``checked``: the (bucket, provider) pairs whose bucket checks passed
+    already in this request (a batch names few buckets: each is looked at once)."""
     if not isinstance(raw, dict):
         raise InvalidRequest(f"in[{i}] must be an object with at least 'objname'")
     _refuse_unknown(raw, ITEM_FIELDS, f"in[{i}]")
@@ -168,7 +173,8 @@ def _item(
         raise InvalidRequest(
             f"in[{i}].provider {provider_raw!r} is not supported: 'ais' or 'aws'", bucket=bucket
         )
-    validate_bucket(bucket)
+    if checked is None or (bucket, provider) not in checked:
+        validate_bucket(bucket)
     validate_object(bucket, name)
     view: dict[str, Any] = {}
     if cmap is not None:
@@ -182,6 +188,8 @@ def _item(
                 f"{provider or 'ais'!r}",
                 bucket=bucket,
             )
+    if checked is not None:
+        checked.add((bucket, provider))
     start, length = _int(raw, "start", i), _int(raw, "length", i)
     if start < 0 or length < -1 or (start and not length):
         raise InvalidRequest(
@@ -262,8 +270,9 @@ def parse_request(
         raise InvalidRequest(f"coloc must be 0, 1 or 2, got {coloc!r}")
     fmt, content_type = FORMATS[mime.lower()]
     chain = tuple(parse_chain(etl_name, etl_pipeline))
+    checked: set[tuple[str, str]] = set()
     items = [
-        _item(r, i, default_bucket, default_provider, cmap, chain, etl_args)
+        _item(r, i, default_bucket, default_provider, cmap, chain, etl_args, checked)
         for i, r in enumerate(raw_items)
     ]
     return BatchRequest(

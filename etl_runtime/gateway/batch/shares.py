@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Final
 
-from etl_runtime.cluster.clustermap import ClusterMap
+from etl_runtime.cluster.clustermap import ClusterMap, hrw_first
 from etl_runtime.cluster.hrw import hrw_owner, object_key
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.errors import NoTargets, SluiceError
@@ -308,17 +308,29 @@ def read_router(gw: Gateway, cmap: ClusterMap | None) -> Callable[[str, str], Ta
         return lambda bucket, name: hrw_owner(live, object_key(bucket, name))
     alive, suspect = gw.alive_ids(), gw.suspect_ids()
     known = {t.id: t for t in gw.known_targets()}
+    members = cmap.members
+    infos: dict[str, TargetInfo | None] = {}
+
+    def info_of(tid: str) -> TargetInfo | None:
+        if tid not in infos:
+            info = known.get(tid)
+            if info is None and tid in cmap.urls:
+                info = TargetInfo(id=tid, url=cmap.urls[tid])
+            infos[tid] = info
+        return infos[tid]
 
     def owner(bucket: str, name: str) -> TargetInfo | None:
-        if bucket not in cmap.buckets or not cmap.members:
+        props = cmap.buckets.get(bucket)
+        if props is None or not members:
             return None
+        if props.copies == 1:  # cmap.owners' own shortcut, without its list
+            tid = hrw_first(members, f"{bucket}/{name}".encode())
+            return info_of(tid) if tid in alive else None
         reachable = [t for t in cmap.owners(bucket, name) if t in alive]
         if len(reachable) > 1:
             reachable.sort(key=lambda t: t in suspect)  # stable: owner order
         for tid in reachable:
-            info = known.get(tid)
-            if info is None and tid in cmap.urls:
-                info = TargetInfo(id=tid, url=cmap.urls[tid])
+            info = info_of(tid)
             if info is not None:
                 return info
         return None
