@@ -57,19 +57,7 @@ async def transform_object(
     try:
         await _send_input(task, stats, request, obj, fqn)
         kind, first = await _first_frame(task, request)
-        length = None
-        if kind == ipc.SIZE:  # a bytes result: its length is known up front
-            length = ipc.LENGTH.unpack(first)[0]
-            kind, first = await task.next_frame()
-            if kind == ipc.CHUNK and len(first) == length:
-                # The whole result, and its END came in the same send: one
-                # answer from memory, no stream to pump.
-                await task.next_frame()
-                task.release()
-                stats.objects += 1
-                stats.bytes_out += length
-                stats.transform_seconds += time.perf_counter() - started
-                return Response(memoryview(first), media_type=MEDIA_TYPE)
+        kind, first, length, whole = await _settle(task, stats, kind, first, started)
     except SluiceError as e:
         task.release()
         stats.error(obj, None, e.message)
@@ -78,9 +66,9 @@ async def transform_object(
     except BaseException:
         task.release()
         raise
+    if whole:  # one answer from memory, no stream to pump
+        return Response(memoryview(first), media_type=MEDIA_TYPE)
     if kind == ipc.END:
-        stats.objects += 1
-        stats.transform_seconds += time.perf_counter() - started
         return Response(b"", media_type=MEDIA_TYPE)
     chunks = _result_stream(task, stats, obj, first, started)
     return TransformedStream(chunks, MEDIA_TYPE, length=length)
@@ -99,16 +87,7 @@ async def object_outcome(
         with contextlib.suppress(OSError):
             stats.bytes_in += os.path.getsize(fqn)
         kind, first = await task.next_frame()
-        if kind == ipc.SIZE:
-            length = ipc.LENGTH.unpack(first)[0]
-            kind, first = await task.next_frame()
-            if kind == ipc.CHUNK and len(first) == length:
-                await task.next_frame()  # its END
-                task.release()
-                stats.objects += 1
-                stats.bytes_out += length
-                stats.transform_seconds += time.perf_counter() - started
-                return first
+        kind, first, _, whole = await _settle(task, stats, kind, first, started)
     except SluiceError as e:
         task.release()
         stats.error(obj, None, e.message)
@@ -120,12 +99,38 @@ async def object_outcome(
     except BaseException:
         task.release()
         raise
+    if whole:
+        return first
     if kind == ipc.END:
-        task.release()
-        stats.objects += 1
-        stats.transform_seconds += time.perf_counter() - started
         return b""
     return _result_stream(task, stats, obj, first, started)
+
+
+async def _settle(
+    task: Task, stats: Stats, kind: int, first: bytes, started: float
+) -> tuple[int, bytes, int | None, bool]:
+    """After the worker's first reply: ``(kind, first, length, whole)``.
+
+    A bytes result announces its ``length`` (a SIZE frame) before its first
+    chunk, which is read here. ``whole``: that chunk is all of it (its END read
+    too, the task done and counted); an empty result (END) is counted too.
+    Anything else is a stream the caller pumps from ``first``."""
+    length = None
+    if kind == ipc.SIZE:
+        length = ipc.LENGTH.unpack(first)[0]
+        kind, first = await task.next_frame()
+        if kind == ipc.CHUNK and len(first) == length:
+            # The whole result, and its END came in the same send
+            await task.next_frame()
+            task.release()
+            stats.objects += 1
+            stats.bytes_out += length
+            stats.transform_seconds += time.perf_counter() - started
+            return kind, first, length, True
+    if kind == ipc.END:  # the task is finished: nothing to release
+        stats.objects += 1
+        stats.transform_seconds += time.perf_counter() - started
+    return kind, first, length, False
 
 
 async def _first_frame(task: Task, request: Request) -> tuple[int, bytes]:

@@ -38,6 +38,8 @@ def dispatch(data: bytes, args: str | None) -> Any:
         return data.upper()
     if cmd == "text":
         return data.decode() + " ✓"
+    if cmd == "empty":
+        return b""
     if cmd == "raise":
         raise ValueError(f"cannot handle {data[:8]!r}")
     if cmd == "print":
@@ -225,6 +227,18 @@ def test_stats_and_logs(url: str) -> None:
     assert after["bytes_out"] == before["bytes_out"] + 5
     logs = httpx.get(f"{url}/logs", params={"tail": 50}, headers=AUTH)
     assert logs.status_code == 200 and "user code saw 5 bytes" in logs.text
+
+
+def test_an_empty_result_is_an_empty_answer_and_counted(url: str) -> None:
+    before = httpx.get(f"{url}/stats", headers=AUTH).json()
+    r = put(url, "bkt/e", b"abc", etl_args="empty")
+    assert r.status_code == 200 and r.content == b""
+    assert r.headers["content-length"] == "0"
+    r = put(url, "bkt/e", b"abc", etl_args="upper")  # the worker is free for the next one
+    assert r.status_code == 200 and r.content == b"ABC"
+    after = httpx.get(f"{url}/stats", headers=AUTH).json()
+    assert after["objects"] == before["objects"] + 2
+    assert after["bytes_out"] == before["bytes_out"] + 3
 
 
 def test_source_code_with_entrypoint_and_one_argument() -> None:
