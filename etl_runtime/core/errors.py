@@ -20,10 +20,10 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     ├── RangeNotSatisfiable (416)   ``Range`` starts past the end of the object
     ├── TransformError (422)        the user's function raised on this object/sample
     ├── BadResult (422)             the user's function returned something unusable
-    ├── WorkerDied (500)            a transformer worker process died
     ├── BackendError (502)          a remote backend answered something unmappable
-    ├── Unavailable (503)           EtlNotReady, NoTargets, BackendUnavailable
-    │                               (each with ``Retry-After``)
+    ├── Unavailable (503)           EtlNotReady, NoTargets, BackendUnavailable,
+    │                               WorkerDied (a transformer's worker process died on
+    │                               the call: it is replaced); each with ``Retry-After``
     ├── NotReady (503)              a transformer's code is still loading
     ├── TransformTimeout (504)      longer than ``spec.timeouts.requestSeconds``
     ├── InsufficientStorage (507)   a target's disk is full (ENOSPC) or its quota spent
@@ -261,7 +261,16 @@ class BadResult(SluiceError):
 
 
 class WorkerDied(SluiceError):
-    pass
+    """A transformer's worker process died on this call: the user's code exited,
+    crashed or was killed (out of memory, say). The pool replaces the worker, so a
+    retry may pass: 503 + ``Retry-After``, as when an inline transformer's server
+    process dies (the target then answers ``EtlNotReady``). Not a 500: nothing in
+    Sluice failed."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: int = 2, **context: Any):
+        super().__init__(message, headers={"Retry-After": str(retry_after)}, **context)
 
 
 class BackendError(SluiceError):
@@ -296,7 +305,12 @@ class BackendUnavailable(Unavailable):
 
 
 class NotReady(SluiceError):
+    """A transformer's code is still loading, or its pool starting: retry shortly."""
+
     status = 503
+
+    def __init__(self, message: str, retry_after: int = 2, **context: Any):
+        super().__init__(message, headers={"Retry-After": str(retry_after)}, **context)
 
 
 class RegistryUnreadable(SluiceError):
@@ -323,8 +337,18 @@ class InsufficientStorage(SluiceError):
 class TransformerFailed(SluiceError):
     """A transformer answered an error: its status and JSON body are passed on."""
 
-    def __init__(self, status: int, payload: dict[str, Any], **context: Any):
-        super().__init__(str(payload.get("error") or f"transformer answered {status}"), **context)
+    def __init__(
+        self,
+        status: int,
+        payload: dict[str, Any],
+        retry_after: str | None = None,
+        **context: Any,
+    ):
+        # a 503 is passed on as one a client may retry: with the transformer's
+        # Retry-After, or one of ours
+        headers = {"Retry-After": retry_after or "2"} if status == 503 else None
+        message = str(payload.get("error") or f"transformer answered {status}")
+        super().__init__(message, headers, **context)
         self.status = status
         self.payload = payload
 
@@ -333,9 +357,15 @@ class TransformerFailed(SluiceError):
 
     @classmethod
     def answered(
-        cls, status: int, body: bytes | bytearray, etl: str, **context: Any
+        cls,
+        status: int,
+        body: bytes | bytearray,
+        etl: str,
+        retry_after: str | None = None,
+        **context: Any,
     ) -> TransformerFailed:
-        """A Sluice transformer's error answer: ``status`` and its JSON (or text) ``body``."""
+        """A Sluice transformer's error answer: ``status`` and its JSON (or text) ``body``
+        (``retry_after``: its ``Retry-After`` header, if any)."""
         try:
             payload = json.loads(body)
         except ValueError:
@@ -344,7 +374,7 @@ class TransformerFailed(SluiceError):
             text = body.decode(errors="replace").strip()[:500]
             payload = {"error": f"transformer answered {status}: {text}"}
         payload.setdefault("etl", etl)
-        return cls(status, payload, **context)
+        return cls(status, payload, retry_after, **context)
 
 
 class S3Error(SluiceError):

@@ -348,7 +348,12 @@ class EtlForwarder:
         except DuplexError:
             body = b""
         return TransformerFailed.answered(
-            response.status_code, body, etl, bucket=bucket, object=name
+            response.status_code,
+            body,
+            etl,
+            response.headers.get("retry-after"),
+            bucket=bucket,
+            object=name,
         )
 
     async def _relay(

@@ -115,7 +115,7 @@ def create_app(
         assert isinstance(exc, SluiceError)
         obj = request.path_params.get("bucket"), request.path_params.get("object")
         body = exc.hpush_body(name, "/".join(obj) if all(obj) else None)  # type: ignore[arg-type]
-        return JSONResponse(body, status_code=exc.status)
+        return JSONResponse(body, status_code=exc.status, headers=exc.headers or None)
 
     @app.get("/health")
     async def health() -> JSONResponse:

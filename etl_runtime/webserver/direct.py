@@ -80,7 +80,7 @@ async def direct_answer(
     except SluiceError as e:
         body = e.hpush_body(transformer.name, obj)
         body.update(bucket=bucket, object=object)  # as the target would have answered it
-        return JSONResponse(body, status_code=e.status)
+        return JSONResponse(body, status_code=e.status, headers=e.headers or None)
 
 
 async def _answer(

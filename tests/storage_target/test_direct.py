@@ -10,6 +10,7 @@ arguments; a failure keeps its JSON error or aborted connection.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit
@@ -165,3 +166,22 @@ def test_redirect_threshold_setting(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SLUICE_ETL_FQN", "always")
     app = create_target_app("t0", Path("/nonexistent-unused"), DictRegistry())
     assert app.state.target.forwarder.redirect_bytes is None
+
+
+def test_a_transformer_process_that_dies_is_a_503_to_retry(target: RunningTarget) -> None:
+    """The function kills the process running it: a worker process (asyncio here) or
+    the inline server process (uvloop). Either way the client gets 503 + Retry-After
+    naming the ETL and object, never a 500, and a retry is served once the process
+    is replaced."""
+    r = target.client.get("/v1/objects/b/small", params={"etl_name": "object", "etl_args": "exit"})
+    assert r.status_code == 503, r.text
+    assert int(r.headers["retry-after"]) > 0
+    body = r.json()
+    assert body["kind"] in ("WorkerDied", "EtlNotReady"), body
+    assert (body["etl"], body["object"]) == ("object", "small"), body
+    for _ in range(30):  # what a client does with Retry-After
+        r = target.client.get("/v1/objects/b/small", params={"etl_name": "object"})
+        if r.status_code != 503:
+            break
+        time.sleep(1)
+    assert r.status_code == 200 and r.content == SMALL.upper(), r.text

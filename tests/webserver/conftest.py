@@ -97,6 +97,9 @@ def last_line(text: str) -> str:
 LOOP_TEST_CODE = {
     "object": """
 def transform(data, args):
+    if args == "exit":  # the process running the function dies
+        import os
+        os._exit(3)
     if args == "failmid":
         def broken():
             yield b"x" * 200_000

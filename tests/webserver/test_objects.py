@@ -40,6 +40,8 @@ def dispatch(data: bytes, args: str | None) -> Any:
         return data.decode() + " ✓"
     if cmd == "empty":
         return b""
+    if cmd == "exit":  # the worker process dies mid-call
+        os._exit(3)
     if cmd == "raise":
         raise ValueError(f"cannot handle {data[:8]!r}")
     if cmd == "print":
@@ -239,6 +241,19 @@ def test_an_empty_result_is_an_empty_answer_and_counted(url: str) -> None:
     after = httpx.get(f"{url}/stats", headers=AUTH).json()
     assert after["objects"] == before["objects"] + 2
     assert after["bytes_out"] == before["bytes_out"] + 3
+
+
+def test_a_worker_that_dies_is_a_503_to_retry_naming_the_object(url: str) -> None:
+    """Nothing in Sluice failed and the worker is replaced: 503 + Retry-After (never a
+    500), the body naming the object; the next call is served."""
+    r = put(url, "bkt/dies", b"abc", etl_args="exit")
+    assert r.status_code == 503, r.text
+    assert int(r.headers["retry-after"]) > 0
+    body = r.json()
+    assert body["kind"] == "WorkerDied" and body["object"] == "bkt/dies", body
+    assert "died" in body["error"], body
+    r = put(url, "bkt/next", b"abc", etl_args="upper")
+    assert r.status_code == 200 and r.content == b"ABC"
 
 
 def test_source_code_with_entrypoint_and_one_argument() -> None:

@@ -121,7 +121,9 @@ def test_fail_on_first_sample_is_json_naming_the_sample(pil_url: str) -> None:
 
 
 def test_fail_after_streaming_began_aborts(pil_url: str) -> None:
-    with pytest.raises(httpx.RemoteProtocolError):
+    # The answer is cut: a body that never ends, or, when the server aborts before it
+    # read all of this request's body, a reset (seen once under -n 2: ReadError).
+    with pytest.raises((httpx.RemoteProtocolError, httpx.ReadError)):
         with httpx.stream(
             "PUT",
             f"{pil_url}/b/late.tar",
