@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import random
 import tarfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -42,6 +43,14 @@ def picky(data: bytes) -> bytes:
     return data
 
 
+def dies(data: bytes) -> bytes:
+    if data.startswith(b"one-009;"):
+        import os
+
+        os._exit(3)  # the process running the function dies
+    return data
+
+
 def payload(bucket: str, i: int) -> bytes:
     return f"{bucket}-{i:03d};".encode() * (1 + i * 37 % 200)
 
@@ -70,6 +79,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
     with LocalCluster(data, targets=3) as c:
         SluiceClient(c.endpoint).etl("upcase").init_code(transform=upper)
         SluiceClient(c.endpoint).etl("picky1").init_code(transform=picky)
+        SluiceClient(c.endpoint).etl("dies").init_code(transform=dies)
         ais = Client(c.endpoint)
         for name in ("one", "two"):
             bck = ais.bucket(name)
@@ -269,6 +279,31 @@ def test_every_item_through_an_object_etl(cluster: tuple[str, Path]) -> None:
         else:
             with pytest.raises(AISError, match="refusing object 7"):
                 list(batch.get())
+
+
+def test_an_item_whose_transformer_dies_is_named_never_a_500(cluster: tuple[str, Path]) -> None:
+    """The ETL's function kills the process running it on one item (the inline
+    server process, here): the batch fails naming that item, the ETL and the target
+    (502: the transformer's answer broke off; a 503 would carry Retry-After), never
+    a 500; the process is replaced and the ETL serves the other items afterwards."""
+    url, _ = cluster
+    body = {"in": [{"objname": f"obj-{i:03d}"} for i in (8, 9, 10)], "strm": True}
+    r = requests.get(f"{url}/v1/ml/moss/one?etl_name=dies", json=body, timeout=120)
+    assert r.status_code in (502, 503), r.text
+    if r.status_code == 503:
+        assert int(r.headers["retry-after"]) > 0
+    err = r.json()
+    assert "in[1] ais://one/obj-009" in err["error"] and err["etl"] == "dies", err
+    assert err["target"] and err["target"] in err["error"], err
+    others = {"in": [{"objname": f"obj-{i:03d}"} for i in (8, 10)], "strm": True}
+    for _ in range(30):  # the replacement process starts
+        r = requests.get(f"{url}/v1/ml/moss/one?etl_name=dies", json=others, timeout=120)
+        if r.status_code not in (502, 503):
+            break
+        time.sleep(1)
+    assert r.status_code == 200, r.text
+    with tarfile.open(fileobj=io.BytesIO(r.content)) as tar:
+        assert [m.name for m in tar] == ["one/obj-008", "one/obj-010"]
 
 
 def test_a_client_that_leaves_early_frees_the_batch(cluster: tuple[str, Path]) -> None:

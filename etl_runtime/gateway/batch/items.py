@@ -131,6 +131,8 @@ def relayed(status: int, payload: dict[str, Any], item: Item, retry_after: str |
     if (etl := payload.get("etl")) and str(etl) not in message:
         message += f" (ETL {etl!r})"
     kind = str(payload.get("kind") or "InternalError")
+    if status == 503 and not retry_after:  # a share's manifest carries no headers
+        retry_after = "2"
     context = {k: payload[k] for k in ("etl", "target", "sample") if payload.get(k)}
     err = SluiceError(
         f"in[{item.index}] {item.cname()}: {message}",
