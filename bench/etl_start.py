@@ -67,6 +67,9 @@ sys.path.insert(0, str(ROOT))
 from etl_runtime import Client  # noqa: E402
 from etl_runtime.local.up import LocalCluster  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "bench"))
+from loadgen import cpu_of as cpu_seconds  # noqa: E402
+
 torchvision: Any = None  # imported in main() when the wds case runs (seconds)
 
 STAGES = (
@@ -184,17 +187,6 @@ def transformer_procs(pids: list[int]) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return out
-
-
-def cpu_seconds(procs: list[psutil.Process]) -> float:
-    total = 0.0
-    for p in procs:
-        try:
-            t = p.cpu_times()
-        except psutil.Error:
-            continue
-        total += t.user + t.system
-    return total
 
 
 # -- one start ----------------------------------------------------------------

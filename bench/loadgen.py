@@ -29,6 +29,7 @@ import statistics
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Any
 from urllib.parse import urlsplit
 
 BUF = 4 << 20
@@ -257,11 +258,19 @@ def tree_cpu(pid: int) -> float:
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return 0.0
+    return cpu_of(procs)
+
+
+def cpu_of(procs: list[Any]) -> float:
+    """CPU seconds so far (user + system) of these ``psutil.Process``es; one that
+    is gone (or may not be read) counts nothing."""
+    import psutil
+
     total = 0.0
     for p in procs:
         try:
             t = p.cpu_times()
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             continue
         total += t.user + t.system
     return total
