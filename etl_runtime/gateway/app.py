@@ -18,7 +18,7 @@ from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
 from etl_runtime.core.metrics import TargetStateCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.aisjobs import cluster_router
-from etl_runtime.gateway.batch.routes import batch_router
+from etl_runtime.gateway.batch_routes import batch_router
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.dsort import dsort_router

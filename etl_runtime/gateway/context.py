@@ -125,6 +125,12 @@ class Gateway:
         url = (cmap or (self.cmap.get() if self.cmap else ClusterMap())).urls.get(target_id)
         return TargetInfo(id=target_id, url=url) if url else None
 
+    def read_owner(self, bucket: str, name: str) -> TargetInfo:
+        """The target a read of ``bucket/name`` goes to (``getbatch.host.BatchHost``)."""
+        from etl_runtime.gateway.placement import route  # placement builds on this module
+
+        return route(self, "GET", bucket, name)
+
     def live_targets(self) -> list[TargetInfo]:
         targets = self.discovery.targets()
         if not targets:

@@ -1,6 +1,6 @@
 """The target's half of GetBatch: ``POST /v1/_moss``, this target's share of a batch in one answer.
 
-The caller is the gateway's ``gateway/batch/shares.py``; the exchange
+The caller is the gateway's ``getbatch/shares.py``; the exchange
 (manifest, then TAR entries back to back) is drawn in ``wire/batchshare.py``.
 Every item is opened before the answer starts: its outcome goes into the
 manifest, a small file's bytes are read right there (up to ``INLINE_BUDGET``

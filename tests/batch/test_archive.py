@@ -11,8 +11,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from etl_runtime.core.errors import InvalidName, InvalidRequest, NotATar
-from etl_runtime.gateway.batch.archive import ArchiveWriter, ShardReader
-from etl_runtime.gateway.batch.request import parse_request
+from etl_runtime.getbatch.archive import ArchiveWriter, ShardReader
+from etl_runtime.getbatch.request import parse_request
 from etl_runtime.wire.batchshare import tar_header
 
 

@@ -26,7 +26,7 @@ import requests
 import urllib3
 
 from etl_runtime import Client as SluiceClient
-from etl_runtime.gateway.batch.shares import ETL_PART
+from etl_runtime.getbatch.shares import ETL_PART
 from etl_runtime.local import LocalCluster
 
 N = 3 * ETL_PART + 40  # more than one part per target

@@ -21,7 +21,7 @@ import requests
 import urllib3
 
 from etl_runtime import Client as SluiceClient
-from etl_runtime.gateway.batch.shares import PART
+from etl_runtime.getbatch.shares import PART
 from etl_runtime.local import LocalCluster
 
 aistore = pytest.importorskip("aistore")

@@ -24,7 +24,7 @@ import psutil
 import pytest
 import requests
 
-from etl_runtime.gateway.batch.shares import PART
+from etl_runtime.getbatch.shares import PART
 from etl_runtime.local import LocalCluster
 from etl_runtime.storage_target.batch import LOOP_ITEMS
 from etl_runtime.wire.batchshare import ELSEWHERE, MANIFEST_LEN, SHARE_PATH, padding

@@ -28,11 +28,11 @@ from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
-from etl_runtime.gateway.batch.archive import Piece
-from etl_runtime.gateway.batch.assemble import Assembler, multipart
-from etl_runtime.gateway.batch.items import ITEM_TIMEOUT
-from etl_runtime.gateway.batch.request import parse_request
 from etl_runtime.gateway.context import Gateway
+from etl_runtime.getbatch.archive import Piece
+from etl_runtime.getbatch.assemble import Assembler, multipart
+from etl_runtime.getbatch.items import ITEM_TIMEOUT
+from etl_runtime.getbatch.request import parse_request
 from etl_runtime.wire import splice
 from etl_runtime.wire.batchshare import Spliced
 from etl_runtime.wire.duplex import DuplexClient

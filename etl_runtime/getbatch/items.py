@@ -1,6 +1,6 @@
 """One GetBatch item: fetched from the target that owns it, as a GET through the gateway goes.
 
-A ``Slot`` is one item in flight. Its task asks ``placement.route`` for the
+A ``Slot`` is one item in flight. Its task asks its host's ``read_owner`` for the
 target a GET of the object would be redirected to, sends that target the same
 GET (with ``etl_name``/``etl_args``/``etl_pipeline`` when the item has an
 ETL, the batch's or its view's: the object is transformed on its own target,
@@ -43,10 +43,9 @@ from etl_runtime.core.errors import (
     RangeNotSatisfiable,
     SluiceError,
 )
-from etl_runtime.gateway.batch.archive import ShardReader
-from etl_runtime.gateway.batch.request import BatchRequest, Item
-from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.placement import route
+from etl_runtime.getbatch.archive import ShardReader
+from etl_runtime.getbatch.host import BatchHost
+from etl_runtime.getbatch.request import BatchRequest, Item
 from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
 
 log = logging.getLogger(__name__)
@@ -151,7 +150,7 @@ def relayed(status: int, payload: dict[str, Any], item: Item, retry_after: str |
 class Slot:
     """One item in flight: ``head`` (size or ``Failed``), then its bytes from ``next()``."""
 
-    def __init__(self, gw: Gateway, http: DuplexClient, req: BatchRequest, item: Item) -> None:
+    def __init__(self, gw: BatchHost, http: DuplexClient, req: BatchRequest, item: Item) -> None:
         self.item = item
         self.head: asyncio.Future[int | Failed] = asyncio.get_running_loop().create_future()
         self.broken: SluiceError | None = None  # after head: the stream broke off
@@ -233,7 +232,7 @@ class Slot:
         """The item's GET to its owner (and on to the transformer, for an ETL)."""
         item, gw = self.item, self._gw
         bucket = item.read_bucket  # a view's source
-        target = route(gw, "GET", bucket, item.name)  # 404 bucket, 503 owner away
+        target = gw.read_owner(bucket, item.name)  # 404 bucket, 503 owner away
         params: dict[str, str] = {}
         if item.read_provider:
             params["provider"] = item.read_provider

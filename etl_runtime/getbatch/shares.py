@@ -3,7 +3,7 @@
 Caller: ``assemble.Assembler``. Items a target can answer from its own disk
 (whole objects or byte ranges of ``ais`` buckets; with an ETL, whole objects
 and files in shards: ``shareable``) are grouped by the target a GET would be
-sent to (``read_router``: ``placement.route``'s choice) and by ETL (the
+sent to (``read_router``: the host's ``read_owner`` choice) and by ETL (the
 batch's, or a view's, with its args), in request order, and asked for in
 parts of ``PART`` items (``ETL_PART`` through an ETL: the target transforms
 a part's items, several at once, before it answers); the exchange (a manifest of every item's
@@ -37,9 +37,9 @@ from etl_runtime.cluster.clustermap import ClusterMap, hrw_first
 from etl_runtime.cluster.hrw import hrw_owner, object_key
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.errors import NoTargets, SluiceError
-from etl_runtime.gateway.batch.items import ERROR_BODY_MAX, ITEM_TIMEOUT, Failed, relayed
-from etl_runtime.gateway.batch.request import BatchRequest, Item
-from etl_runtime.gateway.context import Gateway
+from etl_runtime.getbatch.host import BatchHost
+from etl_runtime.getbatch.items import ERROR_BODY_MAX, ITEM_TIMEOUT, Failed, relayed
+from etl_runtime.getbatch.request import BatchRequest, Item
 from etl_runtime.wire.batchshare import (
     ELSEWHERE,
     MANIFEST_LEN,
@@ -107,7 +107,7 @@ class TargetShare:
     """Every shareable item of one batch that one target owns, asked for in parts."""
 
     def __init__(
-        self, gw: Gateway, target: TargetInfo, etl: EtlKey = ((), None), map_version: int = -1
+        self, gw: BatchHost, target: TargetInfo, etl: EtlKey = ((), None), map_version: int = -1
     ) -> None:
         self._gw, self.target = gw, target
         self.map_version = map_version  # of the cluster map that placed the items (-1: none)
@@ -295,8 +295,8 @@ class TargetShare:
             self._consumed(part)
 
 
-def read_router(gw: Gateway, cmap: ClusterMap | None) -> Callable[[str, str], TargetInfo | None]:
-    """``placement.route(gw, "GET", ...)`` for many items: the map (``cmap``, the
+def read_router(gw: BatchHost, cmap: ClusterMap | None) -> Callable[[str, str], TargetInfo | None]:
+    """``gw.read_owner(...)`` for many items: the map (``cmap``, the
     gateway's, looked up by the caller), liveness and addresses looked up once. None
     where ``route`` would raise (the item then takes the GET path, whose ``route``
     answers the error)."""
@@ -338,7 +338,7 @@ def read_router(gw: Gateway, cmap: ClusterMap | None) -> Callable[[str, str], Ta
     return owner
 
 
-def plan(gw: Gateway, req: BatchRequest) -> tuple[list[ShareItem | None], list[TargetShare]]:
+def plan(gw: BatchHost, req: BatchRequest) -> tuple[list[ShareItem | None], list[TargetShare]]:
     """Per item, its ``ShareItem`` (None: read with a GET); the shares, not started."""
     shares: dict[tuple[str, EtlKey], TargetShare] = {}
     out: list[ShareItem | None] = []

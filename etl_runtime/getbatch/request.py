@@ -19,10 +19,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from etl_runtime.cluster.clustermap import ClusterMap
-from etl_runtime.core.errors import InvalidRequest
+from etl_runtime.core.errors import InvalidRequest, bucket_not_found
 from etl_runtime.core.names import validate_bucket, validate_object
 from etl_runtime.etl.pipeline import parse_chain
-from etl_runtime.gateway.placement import bucket_not_found
 
 MISSING_DIR = "__404__"
 MAX_ITEMS = 100_000

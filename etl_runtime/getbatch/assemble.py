@@ -38,11 +38,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from etl_runtime.core.errors import SluiceError
-from etl_runtime.gateway.batch.archive import BLOCK, ArchiveWriter, Chunk, Piece
-from etl_runtime.gateway.batch.items import Failed, Slot, Spool
-from etl_runtime.gateway.batch.request import BatchRequest, Item
-from etl_runtime.gateway.batch.shares import READ_BY_GET, SMALL_ENTRY, ShareItem, plan
-from etl_runtime.gateway.context import Gateway
+from etl_runtime.getbatch.archive import BLOCK, ArchiveWriter, Chunk, Piece
+from etl_runtime.getbatch.host import BatchHost
+from etl_runtime.getbatch.items import Failed, Slot, Spool
+from etl_runtime.getbatch.request import BatchRequest, Item
+from etl_runtime.getbatch.shares import READ_BY_GET, SMALL_ENTRY, ShareItem, plan
 from etl_runtime.wire.batchshare import Spliced, padding, placeholder_header
 from etl_runtime.wire.duplex import DuplexClient
 
@@ -69,7 +69,7 @@ def moss_out(item: Item, size: int, err: str | None = None) -> dict[str, Any]:
 
 class Assembler:
     def __init__(
-        self, gw: Gateway, http: DuplexClient, req: BatchRequest, window: int = WINDOW
+        self, gw: BatchHost, http: DuplexClient, req: BatchRequest, window: int = WINDOW
     ) -> None:
         self._gw, self._http, self._req, self._window = gw, http, req, max(1, window)
         self._shared, self._shares = plan(gw, req)  # per item: its ShareItem or None

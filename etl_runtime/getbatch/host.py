@@ -1,0 +1,35 @@
+"""What a GetBatch needs of the process that assembles it: ``BatchHost``.
+
+Two processes assemble a GetBatch: the gateway, when it serves one itself,
+and a storage target it designates (``storage_target/moss.py``, AIStore's
+"designated target"). Both give the assembler the same few things: the
+cluster map, which targets are reachable and where, the headers its own calls
+to targets carry, and the owner to read one item from.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
+from etl_runtime.cluster.records import TargetInfo
+
+
+class BatchHost(Protocol):
+    cmap: ClusterMapStore | None
+
+    def alive_ids(self) -> set[str]: ...
+
+    def suspect_ids(self) -> set[str]: ...
+
+    def known_targets(self) -> list[TargetInfo]: ...
+
+    def live_targets(self) -> list[TargetInfo]: ...
+
+    def target_info(self, target_id: str, cmap: ClusterMap | None = None) -> TargetInfo | None: ...
+
+    def target_headers(self) -> dict[str, str]: ...
+
+    def read_owner(self, bucket: str, name: str) -> TargetInfo:
+        """The target to GET ``bucket/name`` from (raises 404 bucket, 503 owner away)."""
+        ...
