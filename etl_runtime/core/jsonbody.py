@@ -50,7 +50,11 @@ def nesting_depth(body: bytes, limit: int = MAX_DEPTH) -> int:
 
 async def read_json(request: Request, what: str) -> Any:
     """The body as JSON; ``InvalidRequest`` naming ``what`` if it is not JSON or too deep."""
-    body = await request.body()
+    return parse_json(await request.body(), what)
+
+
+def parse_json(body: bytes, what: str) -> Any:
+    """``body`` (a request's, already read) as JSON, checked as ``read_json`` does."""
     if nesting_depth(body) > MAX_DEPTH:
         raise InvalidRequest(f"{what}: JSON nested deeper than {MAX_DEPTH} levels")
     try:

@@ -50,6 +50,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "or kubernetes:SECRET (the Secret every gateway replica shares; the chart's)",
     )
     p.add_argument(
+        "--batch-assembly",
+        choices=("target", "gateway"),
+        default=env("SLUICE_BATCH_ASSEMBLY", "target"),
+        help="who assembles a GetBatch: a target the gateway designates (redirect, the "
+        "default) or the gateway itself",
+    )
+    p.add_argument(
         "--down-file",
         default=env("SLUICE_DOWN_FILE"),
         help="local mode: JSON of targets 'sluice up' marked down after a crash loop",
@@ -165,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         membership=membership,
         read_token=args.read_token,
         s3_keys=s3_keys_file(args),
+        batch_assembly=args.batch_assembly,
     )
     run_server(app, args.host, args.port, on_start=on_start, on_stop=on_stop)
 

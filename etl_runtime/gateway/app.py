@@ -44,11 +44,14 @@ def create_gateway_app(
     membership: MembershipSource | None = None,
     read_token: str | None = None,
     s3_keys: Path | KeyStore | None = None,
+    batch_assembly: str = "target",
 ) -> FastAPI:
     """The gateway; with ``cluster_map`` placement is over its members (see placement).
 
     ``s3_keys``: the file of the S3 API's keys (``gateway/s3/keys.py``), or a
     ``KeyStore`` (Kubernetes: ``kubekeys.KubeKeyStore``); None: no keys.
+    ``batch_assembly``: who assembles a GetBatch, ``target`` (a designated one,
+    ``gateway/batch_routes.py``) or ``gateway``.
     """
     keys = s3_keys if isinstance(s3_keys, KeyStore) else KeyStore(s3_keys)
     gw = Gateway(
@@ -96,7 +99,7 @@ def create_gateway_app(
     app.include_router(etl_router(gw))
     app.include_router(jobs_router(gw))
     app.include_router(dsort_router(gw))
-    app.include_router(batch_router(gw, batch_http))  # GetBatch: GET /v1/ml/moss
+    app.include_router(batch_router(gw, batch_http, batch_assembly))  # GetBatch: GET /v1/ml/moss
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
     app.include_router(s3_router(gw, keys, batch_http))  # /s3/..., /v1/s3/keys
     app.include_router(cluster_router(gw))  # /v1/cluster: Sluice's view, AIStore's job queries

@@ -2,10 +2,22 @@
 
 What the official SDK sends (``client.batch(...).get()``,
 ``aistore.pytorch.AISBatchIterDataset``): the default bucket in the path with
-``?provider=``, an optional ``?coloc=`` hint (taken and not needed: the
-gateway fetches every item from its owner itself), and the body. Beyond
-AIStore, ``?etl_name=`` (with ``etl_args``, ``etl_pipeline``, as for an object
-GET) transforms every item on its own target before it joins the archive.
+``?provider=``, an optional ``?coloc=`` hint (taken and not needed), and the
+body. Beyond AIStore, ``?etl_name=`` (with ``etl_args``, ``etl_pipeline``, as
+for an object GET) transforms every item on its own target before it joins
+the archive.
+
+The gateway checks the query, the caller's right to read and the ETLs named,
+then, as AIStore's proxy does, redirects (307, which keeps the method and the
+body) to a **designated target** chosen at random among the members; that
+target (``storage_target/moss.py``) assembles the answer: it asks every other
+target for its share and reads its own, so the gateway handles one small
+request per batch and no item's bytes. Where reads need a token the redirect
+is signed for that route and that body (``getbatch/serve.py``,
+``signed_path``). The gateway assembles the batch itself (``getbatch/``, the
+same code) when any member is down, slow to answer its probe or has no
+address, when there is no cluster map, when reads need a token and no cluster
+key is set to sign with, or with ``--batch-assembly gateway``.
 
 The answer is the archive itself (``strm``: true, ``Content-Type:
 application/x-tar``, or ``application/gzip`` for ``.tgz``) or, with ``strm``
@@ -15,99 +27,56 @@ false, ``multipart/mixed``: a ``metadata`` part (``{"uuid", "out":
 
 from __future__ import annotations
 
-import logging
-from collections.abc import AsyncIterator
-from typing import cast
+import random
+from urllib.parse import urlencode
 
 from fastapi import Request
-from fastapi.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import Response
 
-from etl_runtime.core.errors import SluiceError
-from etl_runtime.core.jsonbody import read_json
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core import auth
+from etl_runtime.core.access import SIGNATURE_PARAMS
+from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.getbatch.archive import Piece
-from etl_runtime.getbatch.assemble import Assembler, multipart
-from etl_runtime.getbatch.items import ITEM_TIMEOUT
-from etl_runtime.getbatch.request import parse_request
-from etl_runtime.wire import splice
-from etl_runtime.wire.batchshare import Spliced
+from etl_runtime.getbatch.serve import MAP_PARAM, QUERY, answer, batch_path, signed_path
 from etl_runtime.wire.duplex import DuplexClient
 from etl_runtime.wire.fastpath import FastRouter
 
-log = logging.getLogger(__name__)
-
-QUERY = ("provider", "coloc", "etl_name", "etl_args", "etl_pipeline")
+ASSEMBLERS = ("target", "gateway")
 
 
-class BatchResponse(StreamingResponse):
-    """Stops the batch's items in flight however the answer ends (a client gone early too).
+def designate(gw: Gateway) -> tuple[TargetInfo, int] | None:
+    """(the target to assemble a batch, the map version), or None: the gateway does."""
+    if gw.cmap is None:
+        return None
+    if gw.read_token and not gw.cluster_key:
+        return None  # the redirect could not be signed; the client's token stays here
+    cmap = gw.cmap.get()
+    members = cmap.members
+    if not members:
+        return None
+    alive, suspect = gw.alive_ids(), gw.suspect_ids()
+    if any(m not in alive or m in suspect for m in members):
+        return None  # a membership in flux: one process sees it all
+    info = gw.target_info(random.choice(members), cmap)
+    return (info, cmap.version) if info is not None else None
 
-    A batch that fails after its answer started returns without the final
-    empty chunk: the server then closes the connection (uvicorn logs one line,
-    "ASGI callable returned without completing response"), and the client's
-    HTTP library sees a chunked body that never ended, or, for an answer sent
-    with a ``length`` (``Assembler.known_length``), a body shorter than its
-    Content-Length.
-    """
 
-    def __init__(
-        self,
-        content: AsyncIterator[Piece],
-        asm: Assembler,
-        media_type: str,
-        length: int | None = None,
-    ) -> None:
-        # bytearray pieces too: the server writes any bytes-like body as is
-        headers = {"Content-Length": str(length)} if length is not None else None
-        super().__init__(
-            cast(AsyncIterator[bytes], content), headers=headers, media_type=media_type
-        )
-        self._pieces = content
-        self._asm = asm
-
-    async def stream_response(self, send: Send) -> None:
-        start = {"type": "http.response.start", "status": self.status_code}
-        await send({**start, "headers": self.raw_headers})
-        try:
-            async for chunk in self._pieces:
-                if isinstance(chunk, Spliced):  # wire/splice.py: socket to socket
-                    await send(
-                        {
-                            "type": splice.MESSAGE,
-                            "fd": chunk.fd,
-                            "count": chunk.count,
-                            "timeout": ITEM_TIMEOUT,
-                            "more_body": True,
-                        }
-                    )
-                else:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        except SluiceError as e:
-            log.warning("GetBatch answer broken off (the connection is dropped): %s", e.message)
-            return
-        except splice.ClientGone:
-            return  # the share's socket is left mid-entry: closed with the batch, never pooled
-        except splice.SourceBroken as e:
-            assert isinstance(chunk, Spliced)
-            log.warning(
-                "GetBatch answer broken off (the connection is dropped): %s (%s)", chunk.what, e
-            )
-            return
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._asm.close()
+def _location(
+    gw: Gateway, request: Request, bucket: str | None, body: bytes, dt: TargetInfo, version: int
+) -> str:
+    query = [(k, v) for k, v in request.query_params.multi_items() if k not in SIGNATURE_PARAMS]
+    query.append((MAP_PARAM, str(version)))
+    if gw.read_token and gw.cluster_key:
+        query += auth.sign_redirect(gw.cluster_key, "GET", signed_path(bucket, body)).items()
+    return f"{dt.url.rstrip('/')}{batch_path(bucket)}?{urlencode(query)}"
 
 
 async def get_batch(
-    gw: Gateway, http: DuplexClient, request: Request, bucket: str | None
+    gw: Gateway, http: DuplexClient, request: Request, bucket: str | None, assembler: str
 ) -> Response:
     refuse_unknown(request, QUERY, bucket=bucket)
     if bucket is not None:
@@ -117,38 +86,29 @@ async def get_batch(
     chain = parse_chain(q.get("etl_name"), q.get("etl_pipeline"))
     if chain:
         await check_chain_async(gw.backend.get, chain)
-    body = await read_json(request, "the GetBatch request")
-    req = parse_request(
-        body,
-        bucket,
-        q.get("provider") or "",
-        gw.cmap.get() if gw.cmap is not None else None,
-        etl_name=q.get("etl_name"),
-        etl_args=q.get("etl_args"),
-        etl_pipeline=q.get("etl_pipeline"),
-    )
-    asm = Assembler(gw, http, req)
-    if not req.streaming:
-        boundary, body_iter = await multipart(asm, req.fmt)
-        return BatchResponse(body_iter, asm, f"multipart/mixed; boundary={boundary}")
-    await asm.prime()  # a failure among the first items: a plain JSON error
-    length = asm.known_length()
-    if length is not None and splice.MESSAGE in (request.scope.get("extensions") or {}):
-        asm.use_splice()
-    return BatchResponse(asm.archive(), asm, req.content_type, length)
+    body = await request.body()
+    dt = designate(gw) if assembler == "target" else None
+    if dt is not None:
+        location = _location(gw, request, bucket, body, *dt)
+        return Response(status_code=307, headers={"Location": location})
+    cmap = gw.cmap.get() if gw.cmap is not None else None
+    return await answer(gw, http, request, bucket, parse_json(body, "the GetBatch request"), cmap)
 
 
-def batch_router(gw: Gateway, http: DuplexClient) -> FastRouter:
-    """``http``: the client items are read with (the app closes it at shutdown)."""
+def batch_router(gw: Gateway, http: DuplexClient, assembler: str = "target") -> FastRouter:
+    """``http``: the client items are read with (the app closes it at shutdown);
+    ``assembler``: ``target`` (designate one) or ``gateway`` (always here)."""
+    if assembler not in ASSEMBLERS:
+        raise ValueError(f"batch assembler must be one of {ASSEMBLERS}, not {assembler!r}")
     router = FastRouter()
 
     @router.get("/v1/ml/moss")
     async def get_batch_any(request: Request) -> Response:
-        return await get_batch(gw, http, request, None)
+        return await get_batch(gw, http, request, None, assembler)
 
     @router.get("/v1/ml/moss/{bucket}")
     async def get_batch_bucket(bucket: str, request: Request) -> Response:
-        return await get_batch(gw, http, request, bucket)
+        return await get_batch(gw, http, request, bucket, assembler)
 
     router.fast("/v1/ml/moss", ["GET"])  # wire/fastpath.py
     router.fast("/v1/ml/moss/{bucket}", ["GET"])

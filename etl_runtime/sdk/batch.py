@@ -15,6 +15,8 @@ transformed on its own target first. With ``missing_ok`` a missing object (or
 one the ETL fails on) is an item whose ``data`` is None and whose ``error``
 says why; without it the batch fails with ``NotFound`` (or the ETL's error)
 naming the object. A 503 before the answer started is retried like any call.
+The gateway redirects the request (307) to the target it designates to
+assemble it; the body goes again to that target.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import httpx
 from etl_runtime.sdk import errors
 from etl_runtime.sdk.errors import SluiceError, StreamError
 from etl_runtime.sdk.retry import RETRY_STATUSES, RETRY_TRANSPORT_ERRORS, Attempts
+
+MAX_HOPS = 3
 
 if TYPE_CHECKING:
     from etl_runtime.sdk.client import Client, EtlArgs, EtlName
@@ -96,6 +100,18 @@ def get_batch(
         )
         try:
             response = client._http.send(request, stream=True)
+            for _hop in range(MAX_HOPS):  # the gateway's 307 to the target that assembles it
+                location = response.headers.get("location")
+                if response.status_code not in (307, 308) or not location:
+                    break
+                response.close()
+                request = client._http.build_request(
+                    "GET",
+                    response.url.join(location),  # the whole query, signed where it must be
+                    content=body,
+                    headers={"Content-Type": "application/json"},
+                )
+                response = client._http.send(request, stream=True)
         except httpx.TransportError as exc:
             error: SluiceError = errors.from_transport(exc, what)
             if isinstance(exc, RETRY_TRANSPORT_ERRORS) and attempts.again(error):

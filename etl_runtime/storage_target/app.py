@@ -33,8 +33,10 @@ from etl_runtime.storage.store import ObjectStore
 from etl_runtime.storage_target.batch import batch_router
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.internal import internal_router
+from etl_runtime.storage_target.moss import moss_router
 from etl_runtime.storage_target.objects import object_router
 from etl_runtime.storage_target.remote_routes import remote_router
+from etl_runtime.wire.duplex import DuplexClient
 from etl_runtime.wire.fastpath import FastPathApp
 from etl_runtime.wire.http_errors import install_error_handlers
 from etl_runtime.wire.zerocopy import SendfileCollector
@@ -81,6 +83,8 @@ def create_target_app(
 
     jobs = install_target_jobs(target, data_dir, cluster_map)
 
+    moss_http = DuplexClient()  # a designated target's GETs of items outside shares
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await forwarder.start()
@@ -100,6 +104,7 @@ def create_target_app(
             if forwarder.cache is not None:
                 await forwarder.cache.stop()
             await forwarder.stop()
+            await moss_http.aclose()
 
     # FastPathApp: the object GET/HEAD and GetBatch share routes skip FastAPI's routing.
     app = FastPathApp(title=f"Sluice target {target_id}", lifespan=lifespan)
@@ -117,6 +122,7 @@ def create_target_app(
     app.include_router(remote_router(target))
     app.include_router(jobs.router)
     app.include_router(batch_router(target))  # GetBatch: this target's share
+    app.include_router(moss_router(target, moss_http))  # GetBatch, as its designated target
 
     @app.get("/v1/health")
     async def health() -> dict[str, Any]:
