@@ -1,0 +1,130 @@
+"""GetBatch's designated target: the gateway redirects, a target assembles (``sluice up``)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+import requests
+
+from etl_runtime.cluster.clustermap import ClusterMap, MemoryClusterMap
+from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.gateway.batch_routes import designate
+from etl_runtime.gateway.context import Gateway
+from etl_runtime.local import LocalCluster
+from tests.gateway.conftest import DictBackend, DictRegistry, StaticDiscovery
+
+WRITE, READ = "w-secret", "r-secret"
+AUTH = {"Authorization": f"Bearer {WRITE}"}
+
+
+def _names(raw: bytes) -> list[tuple[str, bytes]]:
+    with tarfile.open(fileobj=io.BytesIO(raw), mode="r|") as tar:
+        return [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    data = tmp_path_factory.mktemp("dt") / "data"
+    with LocalCluster(data, targets=3, token=WRITE, read_token=READ) as c:
+        url = c.endpoint.rstrip("/")
+        r = httpx.post(f"{url}/v1/buckets/b", json={"action": "create-bck"}, headers=AUTH)
+        assert r.status_code == 200, r.text
+        for i in range(12):
+            r = httpx.put(
+                f"{url}/v1/objects/b/o{i:02d}",
+                content=bytes([65 + i]) * (100 + i),
+                headers=AUTH,
+                follow_redirects=True,
+            )
+            assert r.status_code == 200, r.text
+        yield url
+
+
+BODY = {"in": [{"objname": f"o{i:02d}"} for i in (7, 3, 11, 0, 5)], "strm": True}
+WANT = [(f"b/o{i:02d}", bytes([65 + i]) * (100 + i)) for i in (7, 3, 11, 0, 5)]
+
+
+def test_the_gateway_redirects_a_batch_to_a_target_that_assembles_it(secured: str) -> None:
+    targets = {t["id"]: t["url"] for t in httpx.get(f"{secured}/v1/cluster").json()["targets"]}
+    ports = {urlsplit(u).port for u in targets.values()}
+    chosen = set()
+    for _ in range(30):
+        r = requests.get(
+            f"{secured}/v1/ml/moss/b", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
+        )
+        assert r.status_code == 307, r.text
+        loc = urlsplit(r.headers["location"])
+        assert loc.port in ports and loc.path == "/v1/ml/moss/b"
+        chosen.add(loc.port)
+    assert len(chosen) > 1  # at random among the members: the work is spread
+    # requests follows the 307 with the body, and drops Authorization (another port):
+    # the redirect's signature lets the target serve it
+    r = requests.get(f"{secured}/v1/ml/moss/b", json=BODY, headers=AUTH, timeout=30)
+    assert r.status_code == 200, r.text
+    assert r.history and r.history[0].status_code == 307
+    assert "authorization" not in {k.lower() for k in r.request.headers}
+    assert _names(r.content) == WANT
+
+
+def test_a_redirect_is_signed_for_its_body_alone(secured: str) -> None:
+    r = requests.get(
+        f"{secured}/v1/ml/moss/b", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
+    )
+    location = r.headers["location"]
+    assert {"sluice_sig", "sluice_exp", "sluice_map"} <= set(parse_qs(urlsplit(location).query))
+    same = requests.get(location, json=BODY, timeout=30)
+    assert same.status_code == 200 and _names(same.content) == WANT
+    other = {"in": [{"objname": "o01"}], "strm": True}  # another item, same signature
+    r = requests.get(location, json=other, timeout=30)
+    assert r.status_code == 401 and "SLUICE_READ_TOKEN" in r.json()["error"]
+    unsigned = location.split("&sluice_exp")[0]
+    r = requests.get(unsigned, json=BODY, timeout=30)
+    assert r.status_code == 401
+    # a caller with the read token may send a batch to any target
+    r = requests.get(unsigned, json=other, headers={"Authorization": f"Bearer {READ}"}, timeout=30)
+    assert r.status_code == 200 and _names(r.content) == [("b/o01", b"B" * 101)]
+
+
+def test_a_designated_target_refuses_a_parameter_it_does_not_know(secured: str) -> None:
+    r = requests.get(
+        f"{secured}/v1/ml/moss/b", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
+    )
+    r = requests.get(r.headers["location"] + "&bogus=1", json=BODY, timeout=30)
+    assert r.status_code == 400 and "bogus" in r.json()["error"]
+    # and the gateway refuses the parameters only it may add
+    r = requests.get(f"{secured}/v1/ml/moss/b?sluice_map=1", json=BODY, headers=AUTH, timeout=30)
+    assert r.status_code == 400 and "sluice_map" in r.json()["error"]
+
+
+def _gateway(members: tuple[str, ...], live: list[str], **kw: object) -> Gateway:
+    urls = {m: f"http://127.0.0.1:{9000 + i}" for i, m in enumerate(members)}
+    discovery = StaticDiscovery([TargetInfo(id=m, url=urls[m]) for m in live])
+    cmap = MemoryClusterMap(ClusterMap(version=4, members=members, urls=urls))
+    return Gateway(discovery, DictBackend(DictRegistry()), cmap=cmap, **kw)  # type: ignore[arg-type]
+
+
+def test_the_gateway_designates_only_while_every_member_is_up() -> None:
+    members = ("t0", "t1", "t2")
+    up = _gateway(members, list(members))
+    picked = {designate(up) for _ in range(50)}
+    assert {(t.id, v) for t, v in picked if t is not None} == {("t0", 4), ("t1", 4), ("t2", 4)}
+    assert designate(_gateway(members, ["t0", "t2"])) is None  # t1 down: the gateway does it
+    slow = _gateway(members, list(members))
+    slow.discovery.suspect_ids = lambda: {"t2"}  # type: ignore[attr-defined]
+    assert designate(slow) is None
+    assert designate(_gateway((), [])) is None
+    # reads need a token, and there is no key to sign the redirect with
+    assert designate(_gateway(members, list(members), read_token="r")) is None
+    assert designate(_gateway(members, list(members), read_token="r", cluster_key="k"))
+
+
+def test_without_a_map_the_gateway_assembles(tmp_path: Path) -> None:
+    gw = _gateway(("t0",), ["t0"])
+    gw.cmap = None
+    assert designate(gw) is None
