@@ -131,6 +131,10 @@ class Gateway:
 
         return route(self, "GET", bucket, name)
 
+    def local_share(self, target_id: str) -> None:
+        """No share is read in the gateway's process: it holds no data (``BatchHost``)."""
+        return None
+
     def live_targets(self) -> list[TargetInfo]:
         targets = self.discovery.targets()
         if not targets:

@@ -19,14 +19,14 @@ import tarfile
 import time
 import zlib
 
-from etl_runtime.wire.batchshare import Spliced, placeholder_header, tar_header
+from etl_runtime.wire.batchshare import Moved, placeholder_header, tar_header
 from etl_runtime.wire.shardread import ShardReader
 
 __all__ = ["ArchiveWriter", "ShardReader", "Chunk", "Piece", "BLOCK", "padding"]
 
 BLOCK = tarfile.BLOCKSIZE
 Chunk = bytes | bytearray | memoryview  # a piece of the answer, handed to the server as is
-Piece = Chunk | Spliced  # or bytes the server moves from a target's socket itself
+Piece = Chunk | Moved  # or bytes the server moves itself (a target's socket, a file)
 
 
 def padding(size: int) -> int:

@@ -43,7 +43,7 @@ from etl_runtime.getbatch.host import BatchHost
 from etl_runtime.getbatch.items import Failed, Slot, Spool
 from etl_runtime.getbatch.request import BatchRequest, Item
 from etl_runtime.getbatch.shares import READ_BY_GET, SMALL_ENTRY, ShareItem, plan
-from etl_runtime.wire.batchshare import Spliced, padding, placeholder_header
+from etl_runtime.wire.batchshare import FileSlice, Spliced, padding, placeholder_header
 from etl_runtime.wire.duplex import DuplexClient
 
 WINDOW = 16  # items in flight per batch
@@ -214,7 +214,9 @@ class Assembler:
         started = False
         try:
             async for piece in si.share.entry(si, size):
-                if isinstance(piece, Spliced):  # the server moves it: what comes before first
+                if isinstance(
+                    piece, Spliced | FileSlice
+                ):  # the server moves it: what comes before first
                     if w.pending:
                         yield w.take()
                     yield piece
@@ -261,7 +263,7 @@ async def multipart(asm: Assembler, fmt: str) -> tuple[str, AsyncIterator[Chunk]
     spool = asm.spool = Spool()
     try:
         async for chunk in asm.archive():
-            assert not isinstance(chunk, Spliced)  # never asked for (``use_splice``)
+            assert not isinstance(chunk, Spliced | FileSlice)  # never asked for (``use_splice``)
             await spool.write(chunk)
     except BaseException:
         spool.close()

@@ -4,15 +4,21 @@ Two processes assemble a GetBatch: the gateway, when it serves one itself,
 and a storage target it designates (``storage_target/moss.py``, AIStore's
 "designated target"). Both give the assembler the same few things: the
 cluster map, which targets are reachable and where, the headers its own calls
-to targets carry, and the owner to read one item from.
+to targets carry, the owner to read one item from and, on a target, its own
+share without a request to itself.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
 
 from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.cluster.records import TargetInfo
+
+# A share asked of the host itself: the request's JSON (what ``POST /v1/_moss``
+# would carry) -> an answer read as ``wire/batchshare.py``'s ``ShareBody`` is.
+LocalShare = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
 class BatchHost(Protocol):
@@ -32,4 +38,9 @@ class BatchHost(Protocol):
 
     def read_owner(self, bucket: str, name: str) -> TargetInfo:
         """The target to GET ``bucket/name`` from (raises 404 bucket, 503 owner away)."""
+        ...
+
+    def local_share(self, target_id: str) -> LocalShare | None:
+        """How to read a plain share of ``target_id`` in this process (it is this
+        target: ``storage_target/localshare.py``), or None: over HTTP."""
         ...

@@ -30,8 +30,9 @@ from etl_runtime.getbatch.host import BatchHost
 from etl_runtime.getbatch.items import ITEM_TIMEOUT
 from etl_runtime.getbatch.request import parse_request
 from etl_runtime.wire import splice
-from etl_runtime.wire.batchshare import Spliced
+from etl_runtime.wire.batchshare import FileSlice, Spliced
 from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.zerocopy import EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,17 @@ class BatchResponse(StreamingResponse):
         await send({**start, "headers": self.raw_headers})
         try:
             async for chunk in self._pieces:
-                if isinstance(chunk, Spliced):  # wire/splice.py: socket to socket
+                if isinstance(chunk, FileSlice):  # wire/zerocopy.py: os.sendfile
+                    await send(
+                        {
+                            "type": EXTENSION,
+                            "file": chunk.file,
+                            "offset": chunk.offset,
+                            "count": chunk.count,
+                            "more_body": True,
+                        }
+                    )
+                elif isinstance(chunk, Spliced):  # wire/splice.py: socket to socket
                     await send(
                         {
                             "type": splice.MESSAGE,

@@ -31,7 +31,7 @@ import json
 import logging
 from collections import deque
 from collections.abc import AsyncIterator, Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from etl_runtime.cluster.clustermap import ClusterMap, hrw_first
 from etl_runtime.cluster.hrw import hrw_owner, object_key
@@ -47,10 +47,10 @@ from etl_runtime.wire.batchshare import (
     OK,
     SHARE_ETL_PATH,
     SHARE_PATH,
+    Moved,
     ShareBody,
     ShareBroken,
     SharePool,
-    Spliced,
     padding,
 )
 
@@ -110,6 +110,8 @@ class TargetShare:
         self, gw: BatchHost, target: TargetInfo, etl: EtlKey = ((), None), map_version: int = -1
     ) -> None:
         self._gw, self.target = gw, target
+        # a plain share of the assembling target itself: read in this process
+        self._local = gw.local_share(target.id) if not etl[0] else None
         self.map_version = map_version  # of the cluster map that placed the items (-1: none)
         self.etl = etl  # every item of this share goes through this ETL chain (or none)
         self._part_size, self._ahead = (ETL_PART, ETL_AHEAD) if etl[0] else (PART, AHEAD)
@@ -193,6 +195,12 @@ class TargetShare:
         if chain:
             ask["etl"] = list(chain)
             ask["etl_args"] = args
+        if self._local is not None:
+            try:
+                return cast(ShareBody, await self._local(ask))
+            except SluiceError as e:  # what the target would have answered
+                self._refused(part, e.status, e.body(), e.headers.get("Retry-After"))
+                return None
         body = json.dumps(ask, separators=(",", ":")).encode()
         headers = {**self._gw.target_headers(), "Content-Type": "application/json"}
         path = SHARE_ETL_PATH if chain else SHARE_PATH
@@ -210,11 +218,17 @@ class TargetShare:
             payload = None
         if not isinstance(payload, dict):
             payload = {"error": f"answered {answer.status}: {raw[:300]!r}"}
+        self._refused(part, answer.status, payload, answer.headers.get("retry-after"))
+        return None
+
+    def _refused(
+        self, part: _Part, status: int, payload: dict[str, Any], retry_after: str | None
+    ) -> None:
+        """The target refused the whole part: every item fails with what it said."""
         payload.setdefault("target", self.target.id)
         for si in part.items:
-            failed = relayed(answer.status, payload, si.item, answer.headers.get("retry-after"))
+            failed = relayed(status, payload, si.item, retry_after)
             si.head.set_result(Failed(failed.error, per_item=False))
-        return None
 
     async def _manifest(self, part: _Part, answer: ShareBody) -> None:
         body = part.body = answer
@@ -244,7 +258,7 @@ class TargetShare:
 
     async def entry(
         self, si: ShareItem, size: int
-    ) -> AsyncIterator[bytes | bytearray | memoryview | Spliced]:
+    ) -> AsyncIterator[bytes | bytearray | memoryview | Moved]:
         """A big item's TAR entry (over ``SMALL_ENTRY``: ``small_entry`` takes the others):
         its header (whole, one piece), bytes, padding; raises if cut. The padding is
         ours, the target's is dropped with the next read, so an entry is complete in

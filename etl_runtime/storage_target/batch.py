@@ -118,7 +118,7 @@ def _chain(body: dict[str, Any]) -> tuple[list[str], str | None]:
     return chain, args
 
 
-class _Share:
+class Share:
     """Opening every item of a share (in a worker thread) and what came of it."""
 
     def __init__(self, target: Target, placed: Any = None) -> None:
@@ -274,7 +274,7 @@ class _Share:
 class ShareResponse(Response):
     """The manifest, then every entry; big files by ``os.sendfile`` where the server offers it."""
 
-    def __init__(self, share: _Share, zerocopy: bool) -> None:
+    def __init__(self, share: Share, zerocopy: bool) -> None:
         super().__init__(None, media_type="application/octet-stream")
         self.share, self.zerocopy = share, zerocopy
         self.manifest = encode_manifest(share.manifest)
@@ -334,31 +334,38 @@ class ShareResponse(Response):
             await send({"type": "http.response.body", "body": block, "more_body": True})
 
 
+async def open_share(target: Target, body: Any, etl: bool) -> Share:
+    """The share a request body asks for, every item opened (or transformed); the
+    caller closes it. ``etl``: the route taken is the one for ETL shares."""
+    items = _items(body)
+    chain, args = _chain(body)
+    if etl != bool(chain):
+        raise InvalidRequest(
+            f"GetBatch share: {SHARE_ETL_PATH} takes the items of an ETL ('etl'), "
+            f"{SHARE_PATH} plain ones"
+        )
+    share = Share(target, body.get("placed"))
+    mtime = int(time.time())
+    try:
+        if chain:
+            await share.transform_all(items, chain, args, mtime)
+        elif len(items) <= LOOP_ITEMS:
+            share.open_all(items, mtime, LOOP_INLINE_BUDGET)  # on the loop: see above
+        else:
+            await anyio.to_thread.run_sync(share.open_all, items, mtime)
+    except BaseException:
+        share.close()
+        raise
+    return share
+
+
 def batch_router(target: Target) -> FastRouter:
     router = FastRouter()
 
     async def answer(request: Request, etl: bool) -> Response:
         require_read(request, target.read_token, target.token, target.cluster_key)
         body = await read_json(request, "a GetBatch share")
-        items = _items(body)
-        chain, args = _chain(body)
-        if etl != bool(chain):
-            raise InvalidRequest(
-                f"GetBatch share: {SHARE_ETL_PATH} takes the items of an ETL ('etl'), "
-                f"{SHARE_PATH} plain ones"
-            )
-        share = _Share(target, body.get("placed"))
-        mtime = int(time.time())
-        try:
-            if chain:
-                await share.transform_all(items, chain, args, mtime)
-            elif len(items) <= LOOP_ITEMS:
-                share.open_all(items, mtime, LOOP_INLINE_BUDGET)  # on the loop: see above
-            else:
-                await anyio.to_thread.run_sync(share.open_all, items, mtime)
-        except BaseException:
-            share.close()
-            raise
+        share = await open_share(target, body, etl)
         return ShareResponse(share, offers_zerocopy(request.scope))
 
     @router.post(SHARE_PATH)

@@ -3,10 +3,11 @@
 AIStore's design: the gateway redirects a GetBatch (307, method and body
 kept) to a target it picks at random (``gateway/batch_routes.py``), and that
 target assembles the whole answer with ``getbatch/`` (the gateway's own
-code): it asks every target, itself included, for its share of the items and
-streams the archive to the client. The gateway then handles one small request
-per batch and none of its bytes, and the assembly of many clients' batches is
-spread over every target's CPU.
+code): it asks every other target for its share of the items, reads its own
+in its own process (``localshare.py``) and streams the archive to the
+client. The gateway then handles one small request per batch and none of its
+bytes, and the assembly of many clients' batches is spread over every
+target's CPU.
 
 The gateway designates a target only while every member of the cluster map
 is up, so this target takes every member as reachable (``TargetHost``); a
@@ -30,8 +31,10 @@ from etl_runtime.core.errors import NoTargets, bucket_not_found
 from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
+from etl_runtime.getbatch.host import LocalShare
 from etl_runtime.getbatch.serve import MAP_PARAM, QUERY, answer, signed_path
 from etl_runtime.storage_target.context import Target
+from etl_runtime.storage_target.localshare import local_opener
 from etl_runtime.wire.duplex import DuplexClient
 from etl_runtime.wire.fastpath import FastRouter
 
@@ -71,6 +74,9 @@ class TargetHost:
     def target_headers(self) -> dict[str, str]:
         held = self._target.token or self._target.read_token
         return {"Authorization": f"Bearer {held}"} if held else {}
+
+    def local_share(self, target_id: str) -> LocalShare | None:
+        return local_opener(self._target) if target_id == self._target.id else None
 
     def read_owner(self, bucket: str, name: str) -> TargetInfo:
         cmap = self._map()

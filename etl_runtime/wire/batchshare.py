@@ -35,7 +35,7 @@ import tarfile
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 SHARE_PATH = "/v1/_moss"
@@ -129,6 +129,19 @@ class Spliced:
     fd: int
     count: int
     what: str
+
+
+@dataclass(frozen=True)
+class FileSlice:
+    """``count`` bytes of an open ``file`` from ``offset``, for the server to send itself
+    (``os.sendfile``: ``wire/zerocopy.py``): a designated target's own big objects."""
+
+    file: IO[bytes]
+    offset: int
+    count: int
+
+
+Moved = Spliced | FileSlice  # bytes the server moves without them entering Python
 
 
 class ShareBody:
