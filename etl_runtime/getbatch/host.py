@@ -41,6 +41,6 @@ class BatchHost(Protocol):
         ...
 
     def local_share(self, target_id: str) -> LocalShare | None:
-        """How to read a plain share of ``target_id`` in this process (it is this
-        target: ``storage_target/localshare.py``), or None: over HTTP."""
+        """How to read a share of ``target_id`` in this process (it is this target:
+        ``storage_target/localshare.py``), or None: over HTTP."""
         ...

@@ -110,8 +110,8 @@ class TargetShare:
         self, gw: BatchHost, target: TargetInfo, etl: EtlKey = ((), None), map_version: int = -1
     ) -> None:
         self._gw, self.target = gw, target
-        # a plain share of the assembling target itself: read in this process
-        self._local = gw.local_share(target.id) if not etl[0] else None
+        # a share of the assembling target itself: read (or transformed) in this process
+        self._local = gw.local_share(target.id)
         self.map_version = map_version  # of the cluster map that placed the items (-1: none)
         self.etl = etl  # every item of this share goes through this ETL chain (or none)
         self._part_size, self._ahead = (ETL_PART, ETL_AHEAD) if etl[0] else (PART, AHEAD)

@@ -10,8 +10,8 @@ have sent (the manifest, then each TAR entry: header, bytes, padding) from
 the opened share itself, with the reads ``wire/batchshare.py``'s
 ``ShareBody`` offers. Small files are already in memory; a bigger one is
 read with ``os.pread`` when its turn comes, in a worker thread beyond
-``LOOP_READ`` bytes. Only plain shares come this way: one through an ETL
-still goes over HTTP (its transform runs in the share's request).
+``LOOP_READ`` bytes. A share through an ETL comes the same way: the target
+transforms its items (``batch_etl.py``) and the outputs are read as files are.
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ class _File:
         self.file, self.offset, self.size = file, offset, size
 
 
-Segment = bytes | _File
+Buffer = bytes | bytearray | memoryview
+Segment = Buffer | _File
 
 
 class LocalBody:
@@ -59,7 +60,7 @@ class LocalBody:
             if pad := padding(e.size):
                 segs.append(bytes(pad))
         self._segs = segs
-        self.left = sum(len(x) if isinstance(x, bytes) else x.size for x in segs)
+        self.left = sum(x.size if isinstance(x, _File) else len(x) for x in segs)
         self._skip = 0
 
     def _claim(self, n: int) -> None:
@@ -67,10 +68,10 @@ class LocalBody:
             raise ShareBroken(f"{n} bytes asked of an answer with {self.left} left")
         self.left -= n
 
-    async def _front(self, n: int) -> bytes:
+    async def _front(self, n: int) -> Buffer:
         """Up to ``n`` (> 0) bytes off the front, from its first segment."""
         seg = self._segs[0]
-        if isinstance(seg, bytes):
+        if not isinstance(seg, _File):
             if len(seg) <= n:
                 self._segs.popleft()
                 return seg
@@ -105,7 +106,7 @@ class LocalBody:
         self._claim(n)
         first = await self._front(n) if n else b""
         if len(first) == n:
-            return first
+            return first if isinstance(first, bytes) else bytes(first)
         parts = [first]
         n -= len(first)
         while n:
@@ -113,7 +114,7 @@ class LocalBody:
             n -= len(parts[-1])
         return b"".join(parts)
 
-    async def pieces(self, n: int) -> AsyncIterator[bytes]:
+    async def pieces(self, n: int) -> AsyncIterator[Buffer]:
         if self._skip:
             await self._drop()
         self._claim(n)
@@ -122,7 +123,7 @@ class LocalBody:
             n -= len(piece)
             yield piece
 
-    async def spliced(self, n: int, what: str) -> AsyncIterator[bytes | FileSlice]:
+    async def spliced(self, n: int, what: str) -> AsyncIterator[Buffer | FileSlice]:
         """``n`` bytes for a server that sends files itself: a file's as a ``FileSlice``
         (``os.sendfile`` from the page cache to the client), the rest as bytes."""
         if self._skip:
@@ -130,7 +131,7 @@ class LocalBody:
         self._claim(n)
         while n:
             seg = self._segs[0]
-            if isinstance(seg, bytes):
+            if not isinstance(seg, _File):
                 piece = await self._front(n)
                 n -= len(piece)
                 yield piece
@@ -164,6 +165,6 @@ def local_opener(target: Target) -> Callable[[dict[str, Any]], Awaitable[LocalBo
     """What ``TargetShare`` calls instead of ``POST /v1/_moss`` to this target."""
 
     async def open_local(ask: dict[str, Any]) -> LocalBody:
-        return LocalBody(await open_share(target, ask, etl=False))
+        return LocalBody(await open_share(target, ask, etl=bool(ask.get("etl"))))
 
     return open_local
