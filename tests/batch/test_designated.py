@@ -29,30 +29,39 @@ def _names(raw: bytes) -> list[tuple[str, bytes]]:
         return [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
 
 
-@pytest.fixture(scope="module")
-def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+@pytest.fixture(scope="module", params=["uvloop", "asyncio"])
+def secured(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """``sluice up`` with tokens, on each event loop (a target's own share is read on it)."""
     data = tmp_path_factory.mktemp("dt") / "data"
-    with LocalCluster(data, targets=3, token=WRITE, read_token=READ) as c:
-        url = c.endpoint.rstrip("/")
-        r = httpx.post(f"{url}/v1/buckets/b", json={"action": "create-bck"}, headers=AUTH)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SLUICE_LOOP", request.param)  # read by the servers `sluice up` starts
+        with LocalCluster(data, targets=3, token=WRITE, read_token=READ) as c:
+            env.delenv("SLUICE_LOOP")
+            yield _fill(c.endpoint.rstrip("/"))
+
+
+def _fill(url: str) -> str:
+    r = httpx.post(f"{url}/v1/buckets/b", json={"action": "create-bck"}, headers=AUTH)
+    assert r.status_code == 200, r.text
+    for i in range(12):
+        r = httpx.put(
+            f"{url}/v1/objects/b/o{i:02d}",
+            content=bytes([65 + i]) * (100 + i),
+            headers=AUTH,
+            follow_redirects=True,
+        )
         assert r.status_code == 200, r.text
-        for i in range(12):
-            r = httpx.put(
-                f"{url}/v1/objects/b/o{i:02d}",
-                content=bytes([65 + i]) * (100 + i),
-                headers=AUTH,
-                follow_redirects=True,
-            )
-            assert r.status_code == 200, r.text
-        for i in range(6):  # over the 64 KiB a share reads into memory: sent from the file
-            r = httpx.put(
-                f"{url}/v1/objects/b/big{i}",
-                content=bytes([97 + i]) * (BIG + i),
-                headers=AUTH,
-                follow_redirects=True,
-            )
-            assert r.status_code == 200, r.text
-        yield url
+    for i in range(6):  # over the 64 KiB a share reads into memory: sent from the file
+        r = httpx.put(
+            f"{url}/v1/objects/b/big{i}",
+            content=bytes([97 + i]) * (BIG + i),
+            headers=AUTH,
+            follow_redirects=True,
+        )
+        assert r.status_code == 200, r.text
+    return url
 
 
 BODY = {"in": [{"objname": f"o{i:02d}"} for i in (7, 3, 11, 0, 5)], "strm": True}
