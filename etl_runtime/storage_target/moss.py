@@ -27,7 +27,7 @@ from fastapi.responses import Response
 from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.access import require_read
-from etl_runtime.core.errors import NoTargets, bucket_not_found
+from etl_runtime.core.errors import InvalidRequest, NoTargets, bucket_not_found
 from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
@@ -105,8 +105,8 @@ def moss_router(target: Target, http: DuplexClient) -> FastRouter:
         t = target
         require_read(request, t.read_token, t.token, t.cluster_key, signed_path(bucket, body))
         store = t.placement.cmap if t.placement is not None else None
-        if store is None:
-            raise NoTargets(
+        if store is None:  # never designated (the gateway needs a map to): misdirected
+            raise InvalidRequest(
                 f"target {t.id} has no cluster map to assemble a GetBatch with; "
                 "send it to the gateway",
                 target=t.id,

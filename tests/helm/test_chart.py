@@ -194,6 +194,8 @@ def test_target_and_gateway_run_the_contract_commands(combo: tuple[dict, Manifes
         sts["metadata"]["name"],
         "--s3-keys",
         f"kubernetes:{s3_keys}",
+        "--batch-assembly",
+        "target",
     ]
     for c in (target, gateway):
         env = env_of(c)

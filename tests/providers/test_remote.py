@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 import time
 import uuid
 from collections.abc import Callable
@@ -320,3 +321,30 @@ def test_the_cache_evicts_least_recently_used_objects_above_its_cap(
     cached = [o["name"] for o in listing["objects"] if o["cached"]]
     assert "lru/09.bin" in cached and len(cached) < 10  # the newest stays, the oldest went
     assert get(endpoint, bucket, "lru/00.bin").content == data["lru/00.bin"]  # fetched again
+
+
+def test_get_batch_of_remote_objects_cold_and_warm(endpoint: str, minio: MinioServer) -> None:
+    """GetBatch over an ``aws`` bucket: the target assembling it (the gateway's 307)
+    reads each item from its owner, which fetches a cold one from the backend."""
+    objects = {f"k{i}": f"value-{i}".encode() * (i + 1) for i in range(6)}
+    bucket = new_bucket(minio, objects)
+    assert get(endpoint, bucket, "k0").content == objects["k0"]  # the bucket is known now
+    order = ["k3", "k0", "k5", "nope", "k1"]
+    body = {"in": [{"objname": n} for n in order], "strm": True, "coer": True}
+    for _ in range(2):  # cold, then from the cache
+        r = httpx.request(
+            "GET",
+            f"{endpoint}/v1/ml/moss/{bucket}",
+            params={"provider": "aws"},
+            json=body,
+            follow_redirects=True,
+            timeout=60,
+        )
+        assert r.status_code == 200, r.text
+        assert r.history and r.history[0].status_code == 307  # a target assembled it
+        with tarfile.open(fileobj=io.BytesIO(r.content), mode="r|") as tar:
+            got = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
+        assert got == [
+            (f"__404__/{bucket}/nope", b"") if n == "nope" else (f"{bucket}/{n}", objects[n])
+            for n in order
+        ]
