@@ -8,7 +8,8 @@ each size measures, alternating (``--rounds`` pairs, medians reported):
   (``GET /v1/objects/...`` to the gateway, then the target it redirects to);
 * ``batch``: ``--clients`` connections, each reading one GetBatch of
   ``--batch`` objects after another (``GET /v1/ml/moss/...``, ``strm``, the
-  TAR stream read to its end).
+  TAR stream read to its end; the gateway's 307 to the target it designates
+  to assemble the batch is followed with the body, as the SDKs do).
 
 Two clients do the reading. ``raw``: ``bench/loadgen.py`` (processes x threads
 of plain sockets that follow the 307; the batch's TAR is read but not parsed),
@@ -156,6 +157,7 @@ def rss_check(url: str, gigabytes: float, etl: str = "") -> None:
             content=body.encode(),
             headers={"Content-Type": "application/json"},
             timeout=300,
+            follow_redirects=True,  # to the target the gateway designates
         ) as r:
             r.raise_for_status()
             for chunk in r.iter_raw(1 << 20):
