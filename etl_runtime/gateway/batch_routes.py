@@ -13,7 +13,7 @@ body) to a **designated target** chosen at random among the members; that
 target (``storage_target/moss.py``) assembles the answer: it asks every other
 target for its share and reads its own, so the gateway handles one small
 request per batch and no item's bytes. Where reads need a token the redirect
-is signed for that route and that body (``getbatch/serve.py``,
+is signed for that route, query and body (``getbatch/serve.py``,
 ``signed_path``). The gateway assembles the batch itself (``getbatch/``, the
 same code) when any member is down, slow to answer its probe or has no
 address, when there is no cluster map, when reads need a token and no cluster
@@ -71,7 +71,8 @@ def _location(
     query = [(k, v) for k, v in request.query_params.multi_items() if k not in SIGNATURE_PARAMS]
     query.append((MAP_PARAM, str(version)))
     if gw.read_token and gw.cluster_key:
-        query += auth.sign_redirect(gw.cluster_key, "GET", signed_path(bucket, body)).items()
+        signed = signed_path(bucket, query, body)
+        query += auth.sign_redirect(gw.cluster_key, "GET", signed).items()
     return f"{dt.url.rstrip('/')}{batch_path(bucket)}?{urlencode(query)}"
 
 

@@ -108,8 +108,9 @@ class Assembler:
         return isinstance(head, Failed) and not (head.per_item and self._req.cont_on_err)
 
     def use_splice(self) -> None:
-        """Big entries of shares go from the target's socket to the client's (the answer
-        has a Content-Length and the server offers ``wire/splice.py``)."""
+        """Big entries of shares go from the target's socket to the client's, or from
+        the file for the assembling target's own (the answer has a Content-Length and
+        the server offers ``wire/splice.py``)."""
         for share in self._shares:
             share.splice = True
 
@@ -214,9 +215,8 @@ class Assembler:
         started = False
         try:
             async for piece in si.share.entry(si, size):
-                if isinstance(
-                    piece, Spliced | FileSlice
-                ):  # the server moves it: what comes before first
+                if isinstance(piece, Spliced | FileSlice):
+                    # the server moves it (socket or file): what comes before goes first
                     if w.pending:
                         yield w.take()
                     yield piece

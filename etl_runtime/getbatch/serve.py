@@ -5,10 +5,11 @@
 or the buffered multipart answer. ``BatchResponse`` sends it and stops the
 items in flight however it ends.
 
-A GetBatch's body names its items, so a redirect to a designated target must
-not let the redirect's signature be reused for other items: ``signed_path``
-puts the body's SHA-256 into what the gateway signs (``core/auth.py``'s
-``sign_redirect``) and the target checks.
+A GetBatch's body names its items and its query the ETL and provider, so a
+redirect to a designated target must not let the redirect's signature be
+reused for other items or another query: ``signed_path`` puts the query
+(without the signature) and the body's SHA-256 into what the gateway signs
+(``core/auth.py``'s ``sign_redirect``) and the target checks.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator
 from typing import Any, cast
+from urllib.parse import urlencode
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from etl_runtime.cluster.clustermap import ClusterMap
+from etl_runtime.core.access import SIGNATURE_PARAMS
 from etl_runtime.core.errors import SluiceError
 from etl_runtime.getbatch.archive import Piece
 from etl_runtime.getbatch.assemble import Assembler, multipart
@@ -48,9 +51,11 @@ def batch_path(bucket: str | None) -> str:
     return "/v1/ml/moss" if bucket is None else f"/v1/ml/moss/{bucket}"
 
 
-def signed_path(bucket: str | None, body: bytes) -> str:
-    """What a redirect to a designated target signs: the route and the body it carries."""
-    return f"{batch_path(bucket)}#{hashlib.sha256(body).hexdigest()}"
+def signed_path(bucket: str | None, query: list[tuple[str, str]], body: bytes) -> str:
+    """What a redirect to a designated target signs: the route, its query (in order,
+    without ``sluice_exp``/``sluice_sig``) and the body it carries."""
+    kept = urlencode([(k, v) for k, v in query if k not in SIGNATURE_PARAMS])
+    return f"{batch_path(bucket)}?{kept}#{hashlib.sha256(body).hexdigest()}"
 
 
 class BatchResponse(StreamingResponse):

@@ -14,7 +14,7 @@ is up, so this target takes every member as reachable (``TargetHost``); a
 member that fails during the batch fails its items as it would under the
 gateway (503, naming it). The gateway has checked the query, the caller and
 the ETLs; this route checks the caller again (a token, or the gateway's
-signature over the route and the body: ``getbatch/serve.py``) and reads its
+signature over the route, query and body: ``getbatch/serve.py``) and reads its
 cluster map past the cache when the gateway planned with a newer one.
 """
 
@@ -103,7 +103,8 @@ def moss_router(target: Target, http: DuplexClient) -> FastRouter:
             validate_bucket(bucket)
         body = await request.body()
         t = target
-        require_read(request, t.read_token, t.token, t.cluster_key, signed_path(bucket, body))
+        signed = signed_path(bucket, request.query_params.multi_items(), body)
+        require_read(request, t.read_token, t.token, t.cluster_key, signed)
         store = t.placement.cmap if t.placement is not None else None
         if store is None:  # never designated (the gateway needs a map to): misdirected
             raise InvalidRequest(

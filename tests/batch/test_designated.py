@@ -101,6 +101,10 @@ def test_a_redirect_is_signed_for_its_body_alone(secured: str) -> None:
     other = {"in": [{"objname": "o01"}], "strm": True}  # another item, same signature
     r = requests.get(location, json=other, timeout=30)
     assert r.status_code == 401 and "SLUICE_READ_TOKEN" in r.json()["error"]
+    # the same body with another query (an ETL, a provider) is not what was signed
+    for extra in ("&etl_name=x", "&provider=aws"):
+        r = requests.get(location + extra, json=BODY, timeout=30)
+        assert r.status_code == 401, (extra, r.text)
     unsigned = location.split("&sluice_exp")[0]
     r = requests.get(unsigned, json=BODY, timeout=30)
     assert r.status_code == 401
