@@ -60,7 +60,8 @@ HEALTH_TIMEOUT = 120.0
 RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
 TARGET_DOWN_RETRY = 60.0  # a target marked down (crash loop) is tried again this often
 # passed on to the servers: remote buckets' settings, the ETL output cache's budget, the
-# zygote's mode, the event loop every server runs on (core/eventloop.py), podman's use
+# zygote's mode, the event loop every server runs on (core/eventloop.py), podman's use,
+# who assembles a GetBatch (gateway/batch_routes.py)
 PASSED_ENV = (
     "SLUICE_SECRETS_DIR",
     "SLUICE_REMOTE_",
@@ -68,6 +69,7 @@ PASSED_ENV = (
     "SLUICE_ZYGOTE",
     "SLUICE_LOOP",
     "SLUICE_PODMAN",
+    "SLUICE_BATCH_ASSEMBLY",
 )
 
 
