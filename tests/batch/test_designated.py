@@ -194,3 +194,21 @@ def test_without_a_map_the_gateway_assembles(tmp_path: Path) -> None:
     gw = _gateway(("t0",), ["t0"])
     gw.cmap = None
     assert designate(gw) is None
+
+
+def test_with_gateway_assembly_the_gateway_answers_itself(tmp_path: Path) -> None:
+    """``SLUICE_BATCH_ASSEMBLY=gateway`` (``--batch-assembly``), passed on by ``sluice up``."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("SLUICE_BATCH_ASSEMBLY", "gateway")
+        with LocalCluster(tmp_path / "data", targets=2) as c:
+            env.delenv("SLUICE_BATCH_ASSEMBLY")
+            url = c.endpoint.rstrip("/")
+            httpx.post(f"{url}/v1/buckets/g", json={"action": "create-bck"}).raise_for_status()
+            for n in ("x", "y"):
+                httpx.put(
+                    f"{url}/v1/objects/g/{n}", content=n.encode() * 5, follow_redirects=True
+                ).raise_for_status()
+            body = {"in": [{"objname": "y"}, {"objname": "x"}], "strm": True}
+            r = requests.get(f"{url}/v1/ml/moss/g", json=body, allow_redirects=False, timeout=30)
+            assert r.status_code == 200, r.text  # no 307: assembled where it was asked
+            assert _names(r.content) == [("g/y", b"yyyyy"), ("g/x", b"xxxxx")]
