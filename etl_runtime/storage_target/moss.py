@@ -113,8 +113,12 @@ def moss_router(target: Target, http: DuplexClient) -> FastRouter:
                 target=t.id,
             )
         cmap = store.get()
-        planned = request.query_params.get(MAP_PARAM, "")
-        if planned.isdigit() and cmap.version < int(planned):
+        planned = request.query_params.get(MAP_PARAM)
+        if planned is not None and not planned.isdigit():
+            raise InvalidRequest(
+                f"{MAP_PARAM}={planned!r} is not a cluster map version", target=t.id
+            )
+        if planned is not None and cmap.version < int(planned):
             cmap = await anyio.to_thread.run_sync(store.refresh)
         host = TargetHost(t, store)
         return await answer(

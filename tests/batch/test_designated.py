@@ -168,6 +168,21 @@ def test_every_target_assembles_the_same_batch(secured: str, strm: bool) -> None
             assert data == (b"" if n == "nope" else want(n)), (base, n)
 
 
+def test_a_target_reads_its_map_again_when_the_gateway_planned_with_a_newer_one(
+    secured: str,
+) -> None:
+    """``sluice_map``: the map version the gateway chose the target by; a target whose
+    own is older reads it past its cache first (here it has no newer one: it serves
+    with what it has). A value that is not a version is refused."""
+    base = httpx.get(f"{secured}/v1/cluster").json()["targets"][0]["url"]
+    read = {"Authorization": f"Bearer {READ}"}
+    r = requests.get(f"{base}/v1/ml/moss/b?sluice_map=999999", json=BODY, headers=read, timeout=30)
+    assert r.status_code == 200, r.text
+    assert _names(r.content) == WANT
+    r = requests.get(f"{base}/v1/ml/moss/b?sluice_map=new", json=BODY, headers=read, timeout=30)
+    assert r.status_code == 400 and "sluice_map" in r.json()["error"]
+
+
 def _gateway(members: tuple[str, ...], live: list[str], **kw: object) -> Gateway:
     urls = {m: f"http://127.0.0.1:{9000 + i}" for i, m in enumerate(members)}
     discovery = StaticDiscovery([TargetInfo(id=m, url=urls[m]) for m in live])
