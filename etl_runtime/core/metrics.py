@@ -183,7 +183,8 @@ def install_metrics(app: FastAPI, role: str, *collectors: Collector) -> Collecto
     ProcessCollector(registry=registry)
     for collector in collectors:
         registry.register(collector)
-    app.add_middleware(MetricsMiddleware, metrics=HttpMetrics(registry, role))
+    app.state.http_metrics = HttpMetrics(registry, role)  # also for answers outside ASGI
+    app.add_middleware(MetricsMiddleware, metrics=app.state.http_metrics)
     app.state.metrics_registry = registry
 
     async def metrics() -> Response:

@@ -118,6 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         on_start=[noop],
         on_stop=[close or noop],
         before_exit=before_exit,
+        answerer=app.state.answerer,  # small plain GETs skip ASGI (storage_target/inline.py)
     )
 
 

@@ -46,7 +46,7 @@ from etl_runtime.wire.zerocopy import FileRangeResponse, offers_zerocopy
 INLINE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
 
 
-def _object_headers(info: ObjectInfo) -> dict[str, str]:
+def object_headers(info: ObjectInfo) -> dict[str, str]:
     """Validators and size; the MD5 also as the aistore SDK reads it (``Ais-Checksum-*``);
     the content type and user metadata the writer gave (``meta_headers``)."""
     return {
@@ -229,7 +229,7 @@ def object_router(target: Target) -> FastRouter:
             opened = await anyio.to_thread.run_sync(store.open_object, bucket, name)
         f, info = opened
         try:
-            headers = _object_headers(info)
+            headers = object_headers(info)
             not_modified, use_range = preconditions(request.headers, info, headers["Last-Modified"])
             if not_modified:
                 f.close()
@@ -271,7 +271,7 @@ def object_router(target: Target) -> FastRouter:
         if placement:
             await placement.ensure_local(bucket, name)
         info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)
-        headers = _object_headers(info)
+        headers = object_headers(info)
         not_modified, _ = preconditions(request.headers, info, headers["Last-Modified"])
         if not_modified:
             return _not_modified(headers)

@@ -60,6 +60,9 @@ from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.flow_control import service_unavailable
 
+from etl_runtime.wire import inline
+from etl_runtime.wire.inline import Answerer
+
 HEADER_TIMEOUT_ENV = "SLUICE_HEADER_TIMEOUT"
 MAX_CONNECTIONS_ENV = "SLUICE_MAX_CONNECTIONS"
 HEADER_TIMEOUT = 10.0  # seconds: nginx's client_header_timeout is 60 s, Go's servers set 5-30
@@ -170,16 +173,25 @@ def setup(environ: Mapping[str, str] = os.environ) -> Limits:
     return limits_from_env(environ, raise_fd_limit())
 
 
-def server_options(http: type[asyncio.Protocol] | str, limits: Limits) -> dict[str, Any]:
+def server_options(
+    http: type[asyncio.Protocol] | str, limits: Limits, answerer: Answerer | None = None
+) -> dict[str, Any]:
     """``uvicorn.Config`` keywords: ``http``, the guarded protocol."""
-    return {"http": http_protocol(http, limits)}
+    return {"http": http_protocol(http, limits, answerer)}
 
 
-def http_protocol(http: type[asyncio.Protocol] | str, limits: Limits) -> type[asyncio.Protocol]:
-    """uvicorn's ``http=`` protocol (a class, or ``auto``/``httptools``/``h11``), guarded."""
+def http_protocol(
+    http: type[asyncio.Protocol] | str, limits: Limits, answerer: Answerer | None = None
+) -> type[asyncio.Protocol]:
+    """uvicorn's ``http=`` protocol (a class, or ``auto``/``httptools``/``h11``), guarded;
+    with ``answerer``, small requests it answers skip ASGI (``wire/inline.py``)."""
     base = _protocol_class(http)
     name = f"Guarded{base.__name__}"
-    return cast(type[asyncio.Protocol], type(name, (_Guard, base), {"tracker": Tracker(limits)}))
+    attrs: dict[str, Any] = {"tracker": Tracker(limits)}
+    bases: tuple[type, ...] = (_Guard, base)
+    if answerer is not None and inline.has_hook(base):
+        bases, attrs["answerer"] = (_Guard, inline.InlineAnswers, base), (answerer,)
+    return cast(type[asyncio.Protocol], type(name, bases, attrs))
 
 
 def _protocol_class(http: type[asyncio.Protocol] | str) -> type[asyncio.Protocol]:
@@ -267,6 +279,7 @@ class _Guard(asyncio.Protocol):
     app: Any
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = False  # some of the current request's head has come
+    answered_inline = False  # wire/inline.py answered a request in this data_received
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -276,10 +289,13 @@ class _Guard(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         idle = not self._busy()
+        self.answered_inline = False
         super().data_received(data)
         if self._busy():
             self._disarm()
             self.tracker.busy(self)
+        elif self.answered_inline:  # a whole request came and was answered (wire/inline.py)
+            self._disarm()
         elif idle and data and not self.transport.is_closing():
             self._head_bytes = True
             if self._head_timer is None:  # a later request's first bytes
