@@ -333,13 +333,19 @@ class JobContext:
 
 
 async def _put(queue: asyncio.Queue[Any], item: Any, tasks: list[asyncio.Task[None]]) -> None:
-    """Queue ``item``; re-raise a worker's error instead of blocking on a full queue."""
+    """Queue ``item``; re-raise a worker's error instead of blocking on a full queue.
+
+    ``asyncio.timeout``, not ``wait_for``: on Python 3.11 a cancel that lands as
+    the put completes is lost in ``wait_for``, and a stopping target's part then
+    runs on beside its restarted self (tests/dsort/test_stop_mid_job.py).
+    """
     while True:
         for t in tasks:
             if t.done() and t.exception() is not None:
                 raise t.exception()  # type: ignore[misc]
         try:
-            await asyncio.wait_for(queue.put(item), timeout=0.5)
+            async with asyncio.timeout(0.5):
+                await queue.put(item)
             return
         except TimeoutError:
             continue
