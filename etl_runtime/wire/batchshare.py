@@ -160,6 +160,7 @@ class ShareBody:
         self._skip = 0
         self._keep = False
         self.received = False  # any byte of the answer came
+        self.taken = False  # someone began to read the answer (and closes it, or ends it)
 
     async def _recv(self, view: memoryview | bytearray) -> int:
         if self._sock is None:
@@ -178,6 +179,7 @@ class ShareBody:
         return n
 
     async def read_head(self) -> None:
+        self.taken = True
         while (end := self._buf.find(b"\r\n\r\n")) < 0:
             if len(self._buf) > HEAD_MAX:
                 raise ShareBroken("an answer head over 64 KiB")
@@ -301,6 +303,18 @@ class ShareBody:
             sock.close()
 
 
+def _encode(
+    method: str, url: str, path: str, headers: dict[str, str], body: bytes
+) -> tuple[tuple[str, int], bytes]:
+    """The pool's key (host, port) for ``url``, and the request's bytes."""
+    parts = urlsplit(url)
+    head = [f"{method} {path} HTTP/1.1", f"Host: {parts.netloc}"]
+    head.append(f"Content-Length: {len(body)}")
+    head += [f"{k}: {v}" for k, v in headers.items()]
+    request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+    return (parts.hostname or "127.0.0.1", parts.port or 80), request
+
+
 class SharePool:
     """Keep-alive connections to targets, per ``(host, port)``, for share requests."""
 
@@ -324,6 +338,29 @@ class SharePool:
         else:
             sock.close()
 
+    def send_now(
+        self, method: str, url: str, path: str, headers: dict[str, str], timeout: float
+    ) -> ShareBody | None:
+        """Send a body-less ``method url+path`` on an idle pooled connection at once, without
+        waiting, for a caller with other work to do before it needs the answer (``await
+        answer.read_head()``). None when no idle connection takes it whole: then ``request``.
+
+        The connection may turn out closed by the target only when the answer is read:
+        ``read_head`` raises ``ShareBroken`` with ``received`` still False, and the caller
+        asks again with ``request`` (a fresh connection), as ``request`` itself does."""
+        key, data = _encode(method, url, path, headers, b"")
+        sock = self._take(key)
+        if sock is None:
+            return None
+        try:
+            sent = sock.send(data)
+        except OSError:
+            sent = -1
+        if sent != len(data):  # a full buffer, or half a request on it: not reusable
+            sock.close()
+            return None
+        return ShareBody(self, key, sock, timeout)
+
     async def post(
         self, url: str, path: str, headers: dict[str, str], body: bytes, timeout: float
     ) -> ShareBody:
@@ -340,12 +377,7 @@ class SharePool:
         timeout: float,
     ) -> ShareBody:
         """``method url+path`` with ``body``; returns once the answer's head is in."""
-        parts = urlsplit(url)
-        key = (parts.hostname or "127.0.0.1", parts.port or 80)
-        head = [f"{method} {path} HTTP/1.1", f"Host: {parts.netloc}"]
-        head.append(f"Content-Length: {len(body)}")
-        head += [f"{k}: {v}" for k, v in headers.items()]
-        request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
+        key, request = _encode(method, url, path, headers, body)
         loop = asyncio.get_running_loop()
         for attempt in range(2):
             sock = self._take(key) if attempt == 0 else None

@@ -120,12 +120,48 @@ def test_botocore_does_not_follow_the_native_307(endpoint: str, shared: str) -> 
     assert code(e)[1] == 307
 
 
+def test_refused_get_objects_never_answer_and_the_next_ones_do(
+    endpoint: str, writer: dict[str, Any], shared: str
+) -> None:
+    """On this cluster reads need no token, so the gateway sends a plain GetObject to the
+    owner before it checks the signature (``objects.send_early``): a refused call must still
+    be refused first (not NoSuchKey), and the pooled connections it used must not leak the
+    refused answer into the next calls, small or spliced."""
+    good, bad = s3_client(endpoint, writer), s3_client(endpoint, writer, secret="wrong")
+    big = bytes(range(256)) * 2048  # 512 KiB: the gateway splices it
+    good.put_object(Bucket=shared, Key="big.bin", Body=big)
+    for _ in range(8):
+        for key, body in (("doc.txt", b"hello s3"), ("big.bin", big)):
+            with pytest.raises(ClientError) as e:
+                bad.get_object(Bucket=shared, Key=key)
+            assert code(e) == ("SignatureDoesNotMatch", 403)
+            assert good.get_object(Bucket=shared, Key=key)["Body"].read() == body
+        with pytest.raises(ClientError) as e:
+            bad.get_object(Bucket=shared, Key="no-such-key")
+        assert code(e) == ("SignatureDoesNotMatch", 403)
+        with pytest.raises(ClientError) as e:
+            good.get_object(Bucket=shared, Key="no-such-key")
+        assert code(e) == ("NoSuchKey", 404)
+
+
 @pytest.fixture(scope="module")
 def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with LocalCluster(
         tmp_path_factory.mktemp("s3-guarded") / "data", targets=1, token="t0k", read_token="r34d"
     ) as c:
         yield c.endpoint.rstrip("/")
+
+
+def _owner_gets(target: str) -> float:
+    """The object GETs a target has answered (its request metrics)."""
+    text = httpx.get(f"{target}/metrics", headers={"Authorization": "Bearer t0k"}).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("sluice_http_requests_total{")
+        and 'op="get"' in line
+        and 'route="/v1/objects/{bucket}/{name:path}"' in line
+    )
 
 
 def test_keys_need_the_token_and_anonymous_reads_are_refused(guarded: str) -> None:
@@ -139,8 +175,21 @@ def test_keys_need_the_token_and_anonymous_reads_are_refused(guarded: str) -> No
     s3.create_bucket(Bucket="guarded")
     s3.put_object(Bucket="guarded", Key="secret.txt", Body=b"classified")
     assert s3.get_object(Bucket="guarded", Key="secret.txt")["Body"].read() == b"classified"
+    # Reads need a token here: a refused GetObject never reaches the owner.
+    owner = (
+        httpx.get(
+            f"{guarded}/v1/objects/guarded/secret.txt", headers={"Authorization": "Bearer r34d"}
+        )
+        .headers["location"]
+        .split("/v1/")[0]
+    )
+    before = _owner_gets(owner)
     r = requests.get(f"{guarded}/s3/guarded/secret.txt", timeout=10)
     assert r.status_code == 403 and b"classified" not in r.content
+    with pytest.raises(ClientError) as e:
+        s3_client(guarded, writer, secret="wrong").get_object(Bucket="guarded", Key="secret.txt")
+    assert code(e) == ("SignatureDoesNotMatch", 403)
+    assert _owner_gets(owner) == before
     with pytest.raises(ClientError) as e:
         s3_client(guarded, None).list_objects_v2(Bucket="guarded")
     assert code(e) == ("AccessDenied", 403)

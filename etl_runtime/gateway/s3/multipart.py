@@ -49,8 +49,12 @@ MAX_PARTS = 10_000
 _UPLOAD_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
+def is_hidden(key: str) -> bool:
+    return key.startswith(HIDDEN) or key == HIDDEN.rstrip("/")
+
+
 def refuse_hidden(key: str) -> None:
-    if key.startswith(HIDDEN) or key == HIDDEN.rstrip("/"):
+    if is_hidden(key):
         raise InvalidName(f"keys under {HIDDEN!r} are reserved for multipart uploads", object=key)
 
 

@@ -41,7 +41,7 @@ from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
 from etl_runtime.core.access import object_url
-from etl_runtime.core.errors import DuplexError, InvalidRequest, NoTargets, S3Error
+from etl_runtime.core.errors import DuplexError, InvalidRequest, NoTargets, S3Error, SluiceError
 from etl_runtime.core.names import validate_names
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
@@ -95,6 +95,27 @@ def _unreachable(key: str, e: Exception) -> NoTargets:
     )
 
 
+def _owner_headers(gw: Gateway, request: Request) -> dict[str, str]:
+    headers = {**gw.target_headers()}
+    headers.update({k: v for k, v in request.headers.items() if k in READ_HEADERS})
+    return headers
+
+
+def send_early(gw: Gateway, request: Request, bucket: str, key: str) -> ShareBody | None:
+    """A GetObject's request to the owner, sent before the caller checks the signature, so
+    the owner reads while the gateway verifies (``get(early=...)`` reads the answer; the
+    caller closes it if the call is refused). Only for a cluster whose reads need no token:
+    there anyone may make the owner read the object anyway. None where it cannot be sent
+    at once (no idle pooled connection, a bad name): ``get`` then asks the usual way."""
+    if gw.read_token or not spliced.offered(request):
+        return None
+    try:
+        url = owner_url(gw, "GET", bucket, key)
+    except SluiceError:  # the usual way says why
+        return None
+    return spliced.send_now(url, _owner_headers(gw, request), READ_TIMEOUT)
+
+
 async def get(
     gw: Gateway,
     request: Request,
@@ -102,18 +123,28 @@ async def get(
     key: str,
     head: bool = False,
     duplex: DuplexClient | None = None,
+    early: ShareBody | None = None,
 ) -> Response:
     """GetObject / HeadObject: the owner's answer, streamed, its validators kept.
 
     The hop to the owner goes through ``duplex`` (``wire.duplex``, h11 framing,
     the body read straight off the socket buffer) when the app gives one:
     ``bench/s3.py`` measured it against httpx for this hop (docs/benchmarks.md,
-    "S3 API"); httpx otherwise.
+    "S3 API"); httpx otherwise. ``early``: the GET already sent (``send_early``).
     """
+    if early is not None:
+        try:
+            await early.read_head()
+        except (ShareBroken, OSError) as e:
+            early.close()
+            if early.received:
+                raise _unreachable(f"{bucket}/{key}", e) from None
+            # an idle connection the owner had closed: ask again on a fresh one
+        else:
+            return await _relayed(early, f"{bucket}/{key}")
     method = "HEAD" if head else "GET"
     url = owner_url(gw, method, bucket, key)
-    headers = {**gw.target_headers()}
-    headers.update({k: v for k, v in request.headers.items() if k in READ_HEADERS})
+    headers = _owner_headers(gw, request)
     if not head and spliced.offered(request):
         try:
             answer = await spliced.request(url, headers, READ_TIMEOUT)

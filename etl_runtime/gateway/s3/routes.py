@@ -35,6 +35,7 @@ from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
 from etl_runtime.gateway.s3.errors import S3Route, answered
 from etl_runtime.gateway.s3.keys import KeyStore
+from etl_runtime.wire.batchshare import ShareBody
 from etl_runtime.wire.duplex import DuplexClient
 from etl_runtime.wire.fastpath import FastRouter
 from etl_runtime.wire.routes import each_method
@@ -267,6 +268,23 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
 
     @each_method(router, "/s3/{bucket}/{key:path}", S3_METHODS)
     async def object_call(bucket: str, key: str, request: Request) -> Response:
+        early = None  # a plain GetObject is sent to the owner before the signature is checked
+        if (
+            request.method == "GET"
+            and not request.scope["query_string"]
+            and not multipart.is_hidden(key)
+            and views.view_of(gw, bucket) is None
+        ):
+            early = objects.send_early(gw, request, bucket, key)
+        try:
+            return await _object_call(bucket, key, request, early)
+        finally:
+            if early is not None and not early.taken:
+                early.close()
+
+    async def _object_call(
+        bucket: str, key: str, request: Request, early: ShareBody | None
+    ) -> Response:
         method, q = request.method, request.query_params
         signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
         _refuse_unsupported(request)
@@ -281,7 +299,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
         if method in ("GET", "HEAD"):
             if "partNumber" in q:
                 raise S3Error("NotImplemented", 501, "GET by partNumber is not supported")
-            return await objects.get(gw, request, bucket, key, method == "HEAD", duplex)
+            return await objects.get(gw, request, bucket, key, method == "HEAD", duplex, early)
         if method == "PUT":
             return await objects.put(gw, request, bucket, key, sha)
         if method == "DELETE":

@@ -53,6 +53,14 @@ async def request(url: str, headers: dict[str, str], timeout: float) -> ShareBod
         return None
 
 
+def send_now(url: str, headers: dict[str, str], timeout: float) -> ShareBody | None:
+    """``GET url`` sent at once on an idle pooled connection (``SharePool.send_now``), its
+    answer read later; None where no idle connection takes it (then ``request``)."""
+    parts = urlsplit(url)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    return POOL.send_now("GET", url, path, headers, timeout)
+
+
 class SplicedResponse(Response):
     """The owner's answer (status, headers given) with its body spliced to the client."""
 
