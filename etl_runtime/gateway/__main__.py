@@ -174,7 +174,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         s3_keys=s3_keys_file(args),
         batch_assembly=args.batch_assembly,
     )
-    run_server(app, args.host, args.port, on_start=on_start, on_stop=on_stop)
+    run_server(
+        app, args.host, args.port, on_start=on_start, on_stop=on_stop, starter=app.state.starter
+    )
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ from etl_runtime.gateway.jobs import jobs_router
 from etl_runtime.gateway.membership import MembershipSource, RebalanceMonitor, join
 from etl_runtime.gateway.redirect import redirect_router
 from etl_runtime.gateway.s3 import KeyStore, s3_router
+from etl_runtime.gateway.s3.early import early_starter
 from etl_runtime.gateway.smap import check_ready, daemon_router
 from etl_runtime.gateway.ui import ui_router
 from etl_runtime.wire.duplex import DuplexClient
@@ -87,6 +88,7 @@ def create_gateway_app(
     # FastPathApp: the object, S3 object and GetBatch routes skip FastAPI's routing.
     app = FastPathApp(title="Sluice gateway", lifespan=lifespan)
     app.state.gateway = gw
+    app.state.starter = early_starter(gw)  # for run_server: S3 GetObject's owner GET, early
     install_error_handlers(app)
 
     def known() -> list[str]:

@@ -61,7 +61,7 @@ from typing import Any, ClassVar, cast
 from uvicorn.protocols.http.flow_control import service_unavailable
 
 from etl_runtime.wire import inline
-from etl_runtime.wire.inline import Answerer
+from etl_runtime.wire.inline import Answerer, Starter
 
 HEADER_TIMEOUT_ENV = "SLUICE_HEADER_TIMEOUT"
 MAX_CONNECTIONS_ENV = "SLUICE_MAX_CONNECTIONS"
@@ -174,23 +174,32 @@ def setup(environ: Mapping[str, str] = os.environ) -> Limits:
 
 
 def server_options(
-    http: type[asyncio.Protocol] | str, limits: Limits, answerer: Answerer | None = None
+    http: type[asyncio.Protocol] | str,
+    limits: Limits,
+    answerer: Answerer | None = None,
+    starter: Starter | None = None,
 ) -> dict[str, Any]:
     """``uvicorn.Config`` keywords: ``http``, the guarded protocol."""
-    return {"http": http_protocol(http, limits, answerer)}
+    return {"http": http_protocol(http, limits, answerer, starter)}
 
 
 def http_protocol(
-    http: type[asyncio.Protocol] | str, limits: Limits, answerer: Answerer | None = None
+    http: type[asyncio.Protocol] | str,
+    limits: Limits,
+    answerer: Answerer | None = None,
+    starter: Starter | None = None,
 ) -> type[asyncio.Protocol]:
     """uvicorn's ``http=`` protocol (a class, or ``auto``/``httptools``/``h11``), guarded;
-    with ``answerer``, small requests it answers skip ASGI (``wire/inline.py``)."""
+    with ``answerer``, small requests it answers skip ASGI, and ``starter`` sees each
+    request before its ASGI task is made (``wire/inline.py``)."""
     base = _protocol_class(http)
     name = f"Guarded{base.__name__}"
     attrs: dict[str, Any] = {"tracker": Tracker(limits)}
     bases: tuple[type, ...] = (_Guard, base)
-    if answerer is not None and inline.has_hook(base):
-        bases, attrs["answerer"] = (_Guard, inline.InlineAnswers, base), (answerer,)
+    if (answerer is not None or starter is not None) and inline.has_hook(base):
+        bases = (_Guard, inline.InlineAnswers, base)
+        attrs["answerer"] = (answerer,) if answerer is not None else ()
+        attrs["starter"] = (starter,) if starter is not None else ()
     return cast(type[asyncio.Protocol], type(name, bases, attrs))
 
 

@@ -11,6 +11,12 @@ took 600–680 µs from the request's bytes to its answer's, and uvicorn's
 bare protocol with a one-line app takes 30–40 µs (docs/benchmarks.md, "S3
 API": "Small GETs answered inline").
 
+A server may also give a ``starter``: called with each request's scope as
+soon as its head is parsed, before the ASGI task is made, it may start work
+the app will need and leave it in the scope (the gateway sends a plain S3
+GetObject to the owner there, ``gateway/s3/early.py``), and returns what to
+call once the app is done with the request (to drop what the app did not use).
+
 So a server may give ``http_protocol(..., answerer=)`` a function that looks
 at a request's scope as soon as its head is parsed and either returns the
 whole answer (status, headers, body), written at once, or ``None``: then the
@@ -40,6 +46,9 @@ log = logging.getLogger(__name__)
 Headers = list[tuple[bytes, bytes]]  # lower-case names, as ASGI's
 Answer = tuple[int, Headers, bytes]
 Answerer = Callable[[dict[str, Any]], Answer | None]
+# Called with a request's scope before its ASGI task is made: it may start work the app
+# will use (put in the scope) and return what to call once the app is done, or None.
+Starter = Callable[[dict[str, Any]], Callable[[], None] | None]
 
 _BODY_HEADERS = (b"content-length", b"transfer-encoding")
 
@@ -65,15 +74,36 @@ class InlineAnswers:
     """Mixed in before uvicorn's httptools protocol: ``answerer`` first, ASGI otherwise."""
 
     answerer: ClassVar[tuple[Answerer, ...]] = ()  # one function (a tuple: no binding)
+    starter: ClassVar[tuple[Starter, ...]] = ()
     answered_inline = False  # set when a request was answered during data_received
     app: Any
     transport: Any
     server_state: Any
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
-        if self.answerer and app is not service_unavailable and self._inline(cycle):
-            return
+        if app is not service_unavailable:
+            if self.answerer and self._inline(cycle):
+                return
+            if self.starter:
+                app = self._started(cycle.scope, app)
         super()._start_asgi_task(cycle, app)  # type: ignore[misc]
+
+    def _started(self, scope: dict[str, Any], app: Any) -> Any:
+        try:
+            done = self.starter[0](scope)
+        except Exception:  # the app does the work itself
+            log.exception("starting %s %s early failed", scope["method"], scope["path"])
+            return app
+        if done is None:
+            return app
+
+        async def app_then_done(scope: Any, receive: Any, send: Any) -> None:
+            try:
+                await app(scope, receive, send)
+            finally:
+                done()
+
+        return app_then_done
 
     def _inline(self, cycle: Any) -> bool:
         scope = cycle.scope

@@ -20,7 +20,7 @@ import uvicorn
 from etl_runtime.core.eventloop import loop_factory, loop_from_env
 from etl_runtime.wire import connections, zerocopy
 from etl_runtime.wire.connections import Limits
-from etl_runtime.wire.inline import Answerer
+from etl_runtime.wire.inline import Answerer, Starter
 
 Hook = Callable[[], Any]  # plain or async function
 
@@ -97,6 +97,7 @@ async def _serve(
     before_exit: Hook | None = None,
     limits: Limits | None = None,
     answerer: Answerer | None = None,
+    starter: Starter | None = None,
 ) -> None:
     started: list[Hook] = []
     limits = limits or Limits()
@@ -112,7 +113,7 @@ async def _serve(
             access_log=False,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
             # plain GETs by os.sendfile (SLUICE_SENDFILE); header timeout, connection cap
-            **connections.server_options(zerocopy.http_protocol(), limits, answerer),
+            **connections.server_options(zerocopy.http_protocol(), limits, answerer, starter),
         )
         connections.log.info("%s", limits.describe())
         await _Server(config, before_exit).serve()
@@ -130,6 +131,7 @@ def run_server(
     loop: str | None = None,
     before_exit: Hook | None = None,
     answerer: Answerer | None = None,
+    starter: Starter | None = None,
 ) -> None:
     """Serve ``app``; ``on_start[i]`` runs first and ``on_stop[i]`` runs at exit.
 
@@ -142,7 +144,7 @@ def run_server(
     The open-files limit is raised to the hard limit first, and connections
     follow ``SLUICE_HEADER_TIMEOUT`` and ``SLUICE_MAX_CONNECTIONS``
     (``wire/connections.py``). ``answerer`` answers the requests it can before
-    ASGI (``wire/inline.py``).
+    ASGI, ``starter`` starts work for them (``wire/inline.py``).
     """
     try:
         if loop is None:
@@ -152,7 +154,9 @@ def run_server(
     except ValueError as e:
         raise SystemExit(f"sluice: {e}") from None
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
-        runner.run(_serve(app, host, port, on_start, on_stop, before_exit, limits, answerer))
+        runner.run(
+            _serve(app, host, port, on_start, on_stop, before_exit, limits, answerer, starter)
+        )
 
 
 def noop() -> None:

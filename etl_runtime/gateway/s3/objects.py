@@ -103,11 +103,12 @@ def _owner_headers(gw: Gateway, request: Request) -> dict[str, str]:
 
 def send_early(gw: Gateway, request: Request, bucket: str, key: str) -> ShareBody | None:
     """A GetObject's request to the owner, sent before the caller checks the signature, so
-    the owner reads while the gateway verifies (``get(early=...)`` reads the answer; the
-    caller closes it if the call is refused). Only for a cluster whose reads need no token:
-    there anyone may make the owner read the object anyway. None where it cannot be sent
-    at once (no idle pooled connection, a bad name): ``get`` then asks the usual way."""
-    if gw.read_token or not spliced.offered(request):
+    the owner reads while the gateway verifies (``early.py``; ``get(early=...)`` reads the
+    answer, the caller closes it if the call is refused). Only for a cluster whose reads
+    need no token: there anyone may make the owner read the object anyway. None where it
+    cannot be sent at once (no idle pooled connection, a bad name): ``get`` then asks the
+    usual way."""
+    if gw.read_token:
         return None
     try:
         url = owner_url(gw, "GET", bucket, key)

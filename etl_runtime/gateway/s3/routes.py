@@ -30,6 +30,7 @@ from etl_runtime.core.names import validate_bucket
 from etl_runtime.gateway import buckets as native
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway, unreachable
+from etl_runtime.gateway.s3 import early as s3_early
 from etl_runtime.gateway.s3 import multipart, objects, xml
 from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
@@ -268,14 +269,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
 
     @each_method(router, "/s3/{bucket}/{key:path}", S3_METHODS)
     async def object_call(bucket: str, key: str, request: Request) -> Response:
-        early = None  # a plain GetObject is sent to the owner before the signature is checked
-        if (
-            request.method == "GET"
-            and not request.scope["query_string"]
-            and not multipart.is_hidden(key)
-            and views.view_of(gw, bucket) is None
-        ):
-            early = objects.send_early(gw, request, bucket, key)
+        early = s3_early.take(gw, request, bucket, key)  # sent before the signature's check
         try:
             return await _object_call(bucket, key, request, early)
         finally:
