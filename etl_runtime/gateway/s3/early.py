@@ -15,7 +15,7 @@ Only a plain GET is sent early: no query (no sub-resource, part, upload or
 presigned signature), a key outside the multipart area, a bucket that is not
 an ETL view. Measured with boto3 one 16 KiB GetObject at a time
 (docs/benchmarks.md, "S3 API"): boto3 on Sluice ÷ boto3 on MinIO from
-0.93–0.97 to 1.05–1.14 together with the owner's inline answer.
+0.90–0.97 to 1.05–1.14, together with the owner's inline answer.
 """
 
 from __future__ import annotations
