@@ -11,12 +11,6 @@ took 600–680 µs from the request's bytes to its answer's, and uvicorn's
 bare protocol with a one-line app takes 30–40 µs (docs/benchmarks.md, "S3
 API": "Small GETs answered inline").
 
-A server may also give a ``starter``: called with each request's scope as
-soon as its head is parsed, before the ASGI task is made, it may start work
-the app will need and leave it in the scope (the gateway sends a plain S3
-GetObject to the owner there, ``gateway/s3/early.py``), and returns what to
-call once the app is done with the request (to drop what the app did not use).
-
 So a server may give ``http_protocol(..., answerer=)`` a function that looks
 at a request's scope as soon as its head is parsed and either returns the
 whole answer (status, headers, body), written at once, or ``None``: then the
@@ -25,6 +19,12 @@ block (it runs on the event loop, inside ``data_received``), and must answer
 exactly what the ASGI route would: it declines whatever it does not handle
 itself (``storage_target/inline.py`` declines everything but a plain GET of
 a small local object, with no query, no conditional headers and no body).
+
+A server may also give a ``starter``: called with each request's scope as
+soon as its head is parsed, before the ASGI task is made, it may start work
+the app will need and leave it in the scope (the gateway sends a plain S3
+GetObject to the owner there, ``gateway/s3/early.py``), and returns what to
+call once the app is done with the request (to drop what the app did not use).
 
 Only uvicorn's httptools protocol has the hook (``_start_asgi_task``, which
 ``zerocopy.py`` overrides too); under h11 no request is answered inline.

@@ -28,6 +28,7 @@ from fastapi import Request
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.s3 import multipart, objects, spliced
+from etl_runtime.wire import splice, zerocopy
 from etl_runtime.wire.batchshare import ShareBody
 from etl_runtime.wire.inline import Starter
 
@@ -41,10 +42,15 @@ def _plain(gw: Gateway, bucket: str, key: str) -> bool:
 
 def early_starter(gw: Gateway) -> Starter:
     """``run_server``'s starter: the owner's GET of a plain GetObject, in the scope."""
+    # The relay reads an early answer only where the server splices (``take``): with
+    # SLUICE_SENDFILE=0, or no os.splice, nothing is sent early.
+    relayed = zerocopy.enabled() and splice.available()
 
     def start(scope: dict[str, Any]) -> Callable[[], None] | None:
         path = scope["path"]
-        if scope["method"] != "GET" or scope["query_string"] or not path.startswith(PREFIX):
+        if not relayed or scope["method"] != "GET" or scope["query_string"]:
+            return None
+        if not path.startswith(PREFIX):
             return None
         bucket, _, key = path[len(PREFIX) :].partition("/")
         if not bucket or not key or scope.get("root_path") or not _plain(gw, bucket, key):
