@@ -30,7 +30,9 @@ Only uvicorn's httptools protocol has the hook (``_start_asgi_task``, which
 ``zerocopy.py`` overrides too); under h11 no request is answered inline.
 A request with a body (``Content-Length`` other than 0, or
 ``Transfer-Encoding``) is never answered inline, nor one past a connection
-cap (its app is uvicorn's 503).
+cap (its app is uvicorn's 503), nor one that arrives while the connection's
+writing is paused (a client that pipelines requests and does not read its
+answers): the ASGI way waits for it, so answers never pile up in memory.
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ class InlineAnswers:
     app: Any
     transport: Any
     server_state: Any
+    flow: Any
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         if app is not service_unavailable:
@@ -107,7 +110,9 @@ class InlineAnswers:
 
     def _inline(self, cycle: Any) -> bool:
         scope = cycle.scope
-        if not _without_body(scope["headers"]):
+        if self.flow.write_paused or not _without_body(scope["headers"]):
+            # A client that does not read: the ASGI way waits for it (and stops reading
+            # its pipelined requests) where answers written here would pile up unsent.
             return False
         try:
             answer = self.answerer[0](scope)

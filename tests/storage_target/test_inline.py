@@ -30,6 +30,7 @@ from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 
 SMALL = bytes(range(256)) * 64  # 16 KiB
 BIG = b"x" * (512 << 10)  # more than INLINE_MAX: the route's sendfile
+MID = bytes(range(256)) * 480  # 120 KiB: answered inline
 
 
 class Served:
@@ -78,6 +79,7 @@ def _serve(
         meta = {**headers, "Content-Type": "image/png", "X-Sluice-Meta-Label": "cat"}
         c.put("/v1/objects/b/dir/typed", content=b"png", headers=meta).raise_for_status()
         c.put("/v1/objects/b/big", content=BIG, headers=headers).raise_for_status()
+        c.put("/v1/objects/b/mid", content=MID, headers=headers).raise_for_status()
         answers.clear()
         try:
             yield served
@@ -206,3 +208,22 @@ def test_inline_answers_are_counted_as_the_routes(served: Served) -> None:
     assert served.answers == [True] * 3
     assert _metric(served.route, "sluice_http_sent_bytes_total", **route) - sent0 == 3 * len(SMALL)
     assert _metric(served.route, "sluice_http_requests_total", **route, status="200") - ok0 == 3
+
+
+def test_a_client_that_does_not_read_gets_no_pile_of_inline_answers(served: Served) -> None:
+    """300 pipelined GETs of 120 KiB (36 MB of answers), nothing read for a while: once
+    the connection's writing is paused the rest go the ASGI way, which stops reading the
+    client's requests; every answer then arrives, complete and in order."""
+    host = re.sub(r"^http://", "", served.inline_url)
+    addr = host.split(":")
+    n = 300
+    with socket.create_connection((addr[0], int(addr[1]))) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+        one = f"GET /v1/objects/b/mid HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        sock.sendall(one * n)
+        time.sleep(1.0)
+        answered_unread = sum(served.answers)
+        f = sock.makefile("rb")
+        got = [_read_answer(f) for _ in range(n)]
+    assert all(status == 200 and body == MID for status, _, body in got)
+    assert answered_unread < n // 2, f"{answered_unread} of {n} answered before any was read"
