@@ -244,6 +244,10 @@ class Placement:
         if self.store.local_path(bucket, name).is_file():
             return
         if not await self.pull(bucket, name):
+            # A rebalance may have handed it here meanwhile (and deleted it at the previous
+            # owner, or ended, so pull found nothing to look at): look here once more.
+            if self.store.local_path(bucket, name).is_file():
+                return
             raise ObjectNotFound(
                 f"object {name!r} not found in bucket {bucket!r}", bucket=bucket, object=name
             )

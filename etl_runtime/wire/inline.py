@@ -78,6 +78,7 @@ class InlineAnswers:
     answerer: ClassVar[tuple[Answerer, ...]] = ()  # one function (a tuple: no binding)
     starter: ClassVar[tuple[Starter, ...]] = ()
     answered_inline = False  # set when a request was answered during data_received
+    _inlining = False  # inside an inline answer's completion
     app: Any
     transport: Any
     server_state: Any
@@ -85,7 +86,9 @@ class InlineAnswers:
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         if app is not service_unavailable:
-            if self.answerer and self._inline(cycle):
+            # Not from inside an inline answer's completion (a pipelined request uvicorn
+            # starts there): that would nest one call per pipelined request.
+            if self.answerer and not self._inlining and self._inline(cycle):
                 return
             if self.starter:
                 app = self._started(cycle.scope, app)
@@ -135,5 +138,9 @@ class InlineAnswers:
         self.transport.write(b"".join(head))
         if not cycle.keep_alive:
             self.transport.close()
-        self.on_response_complete()  # type: ignore[attr-defined]  # keep-alive, pipelining
+        self._inlining = True
+        try:
+            self.on_response_complete()  # type: ignore[attr-defined]  # keep-alive, pipelining
+        finally:
+            self._inlining = False
         return True
