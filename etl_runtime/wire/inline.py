@@ -33,6 +33,9 @@ A request with a body (``Content-Length`` other than 0, or
 cap (its app is uvicorn's 503), nor one that arrives while the connection's
 writing is paused (a client that pipelines requests and does not read its
 answers): the ASGI way waits for it, so answers never pile up in memory.
+A pipelined request that uvicorn starts from inside an inline answer's
+completion goes the ASGI way too (answering it there would nest one call per
+pipelined request: a burst of them was a ``RecursionError``).
 """
 
 from __future__ import annotations
