@@ -27,6 +27,16 @@ from etl_runtime.core.errors import PreconditionFailed, RangeNotSatisfiable
 from etl_runtime.storage.store import ObjectInfo
 
 _RANGE_RE = re.compile(r"^\s*(\d*)\s*-\s*(\d*)\s*$")
+# The request headers ``preconditions`` and ``byte_range`` read: a GET with none of them
+# is answered whole, 200 (storage_target/inline.py answers only those).
+READ_CONDITIONS = (
+    "range",
+    "if-match",
+    "if-none-match",
+    "if-modified-since",
+    "if-unmodified-since",
+    "if-range",
+)
 
 
 def _tags(header: str) -> list[str]:

@@ -31,6 +31,7 @@ from etl_runtime.core import auth
 from etl_runtime.core.errors import SluiceError
 from etl_runtime.core.metrics import HttpMetrics
 from etl_runtime.core.names import validate_names
+from etl_runtime.storage.ranges import READ_CONDITIONS
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.objects import object_headers
 from etl_runtime.wire.inline import Answer, Answerer
@@ -38,17 +39,8 @@ from etl_runtime.wire.inline import Answer, Answerer
 INLINE_MAX = 128 << 10  # bigger objects go by the route's sendfile
 PREFIX = "/v1/objects/"
 ROUTE = "/v1/objects/{bucket}/{name:path}"  # the route's template, for the metrics
-# Headers that change the answer (the route's preconditions and ranges), or need the route.
-DECLINED = frozenset(
-    {
-        b"range",
-        b"if-match",
-        b"if-none-match",
-        b"if-modified-since",
-        b"if-unmodified-since",
-        b"if-range",
-    }
-)
+# Headers that change the answer (the route's preconditions and ranges).
+DECLINED = frozenset(h.encode() for h in READ_CONDITIONS)
 
 
 class _Route:
