@@ -35,7 +35,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, cast
 
 from etl_runtime.core.errors import SluiceError
 from etl_runtime.getbatch.archive import BLOCK, ArchiveWriter, Chunk, Piece
@@ -158,16 +158,29 @@ class Assembler:
         """The answer's archive, chunk by chunk; raises (after a broken entry) to abort."""
         req, w = self._req, ArchiveWriter(self._req.fmt)
         outs = not req.streaming  # the multipart answer's JSON part lists every item
+        count = len(req.items)
         try:
             for i, item in enumerate(req.items):
-                self._fill()
-                si, slot = self._shared[i], self._slots.pop(i, None)
-                name = req.name_in_archive(item)
+                if self._scanned < count:
+                    self._fill()
+                si = self._shared[i]
+                if si is not None and si.entry is None and not si.head.done():
+                    if w.pending:
+                        yield w.take()
+                    await si.head
+                if si is not None and si.entry is not None:  # its part came whole: a slice
+                    w.data(si.entry)
+                    if outs:
+                        self.out.append(moss_out(item, cast(int, si.head.result())))
+                    si.share.took(si)
+                    if w.pending >= FLUSH_BYTES:
+                        yield w.take()
+                    continue
+                slot = self._slots.pop(i, None)
+                name = si.name if si is not None else req.name_in_archive(item)
                 head: object
                 if si is not None:
-                    if not si.head.done() and w.pending:
-                        yield w.take()
-                    head = await si.head
+                    head = si.head.result()
                     if head is READ_BY_GET:  # not on its target's disk now: a plain GET
                         slot, si = self._slot(item), None
                 if slot is not None:

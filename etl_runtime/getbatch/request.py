@@ -29,6 +29,7 @@ REQUEST_FIELDS = frozenset({"in", "mime", "coer", "onob", "strm", "coloc"})
 ITEM_FIELDS = frozenset(
     {"objname", "bucket", "provider", "uname", "archpath", "opaque", "start", "length"}
 )
+PLAIN_FIELDS = frozenset({"objname", "bucket", "provider"})  # a whole object: ``_plain``
 # "mime" as the SDK sends it ("" and the bare words too) -> (format, Content-Type)
 FORMATS = {
     "": (".tar", "application/x-tar"),
@@ -270,10 +271,25 @@ def parse_request(
     fmt, content_type = FORMATS[mime.lower()]
     chain = tuple(parse_chain(etl_name, etl_pipeline))
     checked: set[tuple[str, str]] = set()
-    items = [
-        _item(r, i, default_bucket, default_provider, cmap, chain, etl_args, checked)
-        for i, r in enumerate(raw_items)
-    ]
+    # (bucket, provider) as an item of PLAIN_FIELDS gave them -> (bucket, provider) checked:
+    # the next such item of the same bucket needs only its name checked
+    plain: dict[tuple[str | None, str | None], tuple[str, str]] = {}
+    items = []
+    for i, r in enumerate(raw_items):
+        if type(r) is dict and r.keys() <= PLAIN_FIELDS:
+            b, p, name = r.get("bucket"), r.get("provider"), r.get("objname")
+            if (b is None or type(b) is str) and (p is None or type(p) is str):
+                hit = plain.get((b, p))
+                if hit is not None and type(name) is str:
+                    validate_object(hit[0], name)
+                    items.append(Item(i, hit[0], hit[1], name, etl=chain, etl_args=etl_args))
+                    continue
+                item = _item(r, i, default_bucket, default_provider, cmap, chain, etl_args, checked)
+                if not item.source:  # not a view (whose items carry its ETL and source)
+                    plain[(b, p)] = (item.bucket, item.provider)
+                items.append(item)
+                continue
+        items.append(_item(r, i, default_bucket, default_provider, cmap, chain, etl_args, checked))
     return BatchRequest(
         items=items,
         fmt=fmt,

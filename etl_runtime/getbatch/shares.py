@@ -61,6 +61,9 @@ AHEAD = 2  # share requests in flight per target
 ETL_PART = 32  # the same through an ETL: the target transforms a part before it answers
 ETL_AHEAD = 3
 SMALL_ENTRY = 64 << 10  # an object up to this size is relayed with its header in one piece
+# A part whose entries are all small and together at most this big is read in one piece as
+# soon as its manifest is in; each item's entry is then a slice of it (``ShareItem.entry``)
+WHOLE_PART = 1 << 20
 POOL = SharePool()  # this process's connections to targets for shares
 
 
@@ -90,6 +93,9 @@ class ShareItem:
         self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
         self.header_len = 0  # bytes of the TAR header the target wrote
         self.part: _Part | None = None
+        # the whole TAR entry (header, bytes, padding), where the part was read in one piece
+        # (set before ``head``); the assembler takes it with ``took``
+        self.entry: memoryview | None = None
 
 
 class _Part:
@@ -238,18 +244,45 @@ class TargetShare:
         entries: list[list[Any]] = json.loads(await body.exactly(n))
         if len(entries) != len(part.items):
             raise ShareBroken(f"{len(entries)} manifest entries for {len(part.items)} items")
+        total, small = 0, True
+        for e in entries:
+            if e[0] == OK:
+                size = e[1]
+                total += e[2] + size + padding(size)
+                small = small and size <= SMALL_ENTRY
+        whole = None
+        read_whole = small and total <= WHOLE_PART
+        if read_whole:
+            # every entry in one read: per item a slice, not a read of the socket
+            whole = memoryview(await body.block(total)) if total else None
+            await body.end()
+        off = 0
         for si, e in zip(part.items, entries, strict=True):
             status = e[0]
             if status == OK:
+                size = e[1]
                 si.header_len = e[2]
+                if whole is not None:
+                    end = off + e[2] + size + padding(size)
+                    si.entry, off = whole[off:end], end
                 part.entries_left += 1
-                si.head.set_result(e[1])
+                si.head.set_result(size)
             elif status == ELSEWHERE:
                 si.head.set_result(READ_BY_GET)
             else:
                 si.head.set_result(relayed(status, e[1], si.item, None))
         if not part.entries_left:
-            await body.end()
+            if not read_whole:
+                await body.end()
+            self._consumed(part)
+
+    def took(self, si: ShareItem) -> None:
+        """The assembler wrote ``si.entry``: the part is done once every entry was."""
+        si.entry = None
+        part = si.part
+        assert part is not None
+        part.entries_left -= 1
+        if not part.entries_left:
             self._consumed(part)
 
     def _consumed(self, part: _Part) -> None:

@@ -49,7 +49,7 @@ from etl_runtime.core.errors import (
     SluiceError,
 )
 from etl_runtime.core.jsonbody import read_json
-from etl_runtime.core.names import validate_names
+from etl_runtime.core.names import validate_names, validate_object
 from etl_runtime.storage_target.batch_etl import EtlShare, Output
 from etl_runtime.storage_target.context import Target
 from etl_runtime.wire.batchshare import (
@@ -91,12 +91,17 @@ def _items(body: Any) -> list[Row]:
         raise InvalidRequest(f"a GetBatch share is {{'in': [...]}} of at most {MAX_ITEMS} items")
     out = []
     for i, it in enumerate(raw):
-        ok = isinstance(it, list) and len(it) in (5, 6)
+        # type(...) is, not isinstance: JSON gives exact types, and a bool is no offset
+        ok = type(it) is list and len(it) in (5, 6)
         if ok:
             b, o, start, length, arcname, archpath = it if len(it) == 6 else [*it, ""]
             ok = (
-                all(isinstance(x, str) for x in (b, o, arcname, archpath))
-                and all(isinstance(x, int) and not isinstance(x, bool) for x in (start, length))
+                type(b) is str
+                and type(o) is str
+                and type(arcname) is str
+                and type(archpath) is str
+                and type(start) is int
+                and type(length) is int
                 and 0 <= start < 1 << 62
                 and -1 <= length < 1 << 62
             )
@@ -132,6 +137,7 @@ class Share:
         self.mtime = 0
         self.cmap: ClusterMap | None = None
         self.etl: EtlShare | None = None
+        self._prefixes: dict[str, str] = {}  # bucket -> its directory, the name checked
 
     def _look(self) -> None:
         placement = self.target.placement
@@ -159,7 +165,10 @@ class Share:
 
     def _open(self, bucket: str, name: str, start: int, length: int, arcname: str) -> None:
         store, placement = self.target.store, self.target.placement
-        path = store.local_fspath(bucket, name)  # checks both names
+        prefix = self._prefixes.get(bucket)
+        if prefix is None:
+            prefix = self._prefixes[bucket] = store.local_fsprefix(bucket)  # checks the name
+        path = prefix + validate_object(bucket, name)
         if self._not_an_owner(bucket, name):
             self.manifest.append([ELSEWHERE])
             return

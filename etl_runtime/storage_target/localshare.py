@@ -114,6 +114,9 @@ class LocalBody:
             n -= len(parts[-1])
         return b"".join(parts)
 
+    async def block(self, n: int) -> bytes:
+        return await self.exactly(n)
+
     async def pieces(self, n: int) -> AsyncIterator[Buffer]:
         if self._skip:
             await self._drop()

@@ -233,6 +233,22 @@ class ShareBody:
         self.left -= n
         return out
 
+    async def block(self, n: int) -> bytearray:
+        """``n`` bytes in one new buffer, the rest of them received into it in place (a
+        whole part of small entries: one copy at most, where ``exactly`` makes three)."""
+        await self._drop()
+        if n > self.left or self._sock is None:
+            raise ShareBroken(f"{n} bytes asked of an answer with {self.left} left")
+        out = bytearray(n)
+        view = memoryview(out)
+        got = min(n, len(self._buf))
+        view[:got] = memoryview(self._buf)[:got]
+        del self._buf[:got]
+        while got < n:
+            got += await self._recv(view[got:])
+        self.left -= n
+        return out
+
     async def pieces(self, n: int) -> AsyncIterator[bytes | bytearray | memoryview]:
         """``n`` bytes, in pieces of up to ``PIECE``, received in place where they can be."""
         await self._drop()
