@@ -49,7 +49,7 @@ from etl_runtime.core.errors import (
     SluiceError,
 )
 from etl_runtime.core.jsonbody import read_json
-from etl_runtime.core.names import validate_names, validate_object
+from etl_runtime.core.names import validate_bucket, validate_names, validate_object
 from etl_runtime.storage_target.batch_etl import EtlShare, Output
 from etl_runtime.storage_target.context import Target
 from etl_runtime.wire.batchshare import (
@@ -166,8 +166,9 @@ class Share:
     def _open(self, bucket: str, name: str, start: int, length: int, arcname: str) -> None:
         store, placement = self.target.store, self.target.placement
         prefix = self._prefixes.get(bucket)
-        if prefix is None:
-            prefix = self._prefixes[bucket] = store.local_fsprefix(bucket)  # checks the name
+        if prefix is None:  # ``store.local_fspath`` less the name: each bucket checked once
+            prefix = f"{os.fspath(store.buckets_dir)}/{validate_bucket(bucket)}/"
+            self._prefixes[bucket] = prefix
         path = prefix + validate_object(bucket, name)
         if self._not_an_owner(bucket, name):
             self.manifest.append([ELSEWHERE])
