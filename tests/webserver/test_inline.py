@@ -5,11 +5,15 @@ bearer token) and that ``/stats`` and ``/metrics`` count every request."""
 
 from __future__ import annotations
 
+import json
+import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from etl_runtime.wire import etlbatch
 from tests.prom import scrape
 from tests.webserver.conftest import AUTH, TOKEN, source_code, transformer
 
@@ -17,7 +21,7 @@ CODE = """
 import time
 
 def transform(data, args):
-    if args == "sleep":
+    if args == "sleep" or data == b"stuck":
         time.sleep(3)
     if args == "raise":
         raise ValueError("no thanks")
@@ -83,3 +87,33 @@ def test_answers_errors_deadline_and_counts(url: str) -> None:
     )
     sent = after.value("sluice_http_sent_bytes_total", **HPUSH)
     assert sent - before.value("sluice_http_sent_bytes_total", **HPUSH) >= len(b"HELLOabcdefgh")
+
+
+def test_a_batch_goes_on_past_an_object_stuck_past_its_deadline(url: str, tmp_path: Path) -> None:
+    """In ``POST /_sluice/batch`` each object keeps its own ``requestSeconds``: the stuck
+    one is 504, and the others are transformed while its thread sleeps on."""
+    items = []
+    for i in range(20):
+        f = tmp_path / f"o{i}"
+        f.write_bytes(b"stuck" if i == 5 else f"item-{i}".encode())
+        items.append([f"b/o{i}", str(f)])
+    t0 = time.monotonic()
+    r = httpx.post(
+        f"{url}{etlbatch.PATH}", json={"etl_args": None, "items": items}, headers=AUTH, timeout=30
+    )
+    took = time.monotonic() - t0
+    assert r.status_code == 200, r.text
+    raw, frames = r.content, []
+    while raw:
+        status, length = etlbatch.HEAD.unpack(raw[: etlbatch.HEAD.size])
+        frames.append((status, raw[etlbatch.HEAD.size : etlbatch.HEAD.size + length]))
+        raw = raw[etlbatch.HEAD.size + length :]
+    assert len(frames) == 20
+    for i, (status, body) in enumerate(frames):
+        if i == 5:
+            assert status == 504, body
+            err = json.loads(body)
+            assert err["kind"] == "TransformTimeout" and err["object"] == "b/o5"
+        else:
+            assert (status, body) == (200, f"ITEM-{i}".encode())
+    assert took < 2.9  # the stuck object's thread was not waited for (it sleeps 3 s)
