@@ -35,6 +35,7 @@ from etl_runtime.getbatch.request import parse_request
 from etl_runtime.wire import splice
 from etl_runtime.wire.batchshare import FileSlice, Spliced
 from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.streaming import until_gone
 from etl_runtime.wire.zerocopy import EXTENSION
 
 log = logging.getLogger(__name__)
@@ -84,7 +85,8 @@ class BatchResponse(StreamingResponse):
         self._pieces = content
         self._asm = asm
 
-    async def stream_response(self, send: Send) -> None:
+    async def _stream(self, send: Send) -> bool:
+        """Every message but the last; False: broken off (no end: the server drops it)."""
         start = {"type": "http.response.start", "status": self.status_code}
         await send({**start, "headers": self.raw_headers})
         try:
@@ -113,20 +115,20 @@ class BatchResponse(StreamingResponse):
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
         except SluiceError as e:
             log.warning("GetBatch answer broken off (the connection is dropped): %s", e.message)
-            return
+            return False
         except splice.ClientGone:
-            return  # the share's socket is left mid-entry: closed with the batch, never pooled
+            return False  # the share's socket is left mid-entry: closed with the batch
         except splice.SourceBroken as e:
             assert isinstance(chunk, Spliced)
             log.warning(
                 "GetBatch answer broken off (the connection is dropped): %s (%s)", chunk.what, e
             )
-            return
-        await send({"type": "http.response.body", "body": b"", "more_body": False})
+            return False
+        return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
+        try:  # not Starlette's task group (``wire/streaming.py``)
+            await until_gone(lambda: self._stream(send), receive, send)
         finally:
             self._asm.close()
 

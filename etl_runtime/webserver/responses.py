@@ -17,6 +17,8 @@ from collections.abc import AsyncIterator
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
+from etl_runtime.wire.streaming import until_gone
+
 
 class TransformedStream(Response):
     def __init__(
@@ -38,20 +40,7 @@ class TransformedStream(Response):
         self.body_done = body_done
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        me = asyncio.current_task()
-        assert me is not None
-        state = {"finished": False, "disconnected": False}
-
-        async def watch_disconnect() -> None:
-            await self.body_done.wait()
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            if not state["finished"]:
-                state["disconnected"] = True
-                me.cancel()
-
-        watcher = asyncio.create_task(watch_disconnect())
-        try:
+        async def stream() -> bool:
             await send(
                 {
                     "type": "http.response.start",
@@ -64,15 +53,11 @@ class TransformedStream(Response):
                 # take without copying it first (bytes[n:] would).
                 body = memoryview(chunk)
                 await send({"type": "http.response.body", "body": body, "more_body": True})
-            state["finished"] = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except asyncio.CancelledError:
-            if not state["disconnected"]:
-                raise
-            me.uncancel()  # the client went away: nothing left to answer
+            return True
+
+        try:
+            await until_gone(stream, receive, send, self.body_done)
         finally:
-            state["finished"] = True
-            watcher.cancel()
             aclose = getattr(self.chunks, "aclose", None)
             if aclose is not None:
                 await aclose()
