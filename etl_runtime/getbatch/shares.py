@@ -12,9 +12,15 @@ outcome, then the TAR entries back to back) is drawn in ``wire/batchshare.py``.
 disk and sends while the gateway writes another target's items; what the
 gateway has not taken yet waits in socket buffers (the gateway reads a share
 only when it writes that share's item: TCP pushes back on the target), so
-memory stays bounded whatever the batch's size.
+memory stays bounded whatever the batch's size. A part of small entries
+(``SMALL_ENTRY``, ``WHOLE_PART`` in all) is read whole once its manifest is
+in, and each item's entry is a slice of it (``ShareItem.entry``): a batch of
+10 KiB objects read one socket per item before, with a copy into a buffer,
+out of it and into the answer. Such a part counts as consumed once the
+assembler wrote all its entries (``took``), so it is still bounded.
 
-A ``ShareItem``'s ``head`` resolves when its part's manifest arrives: the
+A ``ShareItem``'s ``head`` resolves when its part's manifest arrives (a part
+read whole: once all of it is in): the
 object's size, a ``Failed`` (the item's error as a GET would have answered
 it, classified by ``items.relayed``), or ``ELSEWHERE`` (the target does not
 hold it now: the assembler reads it with a plain GET, ``items.Slot``). A
