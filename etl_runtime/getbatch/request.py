@@ -29,7 +29,7 @@ REQUEST_FIELDS = frozenset({"in", "mime", "coer", "onob", "strm", "coloc"})
 ITEM_FIELDS = frozenset(
     {"objname", "bucket", "provider", "uname", "archpath", "opaque", "start", "length"}
 )
-PLAIN_FIELDS = frozenset({"objname", "bucket", "provider"})  # a whole object: ``_plain``
+PLAIN_FIELDS = frozenset({"objname", "bucket", "provider"})  # one bucket check per request
 # "mime" as the SDK sends it ("" and the bare words too) -> (format, Content-Type)
 FORMATS = {
     "": (".tar", "application/x-tar"),

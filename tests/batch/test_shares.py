@@ -24,7 +24,7 @@ import psutil
 import pytest
 import requests
 
-from etl_runtime.getbatch.shares import PART
+from etl_runtime.getbatch.shares import PART, WHOLE_PART
 from etl_runtime.local import LocalCluster
 from etl_runtime.storage_target.batch import LOOP_ITEMS
 from etl_runtime.wire.batchshare import ELSEWHERE, MANIFEST_LEN, SHARE_PATH, padding
@@ -104,6 +104,46 @@ def test_many_parts_per_target_keep_order_ranges_and_missing_items(cluster: Loca
     assert all("does not exist" in o["err_msg"] for o in missing)
     archive = parts[2].split(b"\r\n\r\n", 1)[1][: -len(b"\r\n")]
     assert read_tar(archive) == want
+
+
+def test_parts_read_whole_or_entry_by_entry_keep_order_and_bytes(cluster: LocalCluster) -> None:
+    """A part of small entries up to ``WHOLE_PART`` in all is read in one piece and
+    handed on as slices; a bigger part of small entries, or one with a big entry, is
+    read entry by entry. Batches of each kind (and both mixed in one batch) come back
+    whole, in order, on both answers (streamed and multipart)."""
+    url = cluster.endpoint.rstrip("/")
+    mid = [bytes([65 + i]) * (60 << 10) for i in range(24)]  # 60 KiB: small entries
+    with httpx.Client(base_url=url, timeout=120, trust_env=False) as h:
+        h.post("/v1/buckets/mid", json={"action": "create-bck"})
+        for i, data in enumerate(mid):
+            h.put(f"/v1/objects/mid/m{i:02d}", content=data).raise_for_status()
+
+    def mixed(i: int) -> tuple[str, str]:
+        if i % 9 == 4:
+            return "big", f"b{i % 12:02d}"
+        return ("small", f"o{i % N:03d}") if i % 2 else ("mid", f"m{i % 24:02d}")
+
+    def data(b: str, o: str) -> bytes:
+        k = int(o[1:])
+        return data_of(k) if b == "small" else mid[k] if b == "mid" else bytes([k]) * BIG
+
+    batches = {
+        "whole parts": [("small", f"o{i % N:03d}") for i in range(50)],
+        "parts over WHOLE_PART": [("mid", f"m{i % 24:02d}") for i in range(PART)],
+        "mixed, with big entries": [mixed(i) for i in range(60)],
+    }
+    assert 24 * (60 << 10) > WHOLE_PART  # a part of them is past it
+    for label, pairs in batches.items():
+        want = [(f"{b}/{o}", data(b, o)) for b, o in pairs]
+        items = [{"objname": o, "bucket": b} for b, o in pairs]
+        for strm in (True, False):
+            r = requests.get(f"{url}/v1/ml/moss", json={"in": items, "strm": strm}, timeout=120)
+            assert r.status_code == 200, (label, r.text)
+            raw = r.content
+            if not strm:
+                boundary = r.headers["content-type"].split("boundary=")[1].encode()
+                raw = raw.split(b"--" + boundary)[2].split(b"\r\n\r\n", 1)[1][: -len(b"\r\n")]
+            assert read_tar(raw) == want, (label, strm)
 
 
 def test_a_share_opened_on_the_loop_or_in_a_thread_answers_the_same(
