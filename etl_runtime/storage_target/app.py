@@ -32,7 +32,7 @@ from etl_runtime.storage.rebalance import Rebalancer
 from etl_runtime.storage.store import ObjectStore
 from etl_runtime.storage_target.batch import batch_router
 from etl_runtime.storage_target.context import Target
-from etl_runtime.storage_target.inline import object_answerer
+from etl_runtime.storage_target.inline import answerer
 from etl_runtime.storage_target.internal import internal_router
 from etl_runtime.storage_target.moss import moss_router
 from etl_runtime.storage_target.objects import object_router
@@ -118,7 +118,7 @@ def create_target_app(
     if forwarder.cache is not None:
         collectors.append(OutputCacheCollector(forwarder.cache.index))
     install_metrics(app, "target", *collectors)
-    app.state.answerer = object_answerer(target, app.state.http_metrics)  # for run_server
+    app.state.answerer = answerer(target, app.state.http_metrics)  # for run_server
     app.include_router(object_router(target))
     app.include_router(internal_router(store, cluster_key or None, rebalancer))
     app.include_router(remote_router(target))

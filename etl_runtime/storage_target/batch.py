@@ -85,7 +85,7 @@ class _Entry:
 Row = tuple[str, str, int, int, str, str]  # bucket, object, start, length, name, archpath
 
 
-def _items(body: Any) -> list[Row]:
+def share_rows(body: Any) -> list[Row]:
     raw = body.get("in") if isinstance(body, dict) else None
     if not isinstance(raw, list) or len(raw) > MAX_ITEMS:
         raise InvalidRequest(f"a GetBatch share is {{'in': [...]}} of at most {MAX_ITEMS} items")
@@ -114,7 +114,7 @@ def _items(body: Any) -> list[Row]:
     return out
 
 
-def _chain(body: dict[str, Any]) -> tuple[list[str], str | None]:
+def share_chain(body: dict[str, Any]) -> tuple[list[str], str | None]:
     chain, args = body.get("etl") or [], body.get("etl_args")
     if not isinstance(chain, list) or not all(isinstance(x, str) and x for x in chain):
         raise InvalidRequest("GetBatch share: 'etl' is a list of ETL names")
@@ -347,8 +347,8 @@ class ShareResponse(Response):
 async def open_share(target: Target, body: Any, etl: bool) -> Share:
     """The share a request body asks for, every item opened (or transformed); the
     caller closes it. ``etl``: the route taken is the one for ETL shares."""
-    items = _items(body)
-    chain, args = _chain(body)
+    items = share_rows(body)
+    chain, args = share_chain(body)
     if etl != bool(chain):
         raise InvalidRequest(
             f"GetBatch share: {SHARE_ETL_PATH} takes the items of an ETL ('etl'), "

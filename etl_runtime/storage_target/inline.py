@@ -1,4 +1,15 @@
-"""The small plain GET, answered inside the HTTP protocol (``wire/inline.py``).
+"""The small plain GET and the small GetBatch share, answered inside the HTTP protocol.
+
+``wire/inline.py`` calls ``answerer`` with every request's head. A GetBatch
+share (``POST /v1/_moss``, ``share_answerer``) of at most ``LOOP_ITEMS``
+plain items whose bytes are all read with the manifest is answered once its
+body is in, with the route's exact answer (``batch.py``'s ``ShareResponse``):
+the share costs its target no uvicorn task, middleware or Starlette
+``Request``/``Response``. Anything else (an ETL share, a bigger one, one with
+a file to send by ``sendfile``, a bad body, a read without the token) is the
+route's.
+
+The small GET:
 
 ``GET /v1/objects/{bucket}/{name}`` of a local object of at most
 ``INLINE_MAX`` bytes, with no query, no ``Range`` or ``If-*`` header and no
@@ -25,22 +36,33 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from etl_runtime.core import auth
 from etl_runtime.core.errors import SluiceError
+from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.metrics import HttpMetrics
 from etl_runtime.core.names import validate_names
 from etl_runtime.storage.ranges import READ_CONDITIONS
+from etl_runtime.storage_target.batch import (
+    LOOP_INLINE_BUDGET,
+    LOOP_ITEMS,
+    Share,
+    share_chain,
+    share_rows,
+)
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.objects import object_headers
-from etl_runtime.wire.inline import Answer, Answerer
+from etl_runtime.wire.batchshare import SHARE_PATH, encode_manifest, padding
+from etl_runtime.wire.inline import Answer, Answerer, WithBody
 
 INLINE_MAX = 128 << 10  # bigger objects go by the route's sendfile
 PREFIX = "/v1/objects/"
 ROUTE = "/v1/objects/{bucket}/{name:path}"  # the route's template, for the metrics
 # Headers that change the answer (the route's preconditions and ranges).
 DECLINED = frozenset(h.encode() for h in READ_CONDITIONS)
+_BODY = (b"content-length", b"transfer-encoding")
 
 
 class _Route:
@@ -50,8 +72,77 @@ class _Route:
 _METRICS_SCOPE = {"route": _Route(), "method": "GET", "query_string": b""}
 
 
+class _ShareRoute:
+    path = SHARE_PATH
+
+
+_SHARE_METRICS_SCOPE = {"route": _ShareRoute(), "method": "POST", "query_string": b""}
+_PADS = [bytes(n) for n in range(512)]
+_SHARE_HEADERS = [(b"content-type", b"application/octet-stream")]
+
+
+def answerer(target: Target, metrics: HttpMetrics | None) -> Answerer:
+    """The answerer for ``run_server``: the small plain GET, a small GetBatch share."""
+    get, share = object_answerer(target, metrics), share_answerer(target, metrics)
+
+    def answer(scope: dict[str, Any]) -> Answer | WithBody | None:
+        return share(scope) if scope["method"] == "POST" else get(scope)
+
+    return answer
+
+
+def share_answerer(
+    target: Target, metrics: HttpMetrics | None
+) -> Callable[[dict[str, Any]], WithBody | None]:
+    """``POST /v1/_moss`` of at most ``LOOP_ITEMS`` plain items whose bytes are all read
+    with the manifest (``Share.open_all`` on the loop, as the route does for such a share):
+    the route's answer, built once the body is in. A share through an ETL, a bigger one,
+    one with a file to send by ``sendfile``, a body that is not a share, a caller
+    without the token: the route's."""
+
+    def answer(scope: dict[str, Any]) -> WithBody | None:
+        if scope["path"] != SHARE_PATH or scope["query_string"]:
+            return None
+        authorization = None
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                authorization = value.decode("latin-1")
+        if not auth.read_ok(authorization, target.read_token, target.token):
+            return None
+        started = time.perf_counter()
+
+        def with_body(raw: bytes) -> Answer | None:
+            try:
+                body = parse_json(raw, "a GetBatch share")
+                items = share_rows(body)
+                if share_chain(body)[0] or len(items) > LOOP_ITEMS:
+                    return None
+            except SluiceError:
+                return None
+            share = Share(target, body.get("placed"))
+            try:
+                share.open_all(items, int(time.time()), LOOP_INLINE_BUDGET)
+                out = [encode_manifest(share.manifest)]
+                for e in share.entries:
+                    if e.data is None:  # a file to send by sendfile: the route's
+                        return None
+                    out += (e.head, e.data, _PADS[padding(e.size)])
+            finally:
+                share.close()
+            payload = b"".join(out)
+            headers = [(b"content-length", str(len(payload)).encode()), *_SHARE_HEADERS]
+            if metrics is not None:
+                seconds = time.perf_counter() - started
+                metrics.observe(_SHARE_METRICS_SCOPE, 200, len(raw), len(payload), seconds)
+            return 200, headers, payload
+
+        return with_body
+
+    return answer
+
+
 def object_answerer(target: Target, metrics: HttpMetrics | None) -> Answerer:
-    """The answerer for ``run_server``: the small plain GET, else None."""
+    """The small plain GET, else None."""
     store, placement, remote = target.store, target.placement, target.remote
 
     def answer(scope: dict[str, Any]) -> Answer | None:
@@ -61,7 +152,7 @@ def object_answerer(target: Target, metrics: HttpMetrics | None) -> Answerer:
         started = time.perf_counter()
         authorization = None
         for name, value in scope["headers"]:
-            if name in DECLINED:
+            if name in DECLINED or (name in _BODY and value.strip() != b"0"):  # a body: the route
                 return None
             if name == b"authorization":
                 authorization = value.decode("latin-1")

@@ -1,0 +1,131 @@
+"""A small GetBatch share (``POST /v1/_moss``) answered inside the HTTP protocol.
+
+The target's answerer (``storage_target/inline.py``, ``share_answerer``) takes
+a share of plain items whose bytes are all read with the manifest and answers
+it once its body is in (``wire/inline.py``: ``on_message_complete``). Served
+as in ``test_inline.py`` (the same app with and without the answerer, on
+asyncio and uvloop): the inline answer must be the route's, byte for byte and
+header for header; a share with a file to send by ``sendfile``, a chunked
+body, an ETL share and a read without the token get the route's answer; a
+body that comes after its head, and shares pipelined with a GET, are answered
+in order.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from etl_runtime.wire.batchshare import SHARE_ETL_PATH, SHARE_PATH
+from tests.storage_target.test_inline import SMALL, Served, _metric, _same, _serve
+
+ROWS = [
+    ["b", "small", 0, 0, "b/small"],
+    ["b", "dir/typed", 0, 0, "x/typed"],
+    ["b", "small", 5, 100, "b/small-range"],
+    ["b", "gone", 0, 0, "b/gone"],
+    ["nobucket", "o", 0, 0, "nobucket/o"],
+]
+
+
+@pytest.fixture
+def served(tmp_path: Path, loop_name: str) -> Iterator[Served]:
+    yield from _serve(tmp_path, loop_name, None, header_timeout=0.5)
+
+
+def post(c: httpx.Client, rows: list[list[object]], path: str = SHARE_PATH) -> httpx.Response:
+    return c.post(path, json={"in": rows})
+
+
+def test_a_share_answered_inline_is_the_routes_answer(served: Served) -> None:
+    inline, route = post(served.inline, ROWS), post(served.route, ROWS)
+    assert inline.status_code == 200 and SMALL in inline.content
+    _same(inline, route)
+    assert served.answers == [True]
+
+
+def test_shares_the_answerer_declines_get_the_routes_answer(served: Served) -> None:
+    big = [["b", "big", 0, 0, "b/big"], *ROWS]  # 512 KiB: a file for sendfile
+    _same(post(served.inline, big), post(served.route, big))
+    etl = post(served.inline, ROWS, SHARE_ETL_PATH)  # not a share through an ETL: 400
+    _same(etl, post(served.route, ROWS, SHARE_ETL_PATH))
+    assert etl.status_code == 400
+    bad = served.inline.post(SHARE_PATH, content=b"[1, 2")
+    _same(bad, served.route.post(SHARE_PATH, content=b"[1, 2"))
+    assert bad.status_code == 400
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: never answered inline
+        yield json.dumps({"in": ROWS}).encode()
+
+    _same(
+        served.inline.post(SHARE_PATH, content=chunked()),
+        served.route.post(SHARE_PATH, content=chunked()),
+    )
+    assert served.answers == [False, False, False]  # big share, ETL path, bad body: declined
+
+
+def test_a_body_after_its_head_and_pipelined_requests(served: Served) -> None:
+    host, port = served.inline_url.split("//")[1].split(":")
+    body = json.dumps({"in": ROWS}).encode()
+    head = f"POST {SHARE_PATH} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
+    want = post(served.route, ROWS).content
+    get = b"GET /v1/objects/b/small HTTP/1.1\r\nHost: t\r\n\r\n"
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(head.encode())
+        time.sleep(0.3)  # the body comes later than the head, in another segment
+        s.sendall(body)
+        s.sendall(head.encode() + body + get + head.encode() + body)  # pipelined
+        answers = _read_answers(s, 4)
+    assert [a[0] for a in answers] == [200, 200, 200, 200]
+    assert [a[1] for a in answers] == [want, want, SMALL, want]
+    assert served.answers == [True, True, True, True]
+
+
+def test_a_share_without_the_token_is_the_routes_401(tmp_path: Path, loop_name: str) -> None:
+    for served in _serve(tmp_path, loop_name, "tok", header_timeout=0.5, read_token="rt"):
+        r = post(served.inline, ROWS)
+        assert r.status_code == 401
+        _same(r, post(served.route, ROWS))
+        ok = served.inline.post(
+            SHARE_PATH, json={"in": ROWS}, headers={"Authorization": "Bearer rt"}
+        )
+        assert ok.status_code == 200 and SMALL in ok.content
+
+
+def _read_answers(s: socket.socket, n: int) -> list[tuple[int, bytes]]:
+    buf, out = b"", []
+    while len(out) < n:
+        while b"\r\n\r\n" not in buf:
+            buf += s.recv(1 << 16)
+        head, buf = buf.split(b"\r\n\r\n", 1)
+        lines = head.decode("latin-1").split("\r\n")
+        length = next(int(x.split(":")[1]) for x in lines if x.lower().startswith("content-length"))
+        while len(buf) < length:
+            buf += s.recv(1 << 16)
+        out.append((int(lines[0].split()[1]), buf[:length]))
+        buf = buf[length:]
+    return out
+
+
+def test_an_inline_share_is_counted_as_the_routes(served: Served) -> None:
+    route = {"route": SHARE_PATH, "op": "post", "role": "target"}
+    names = ("sluice_http_requests_total", "sluice_http_sent_bytes_total")
+    names += ("sluice_http_received_bytes_total",)
+
+    def counts() -> list[float]:
+        return [_metric(served.route, n, **route) for n in names]
+
+    before = counts()
+    post(served.route, ROWS).raise_for_status()
+    by_route = [b - a for a, b in zip(before, counts(), strict=True)]
+    before = counts()
+    post(served.inline, ROWS).raise_for_status()
+    inline = [b - a for a, b in zip(before, counts(), strict=True)]
+    assert served.answers == [True]
+    assert inline == by_route and by_route[0] == 1
