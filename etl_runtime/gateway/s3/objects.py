@@ -47,18 +47,11 @@ from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
 from etl_runtime.gateway.s3 import spliced
 from etl_runtime.gateway.s3.errors import from_target, from_target_parts
+from etl_runtime.storage.ranges import READ_CONDITIONS
 from etl_runtime.wire.batchshare import ShareBody, ShareBroken
 from etl_runtime.wire.duplex import DuplexClient
 
 UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # per read/write, not for the whole body
-READ_HEADERS = (
-    "range",
-    "if-match",
-    "if-none-match",
-    "if-modified-since",
-    "if-unmodified-since",
-    "if-range",
-)
 INLINE_MAX = 1 << 20  # answers up to this size are read whole, bigger ones streamed
 READ_TIMEOUT = 600.0  # per wait for progress from the owner, not for the whole answer
 ERROR_MAX = 64 << 10  # bytes of an error answer read
@@ -97,7 +90,7 @@ def _unreachable(key: str, e: Exception) -> NoTargets:
 
 def _owner_headers(gw: Gateway, request: Request) -> dict[str, str]:
     headers = {**gw.target_headers()}
-    headers.update({k: v for k, v in request.headers.items() if k in READ_HEADERS})
+    headers.update({k: v for k, v in request.headers.items() if k in READ_CONDITIONS})
     return headers
 
 
