@@ -50,6 +50,7 @@ from typing import Any
 
 import uvicorn
 
+from etl_runtime.core import heap
 from etl_runtime.core.errors import EXIT_CONFIG_ERROR
 from etl_runtime.core.procs import die_with_parent, set_process_name
 from etl_runtime.webserver.stats import Board, LogBuffer
@@ -99,6 +100,7 @@ def _server_main(
             log.removeHandler(handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the supervisor's handler
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor sends SIGTERM
+    heap.tune()  # core/heap.py: buffers of outputs reused, not faulted in afresh
     server, transformer = make_server(slot, board, restarted)
     server.run(sockets=[sock])
     sys.exit(EXIT_CONFIG_ERROR if transformer.fatal else 0)

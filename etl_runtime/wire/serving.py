@@ -17,6 +17,7 @@ from typing import Any
 
 import uvicorn
 
+from etl_runtime.core import heap
 from etl_runtime.core.eventloop import loop_factory, loop_from_env
 from etl_runtime.wire import connections, zerocopy
 from etl_runtime.wire.connections import Limits
@@ -141,7 +142,8 @@ def run_server(
     ``loop`` is ``auto``/``asyncio``/``uvloop`` (default: ``$SLUICE_LOOP``,
     else ``auto``); the hooks and uvicorn share that loop.
 
-    The open-files limit is raised to the hard limit first, and connections
+    The open-files limit is raised to the hard limit first, malloc keeps the
+    memory it gets (``core/heap.py``), and connections
     follow ``SLUICE_HEADER_TIMEOUT`` and ``SLUICE_MAX_CONNECTIONS``
     (``wire/connections.py``). ``answerer`` answers the requests it can before
     ASGI, ``starter`` starts work for them (``wire/inline.py``).
@@ -153,6 +155,7 @@ def run_server(
         limits = connections.setup()
     except ValueError as e:
         raise SystemExit(f"sluice: {e}") from None
+    heap.tune()
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
         runner.run(
             _serve(app, host, port, on_start, on_stop, before_exit, limits, answerer, starter)
