@@ -175,7 +175,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         batch_assembly=args.batch_assembly,
     )
     run_server(
-        app, args.host, args.port, on_start=on_start, on_stop=on_stop, starter=app.state.starter
+        app,
+        args.host,
+        args.port,
+        on_start=on_start,
+        on_stop=on_stop,
+        answerer=app.state.answerer,  # GetBatch's redirect (gateway/inline.py)
+        starter=app.state.starter,
     )
 
 

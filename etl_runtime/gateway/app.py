@@ -23,6 +23,7 @@ from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.dsort import dsort_router
 from etl_runtime.gateway.etl_api import etl_router
+from etl_runtime.gateway.inline import answerer as batch_answerer
 from etl_runtime.gateway.jobs import jobs_router
 from etl_runtime.gateway.membership import MembershipSource, RebalanceMonitor, join
 from etl_runtime.gateway.redirect import redirect_router
@@ -96,6 +97,9 @@ def create_gateway_app(
         return list(dict.fromkeys([*members, *(t.id for t in gw.known_targets())]))
 
     install_metrics(app, "gateway", TargetStateCollector(known, gw.alive_ids, gw.down_reasons))
+    # for run_server: GetBatch's 307 to its designated target, outside ASGI
+    designates = batch_assembly == "target"
+    app.state.answerer = batch_answerer(gw, app.state.http_metrics) if designates else None
     app.include_router(redirect_router(gw))
     app.include_router(bucket_router(gw))
     app.include_router(etl_router(gw))

@@ -12,7 +12,9 @@ then, as AIStore's proxy does, redirects (307, which keeps the method and the
 body) to a **designated target** chosen at random among the members; that
 target (``storage_target/moss.py``) assembles the answer: it asks every other
 target for its share and reads its own, so the gateway handles one small
-request per batch and no item's bytes. Where reads need a token the redirect
+request per batch and no item's bytes. A small batch request that needs no ETL gets this
+redirect inside the HTTP protocol (``gateway/inline.py``), the same answer
+without the ASGI task. Where reads need a token the redirect
 is signed for that route, query and body (``getbatch/serve.py``,
 ``signed_path``). The gateway assembles the batch itself (``getbatch/``, the
 same code) when any member is down, slow to answer its probe or has no
@@ -65,15 +67,23 @@ def designate(gw: Gateway) -> tuple[TargetInfo, int] | None:
     return (info, cmap.version) if info is not None else None
 
 
-def _location(
-    gw: Gateway, request: Request, bucket: str | None, body: bytes, dt: TargetInfo, version: int
+def redirect_location(
+    gw: Gateway,
+    bucket: str | None,
+    query: list[tuple[str, str]],
+    body: bytes,
+    dt: TargetInfo,
+    version: int,
 ) -> str:
-    query = [(k, v) for k, v in request.query_params.multi_items() if k not in SIGNATURE_PARAMS]
-    query.append((MAP_PARAM, str(version)))
+    """Where a batch is redirected: the designated target's route with the caller's
+    ``query`` (less any signature), the map version and, where reads need a token, the
+    signature over the route, query and body. Also ``gateway/inline.py``'s."""
+    kept = [(k, v) for k, v in query if k not in SIGNATURE_PARAMS]
+    kept.append((MAP_PARAM, str(version)))
     if gw.read_token and gw.cluster_key:
-        signed = signed_path(bucket, query, body)
-        query += auth.sign_redirect(gw.cluster_key, "GET", signed).items()
-    return f"{dt.url.rstrip('/')}{batch_path(bucket)}?{urlencode(query)}"
+        signed = signed_path(bucket, kept, body)
+        kept += auth.sign_redirect(gw.cluster_key, "GET", signed).items()
+    return f"{dt.url.rstrip('/')}{batch_path(bucket)}?{urlencode(kept)}"
 
 
 async def get_batch(
@@ -90,7 +100,7 @@ async def get_batch(
     body = await request.body()
     dt = designate(gw) if assembler == "target" else None
     if dt is not None:
-        location = _location(gw, request, bucket, body, *dt)
+        location = redirect_location(gw, bucket, request.query_params.multi_items(), body, *dt)
         return Response(status_code=307, headers={"Location": location})
     cmap = gw.cmap.get() if gw.cmap is not None else None
     return await answer(gw, http, request, bucket, parse_json(body, "the GetBatch request"), cmap)
