@@ -1,4 +1,4 @@
-"""The C heap of a server process: glibc's malloc told to keep what it gets.
+"""A server process's heaps: glibc's malloc told to keep what it gets, and a calmer GC.
 
 Every Sluice server moves bytes in buffers of 64 KiB to 1 MiB: a GetBatch
 share part read in one piece, the 256 KiB writes of a batch's answer, a
@@ -28,6 +28,16 @@ the designated target's from 3.0-3.7 ms to 2.4-2.8 ms per batch. Setting only
 the mmap threshold made it worse (glibc then also fixes the trim threshold at
 its 128 KiB default); the trim threshold and top pad alone gained about half.
 
+``collect_less()`` is for Python's own heap. The cyclic garbage collector
+runs a young collection whenever 700 more container objects are alive than
+at the last one; a busy server always has that many in flight (requests,
+futures, buffers' views), so each collection walked them and moved them on
+to older generations, whose collections walk more. With ``gc.callbacks``
+timing every collection in three targets under the same GetBatch load,
+collections took 0.43 s of each target's 6.9 s of CPU (6%); with the objects
+of start-up frozen (``gc.freeze``: never walked again) and a young threshold
+of 10,000, 0.26 s. Garbage in cycles still goes, a little later.
+
 A process whose environment already sets any of glibc's own malloc variables
 (``MALLOC_TRIM_THRESHOLD_``, ``MALLOC_TOP_PAD_``, ``MALLOC_MMAP_THRESHOLD_``,
 or ``glibc.malloc`` tunables in ``GLIBC_TUNABLES``) keeps them as they are:
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import sys
 
@@ -71,3 +82,15 @@ def tune() -> bool:
     mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
     mallopt.restype = ctypes.c_int
     return all(mallopt(param, value) == 1 for param, value in SETTINGS)
+
+
+YOUNG_THRESHOLD = 10_000  # the interpreter's default is 700
+
+
+def collect_less() -> None:
+    """Freeze what start-up made and collect the young generation less often (once per
+    process, after the app is built, before serving)."""
+    gc.collect()
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(YOUNG_THRESHOLD, older, oldest)

@@ -96,7 +96,7 @@ class ShareItem:
     def __init__(self, share: TargetShare, item: Item, name: str) -> None:
         self.share, self.item = share, item
         self.name = name  # in the answer's archive
-        self.head: asyncio.Future[Head] = asyncio.get_running_loop().create_future()
+        self.head: asyncio.Future[Head] = share.loop.create_future()
         self.header_len = 0  # bytes of the TAR header the target wrote
         self.part: _Part | None = None
         # the whole TAR entry (header, bytes, padding), where the part was read in one piece
@@ -122,6 +122,8 @@ class TargetShare:
         self, gw: BatchHost, target: TargetInfo, etl: EtlKey = ((), None), map_version: int = -1
     ) -> None:
         self._gw, self.target = gw, target
+        # looked up once, not per item (Python 3.11's get_running_loop is a getpid() call)
+        self.loop = asyncio.get_running_loop()
         # a share of the assembling target itself: read (or transformed) in this process
         self._local = gw.local_share(target.id)
         self.map_version = map_version  # of the cluster map that placed the items (-1: none)

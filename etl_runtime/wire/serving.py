@@ -143,7 +143,7 @@ def run_server(
     else ``auto``); the hooks and uvicorn share that loop.
 
     The open-files limit is raised to the hard limit first, malloc keeps the
-    memory it gets (``core/heap.py``), and connections
+    memory it gets and the GC walks less (``core/heap.py``), and connections
     follow ``SLUICE_HEADER_TIMEOUT`` and ``SLUICE_MAX_CONNECTIONS``
     (``wire/connections.py``). ``answerer`` answers the requests it can before
     ASGI, ``starter`` starts work for them (``wire/inline.py``).
@@ -156,6 +156,7 @@ def run_server(
     except ValueError as e:
         raise SystemExit(f"sluice: {e}") from None
     heap.tune()
+    heap.collect_less()  # the app is built: what it made is never walked again
     with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
         runner.run(
             _serve(app, host, port, on_start, on_stop, before_exit, limits, answerer, starter)
