@@ -73,7 +73,7 @@ COPY_BLOCK = 1 << 20  # without sendfile: a big file is read in blocks of this s
 MAX_ITEMS = 4096
 
 
-@dataclass
+@dataclass(slots=True)  # one per item of every share
 class _Entry:
     head: bytes  # the TAR header
     size: int
