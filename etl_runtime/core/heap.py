@@ -22,11 +22,14 @@ clearing at 2-3% of its CPU.
   pages become resident only when used).
 
 Measured on the 2-core VM (``bench/batch.py``'s 64-item GetBatch of 10 KiB
-objects replayed back to back at its designated target, three alternating
-pairs of runs): the targets' CPU per item fell from 68-86 µs to 56-67 µs, and
-the designated target's from 3.0-3.7 ms to 2.4-2.8 ms per batch. Setting only
-the mmap threshold made it worse (glibc then also fixes the trim threshold at
-its 128 KiB default); the trim threshold and top pad alone gained about half.
+objects replayed back to back at its designated target, alternating runs):
+the targets' CPU per item fell from 68-86 µs to 62-65 µs with these settings
+(56-67 µs with a 128 MiB trim threshold), and the designated target's from
+3.0-3.7 ms to 2.6-2.8 ms per batch. Setting only the mmap threshold made it
+worse (glibc then also fixes the trim threshold at its 128 KiB default); the
+trim threshold and top pad alone gained about half. Under the concurrent
+bench, eight batches in flight, the gain is within the noise: the heap stays
+big there anyway.
 
 ``collect_less()`` is for Python's own heap. The cyclic garbage collector
 runs a young collection whenever 700 more container objects are alive than
