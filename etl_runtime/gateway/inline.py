@@ -29,7 +29,6 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
-from etl_runtime.core import auth
 from etl_runtime.core.access import SIGNATURE_PARAMS
 from etl_runtime.core.errors import SluiceError
 from etl_runtime.core.metrics import HttpMetrics
@@ -37,7 +36,7 @@ from etl_runtime.core.names import validate_bucket
 from etl_runtime.gateway.batch_routes import designate, redirect_location
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.getbatch.serve import QUERY
-from etl_runtime.wire.inline import Answer, WithBody
+from etl_runtime.wire.inline import Answer, WithBody, may_read
 
 PATH = "/v1/ml/moss"
 ETL_PARAMS = frozenset({"etl_name", "etl_pipeline", "etl_args"})
@@ -91,11 +90,7 @@ def answerer(
         query = _query(scope["query_string"])
         if query is None:
             return None
-        authorization = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-        if not auth.read_ok(authorization, gw.read_token, gw.token):
+        if not may_read(scope, gw.read_token, gw.token):
             return None
         started = time.perf_counter()
 

@@ -55,7 +55,7 @@ from etl_runtime.storage_target.batch import (
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.objects import object_headers
 from etl_runtime.wire.batchshare import SHARE_PATH, encode_manifest, padding
-from etl_runtime.wire.inline import Answer, Answerer, WithBody
+from etl_runtime.wire.inline import Answer, Answerer, WithBody, may_read
 
 INLINE_MAX = 128 << 10  # bigger objects go by the route's sendfile
 PREFIX = "/v1/objects/"
@@ -103,11 +103,7 @@ def share_answerer(
     def answer(scope: dict[str, Any]) -> WithBody | None:
         if scope["path"] != SHARE_PATH or scope["query_string"]:
             return None
-        authorization = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-        if not auth.read_ok(authorization, target.read_token, target.token):
+        if not may_read(scope, target.read_token, target.token):
             return None
         started = time.perf_counter()
 

@@ -57,6 +57,8 @@ from typing import Any, ClassVar
 
 from uvicorn.protocols.http.flow_control import service_unavailable
 
+from etl_runtime.core import auth
+
 log = logging.getLogger(__name__)
 
 Headers = list[tuple[bytes, bytes]]  # lower-case names, as ASGI's
@@ -82,6 +84,16 @@ except ImportError:  # no httptools: nothing is answered inline
 def has_hook(base: type) -> bool:
     """Whether ``base`` (a uvicorn HTTP protocol class) can answer inline."""
     return hasattr(base, "_start_asgi_task") and bool(STATUS_LINE)
+
+
+def may_read(scope: dict[str, Any], read_token: str | None, token: str | None) -> bool:
+    """The request's ``Authorization`` lets it read (``core/auth.py``'s ``read_ok``): an
+    answerer that finds it does not declines, and the route answers the 401."""
+    authorization = None
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            authorization = value.decode("latin-1")
+    return auth.read_ok(authorization, read_token, token)
 
 
 def _body_length(headers: Headers) -> int | None:
