@@ -14,9 +14,11 @@ FastAPI's scalar ``Query``) keeps the last value and drops the others, so
 calls it, so every route that refuses unknown parameters refuses repeats too,
 and the listings (which take any parameter) call it themselves. Every query
 parameter Sluice reads is single-valued; one that may repeat belongs in
-``MULTI_VALUED``. The internal routes targets and the gateway call on each
-other (``/v1/_replica``, ``/v1/_jobs``, ``/v1/_etl``, ``/v1/_remote``,
-``/v1/_rebalance``) refuse unknown and repeated parameters the same way, and
+``MULTI_VALUED``. ``etl_args`` without ``etl_name`` is refused too: it would
+otherwise be dropped, and the object answered untransformed. The internal
+routes targets and the gateway call on each other (``/v1/_replica``,
+``/v1/_jobs``, ``/v1/_etl``, ``/v1/_remote``, ``/v1/_rebalance``) refuse
+unknown and repeated parameters the same way, and
 so does the transformer's hpush ``PUT`` (``webserver/app.py``).
 """
 
@@ -64,12 +66,25 @@ def refuse_repeated(request: Request, **context: Any) -> None:
     raise InvalidRequest(message, **context)
 
 
+def _refuse_orphan_args(request: Request, **context: Any) -> None:
+    """400 for ``etl_args`` without ``etl_name``: there is no ETL to pass them to, and
+    answering the object untransformed would look like a success."""
+    q = request.query_params
+    if "etl_args" in q and not q.get("etl_name"):
+        raise InvalidRequest(
+            f"etl_args={q['etl_args']!r} needs etl_name (the ETL it is passed to); "
+            "drop etl_args, or name the ETL",
+            **context,
+        )
+
+
 def refuse_unknown(request: Request, known: Iterable[str], **context: Any) -> None:
     """400 naming every query parameter of ``request`` outside ``known``, or repeated."""
     allowed = set(known) | set(SIGNATURE_PARAMS)
     unknown = sorted({k for k in request.query_params if k not in allowed})
     if not unknown:
         refuse_repeated(request, **context)
+        _refuse_orphan_args(request, **context)
         if request.query_params.get("provider", "ais") not in ("ais", "aws", ""):
             raise InvalidRequest(
                 f"provider {request.query_params['provider']!r} is not supported: a bucket "

@@ -58,6 +58,29 @@ def test_repeated_parameters_are_400_by_name(stored: Cluster, server: str) -> No
     assert r.status_code == 400 and "unknown query parameter(s) etl_pipline" in r.json()["error"]
 
 
+@pytest.mark.parametrize("server", ["gateway", "target"])
+def test_etl_args_without_an_etl_is_400(stored: Cluster, server: str) -> None:
+    """``?etl_args=`` alone answered the object (or the batch) untransformed, a 200
+    that looked like the ETL had run."""
+    base = stored.url if server == "gateway" else stored.targets[0].url
+    calls = [
+        httpx.get(f"{base}/v1/objects/b/a/1?etl_args=x"),
+        httpx.get(f"{base}/v1/objects/b/a/1?etl_args=x&etl_name="),
+        httpx.get(f"{base}/v1/objects/b/a/1?etl_args=x&etl_pipeline=p"),
+    ]
+    if server == "gateway":  # a target's GetBatch route takes the gateway's signature
+        body = {"in": [{"objname": "a/1"}], "strm": True}
+        calls.append(httpx.request("GET", f"{base}/v1/ml/moss/b?etl_args=x", json=body))
+    for r in calls:
+        assert r.status_code == 400, r.text
+        assert r.json()["error"] == (
+            "etl_args='x' needs etl_name (the ETL it is passed to); drop etl_args, or name the ETL"
+        )
+        assert r.json()["object" if "objects" in str(r.url) else "bucket"] == (
+            "a/1" if "objects" in str(r.url) else "b"
+        )
+
+
 def test_single_parameters_still_work(stored: Cluster) -> None:
     c = stored.client
     listing = c.get("/v1/buckets/b", params={"prefix": "a/", "limit": 10})
