@@ -14,6 +14,7 @@ import inspect
 import os
 import subprocess
 import sys
+import time
 import types
 from collections.abc import Callable
 from typing import Any
@@ -104,8 +105,19 @@ def takes_args(fn: Callable[..., Any]) -> bool:
     return positional >= 2
 
 
+PIP_TRIES = 2  # pip itself crashing (a traceback) is retried once; a refusal is not
+
+
 def install_dependencies(spec: EtlSpec, deps_dir: str) -> None:
-    """``pip install --target deps_dir`` the spec's requirements (no-op if none)."""
+    """``pip install --target deps_dir`` the spec's requirements (no-op if none).
+
+    A failure pip reports (no such package, a build that fails) is final. pip
+    crashing instead (``ERROR: Exception:`` and a traceback) has been seen when
+    the transformers of three targets install at once and share ``~/.cache/pip``;
+    that is tried once more, within the same ``init_timeout``. Either way the
+    error names what pip said, for a crash the exception itself (the traceback's
+    last line), not only its ``ERROR: Exception:`` header.
+    """
     if not spec.dependencies:
         return
     os.makedirs(deps_dir, exist_ok=True)
@@ -121,22 +133,42 @@ def install_dependencies(spec: EtlSpec, deps_dir: str) -> None:
         deps_dir,
         *spec.dependencies,
     ]
-    try:
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=spec.init_timeout_seconds,
-            check=False,
-        )
-    except subprocess.TimeoutExpired as e:
-        raise DependencyError(
-            f"installing dependencies {list(spec.dependencies)} took longer than "
-            f"{spec.init_timeout_seconds:.0f}s"
-        ) from e
-    if proc.returncode != 0:
-        lines = [ln.strip() for ln in (proc.stderr or proc.stdout).splitlines() if ln.strip()]
-        why = next((ln for ln in reversed(lines) if "ERROR" in ln), lines[-1] if lines else "")
-        raise DependencyError(
-            f"pip could not install dependencies {list(spec.dependencies)}: {why}"
-        )
+    deadline = time.monotonic() + spec.init_timeout_seconds
+    for attempt in range(1, PIP_TRIES + 1):
+        try:
+            proc = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                timeout=max(1.0, deadline - time.monotonic()),
+                check=False,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise DependencyError(
+                f"installing dependencies {list(spec.dependencies)} took longer than "
+                f"{spec.init_timeout_seconds:.0f}s"
+            ) from e
+        if proc.returncode == 0:
+            return
+        why, crashed = pip_failure(proc.stderr or proc.stdout or "")
+        if not crashed or attempt == PIP_TRIES or time.monotonic() >= deadline:
+            tried = f" (tried {attempt} times)" if attempt > 1 else ""
+            raise DependencyError(
+                f"pip could not install dependencies {list(spec.dependencies)}{tried}: {why}"
+            )
+
+
+def pip_failure(output: str) -> tuple[str, bool]:
+    """What a failed pip said, and whether pip itself crashed (printed a traceback).
+
+    A refusal's reason is its last ``ERROR`` line. A crash prints ``ERROR:
+    Exception:``, the traceback, and the exception on the last line: both are kept.
+    """
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    if not lines:
+        return "", False
+    crashed = any(ln.startswith("Traceback (most recent call last)") for ln in lines)
+    why = next((ln for ln in reversed(lines) if "ERROR" in ln), lines[-1])
+    if crashed and lines[-1] != why:
+        why = f"{why} {lines[-1]}"
+    return why, crashed
