@@ -54,6 +54,7 @@ from etl_runtime.core.errors import (
 from etl_runtime.core.spec import SPEC_HASH_HEADER
 from etl_runtime.etl import aisimage
 from etl_runtime.etl.outcache import OutputCache, file_chunks
+from etl_runtime.etl.streambreak import TransformerStreamBroken, upstream_error
 from etl_runtime.storage.store import ObjectStore
 from etl_runtime.wire import tarbreak
 from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
@@ -67,10 +68,6 @@ FQN_ENV = "SLUICE_ETL_FQN"
 REDIRECT_ENV = "SLUICE_ETL_REDIRECT_BYTES"
 REDIRECT_BYTES = 0  # on 16 cores the 307 won at 16 KiB too (docs/benchmarks.md)
 STAT_FIELDS = ("objects", "samples", "skipped", "errors", "bytes_in", "bytes_out")
-
-
-class TransformerStreamBroken(Exception):
-    """The transformer's answer broke off after we started relaying it."""
 
 
 def redirect_bytes_from_env(value: str | None = None) -> int | None:
@@ -215,6 +212,8 @@ class EtlForwarder:
         except DuplexError as e:
             if isinstance(body, AsyncIterator):
                 await body.aclose()  # type: ignore[attr-defined]
+            if (upstream := upstream_error(e, self.target_id, bucket, name)) is not None:
+                raise upstream from None  # the step before broke, not this transformer
             self._fail(record.name, f"{bucket}/{name}", f"transformer unreachable: {e}")
             raise EtlNotReady(
                 f"the transformer of ETL {record.name!r} on target {self.target_id!r} "
@@ -374,7 +373,8 @@ class EtlForwarder:
             if cursor is not None and (marker := cursor.broken(f"ETL {etl!r}, {obj!r}: {e}")):
                 yield marker  # on a member boundary: no reader takes the tar for whole
             # Raising after the headers went out makes uvicorn drop the connection.
-            raise TransformerStreamBroken(f"ETL {etl!r}, object {obj!r}: {e!r}") from e
+            marked = cursor.marked() if cursor is not None else None
+            raise TransformerStreamBroken(f"ETL {etl!r}, object {obj!r}: {e!r}", etl, marked) from e
         finally:
             await response.aclose()
 

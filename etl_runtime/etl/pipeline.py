@@ -30,6 +30,7 @@ from etl_runtime.cluster.records import EtlRecord
 from etl_runtime.core.errors import EtlNotFound, InvalidRequest
 from etl_runtime.etl import aisimage
 from etl_runtime.etl.forward import EtlForwarder
+from etl_runtime.etl.streambreak import TransformerStreamBroken, upstream_error
 
 MAX_STEPS = 16
 
@@ -119,7 +120,10 @@ async def _step(
     params = {"etl_args": etl_args} if etl_args is not None else {}
     content: bytes | AsyncIterator[bytes] = body
     if record.spec.foreign:  # an ETL image reads a body of known length (aisimage.py)
-        content = await aisimage.whole(body)
+        try:
+            content = await aisimage.whole(body)
+        except TransformerStreamBroken as e:  # the step before broke: its error
+            raise upstream_error(e, fwd.target_id, bucket, name) or e from None
     response = await fwd.send(record, fwd.transformer(record), bucket, name, params, content)
     if response.status_code != 200:
         await body.aclose()  # type: ignore[attr-defined]

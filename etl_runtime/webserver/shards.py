@@ -249,7 +249,8 @@ async def _shard_stream(
         if written and written % tarfile.BLOCKSIZE == 0:
             reason = e.message if isinstance(e, SluiceError) else f"{type(e).__name__}: {e}"
             message = f"ETL {transformer.name!r}, object {obj!r}: {reason}"
-            yield tarbreak.error_marker(message, getattr(e, "sample", None) or key)
+            kind = e.kind if isinstance(e, SluiceError) else None
+            yield tarbreak.error_marker(message, getattr(e, "sample", None) or key, kind)
         raise
     finally:
         stats.transform_seconds += time.perf_counter() - started

@@ -32,6 +32,8 @@ BLOCK = tarfile.BLOCKSIZE
 ERROR_DIR = "__sluice_error__"
 MISSING = 1 << 20  # declared beyond what the marker carries: the rest never comes
 MESSAGE_MAX = 4096
+KIND_PREFIX = "kind: "
+_MARKER_NAME = f"{ERROR_DIR}/".encode()
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 # Types whose size field is not followed by data (as ``tarfile`` reads them).
 _NO_DATA = frozenset(
@@ -46,14 +48,17 @@ _NO_DATA = frozenset(
 )
 
 
-def error_marker(message: str, sample: str | None = None) -> bytes:
+def error_marker(message: str, sample: str | None = None, kind: str | None = None) -> bytes:
     """A member header plus ``message``, declaring ``MISSING`` more bytes than follow.
 
     Sent at a member boundary (a multiple of 512 bytes into the stream), then
     the connection is aborted. The carried length is never a multiple of 512,
-    so the stream does not end on a block boundary either.
+    so the stream does not end on a block boundary either. ``kind``: the error's
+    class (``TransformError``, ``WorkerDied``, ...), on a last line ``kind: K``,
+    so a target relaying the stream can tell the failure's status (``marked``).
     """
-    text = (message[:MESSAGE_MAX] + "\n").encode("utf-8", "replace")
+    tail = f"\n{KIND_PREFIX}{kind}" if kind else ""
+    text = (message[:MESSAGE_MAX] + tail + "\n").encode("utf-8", "replace")
     if len(text) % BLOCK == 0:
         text += b"\n"
     name = _NAME_UNSAFE.sub("_", sample or "")[:80] or "stream"
@@ -81,6 +86,7 @@ class TarCursor:
         self._held = b""  # the start of an incomplete header block
         self._skip = 0  # member data and padding still to pass before the next header
         self._done = False  # the end-of-archive block went by, or the stream is not a tar
+        self._marker: tuple[str, bytearray] | None = None  # the sender's error marker
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> list[bytes | memoryview]:
         view = memoryview(chunk).cast("B")
@@ -101,6 +107,8 @@ class TarCursor:
         while pos < len(view) and not self._done:
             if self._skip:
                 step = min(self._skip, len(view) - pos)
+                if self._marker is not None and len(self._marker[1]) < MESSAGE_MAX:
+                    self._marker[1].extend(view[pos : pos + step][: MESSAGE_MAX + 64])
                 self._skip -= step
                 pos += step
             elif len(view) - pos < BLOCK:
@@ -129,11 +137,26 @@ class TarCursor:
             return
         if block[156:157] not in _NO_DATA:
             self._skip = size + (-size % BLOCK)
+        if block.startswith(_MARKER_NAME):  # the sender failed: what it said follows
+            name = block[:100].split(b"\0", 1)[0].decode("utf-8", "replace")
+            self._marker = (name[len(_MARKER_NAME) :].removesuffix(".txt"), bytearray())
 
     def flush(self) -> bytes:
         """At a clean end: what is still held back (nothing, for a whole tar)."""
         held, self._held = self._held, b""
         return held
+
+    def marked(self) -> tuple[str, str, str | None] | None:
+        """The sender's own error marker, if one went by: its sample, message, kind."""
+        if self._marker is None:
+            return None
+        sample, data = self._marker
+        lines = data[: MESSAGE_MAX + 64].decode("utf-8", "replace").split("\n")
+        lines = [ln for ln in lines if ln.strip("\0")]
+        kind = None
+        if lines and lines[-1].startswith(KIND_PREFIX):
+            kind = lines.pop()[len(KIND_PREFIX) :]
+        return sample, "\n".join(lines), kind
 
     def broken(self, message: str, sample: str | None = None) -> bytes:
         """The error marker if the bytes passed on end on a member boundary, else ``b""``."""

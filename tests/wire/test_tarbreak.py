@@ -101,3 +101,34 @@ def test_not_a_tar_is_passed_on_unmarked() -> None:
     junk = b"hello, not a tar" * 100
     assert b"".join(bytes(p) for p in cursor.feed(junk)) == junk
     assert cursor.broken("broke") == b""
+
+
+def members(sizes: list[int]) -> bytes:
+    """Whole tar members, as a wds answer streams them before its end."""
+    out = b""
+    for i, size in enumerate(sizes):
+        info = tarfile.TarInfo(f"s{i:03d}.bin")
+        info.size = size
+        out += info.tobuf(tarfile.USTAR_FORMAT) + b"x" * size + b"\0" * (-size % 512)
+    return out
+
+
+@pytest.mark.parametrize("step", [1, 100, 512, 4096])
+def test_the_senders_marker_is_read_back(step: int) -> None:
+    """A target relaying a transformer's stream learns what the transformer said
+    in its marker: the sample, the message and the error's kind."""
+    data = members([700, 3]) + error_marker(
+        "ETL 'x', object 'b/s.tar': poisoned sample", "s-7", "TransformError"
+    )
+    cursor = TarCursor()
+    for k in range(0, len(data), step):
+        cursor.feed(data[k : k + step])
+    assert cursor.marked() == (
+        "s-7",
+        "ETL 'x', object 'b/s.tar': poisoned sample",
+        "TransformError",
+    )
+    plain = TarCursor()
+    plain.feed(members([700]) + error_marker("m"))
+    assert plain.marked() == ("stream", "m", None)
+    assert TarCursor().marked() is None
