@@ -23,9 +23,9 @@ import time
 def transform(data, args):
     if args == "sleep" or data == b"stuck":
         time.sleep(3)
-    if args == "raise":
+    if args == "raise" or data == b"boom":
         raise ValueError("no thanks")
-    if args == "pieces":
+    if args == "pieces" or data.startswith(b"piece"):
         return (data[i : i + 3] for i in range(0, len(data), 3))
     return data.upper()
 """
@@ -117,3 +117,57 @@ def test_a_batch_goes_on_past_an_object_stuck_past_its_deadline(url: str, tmp_pa
         else:
             assert (status, body) == (200, f"ITEM-{i}".encode())
     assert took < 2.9  # the stuck object's thread was not waited for (it sleeps 3 s)
+
+
+def _frames(raw: bytes) -> list[tuple[int, bytes]]:
+    """Each object's (status, output): its pieces joined, or its error body."""
+    out: list[tuple[int, bytes]] = []
+    piece = b""
+    while raw:
+        status, length = etlbatch.HEAD.unpack(raw[: etlbatch.HEAD.size])
+        body = raw[etlbatch.HEAD.size : etlbatch.HEAD.size + length]
+        raw = raw[etlbatch.HEAD.size + length :]
+        if status == etlbatch.MORE:
+            piece += body
+            continue
+        out.append((status, piece + body if status == etlbatch.LAST else body))
+        piece = b""
+    return out
+
+
+def test_a_batchs_objects_keep_their_own_outcomes_in_order(url: str, tmp_path: Path) -> None:
+    """``POST /_sluice/batch`` with objects in work side by side on the two threads:
+    each gets its own output, error and count, in request order."""
+    items, want = [], []
+    for i in range(45):
+        f = tmp_path / f"r{i}"
+        if i % 7 == 3:
+            f.write_bytes(b"boom")
+            want.append((422, "TransformError"))
+        elif i % 5 == 1:
+            f.write_bytes(f"pieces-{i}".encode())
+            want.append((200, f"pieces-{i}".encode()))  # its pieces, as they are
+        else:
+            f.write_bytes(f"obj-{i}".encode())
+            want.append((200, f"OBJ-{i}".encode()))
+        items.append([f"b/r{i}", str(f)])
+    items[20], want[20] = ["b/rel", "relative/path"], (400, "BadRequest")
+    items[30], want[30] = ["b/gone", str(tmp_path / "gone")], (404, "ObjectNotFound")
+    before = httpx.get(f"{url}/stats", headers=AUTH).json()
+    r = httpx.post(
+        f"{url}{etlbatch.PATH}", json={"etl_args": None, "items": items}, headers=AUTH, timeout=30
+    )
+    assert r.status_code == 200, r.text
+    got = _frames(r.content)
+    assert len(got) == len(items)
+    for i, ((status, body), (status_wanted, what)) in enumerate(zip(got, want, strict=True)):
+        assert status == status_wanted, (i, body)
+        if status == 200:
+            assert body == what, i
+        else:
+            err = json.loads(body)
+            assert err["kind"] == what and err["object"] == items[i][0], (i, err)
+    after = httpx.get(f"{url}/stats", headers=AUTH).json()
+    failed = sum(1 for s, _ in want if s != 200)
+    assert after["objects"] - before["objects"] == len(items) - failed
+    assert after["errors"] - before["errors"] == failed - 1  # a path refused is not a call
