@@ -34,7 +34,7 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
@@ -57,8 +57,10 @@ HOLD_ITEMS = 8  # outputs held for one write while the next is not ready, up to 
 HOLD_SECONDS = 0.002  # ... or as long as this since the first of them
 ALONE = 64 << 10  # an output this big is written as it is, not joined
 
+RUN_MAX = 16  # objects handed to an inline thread at once (``inline_runs``)
+
 Output = bytes | memoryview | AsyncIterator[bytes]
-Item = Callable[[str, str], Awaitable[Output]]
+Start = Callable[[list[tuple[str, str]]], list["asyncio.Future[Output]"]]
 
 
 async def batch_answer(
@@ -81,12 +83,34 @@ async def batch_answer(
 
     async def one(obj: str, fqn: str) -> Output:
         real = confine(fqn, roots, dirs)
-        if inline is not None:
-            return await inline.outcome(stats, None, real, obj, args)
         return await object_outcome(transformer.pool, stats, obj, args, real)
 
-    frames: Any = _frames(items, one, max(window, 2), name)  # bytes and memoryviews
+    def start(run: list[tuple[str, str]]) -> list[asyncio.Future[Output]]:
+        if inline is None:  # worker processes: one object per hand-off
+            return [asyncio.ensure_future(one(obj, fqn)) for obj, fqn in run]
+        futures: list[asyncio.Future[Output] | None] = []
+        paths: list[tuple[str, str]] = []
+        for obj, fqn in run:  # a path refused is that object's error
+            try:
+                paths.append((obj, confine(fqn, roots, dirs)))
+                futures.append(None)
+            except SluiceError as e:
+                futures.append(_failed(e))
+        ran = iter(inline.submit(stats, paths, args) if paths else ())
+        return [f if f is not None else next(ran) for f in futures]
+
+    group = 1
+    if inline is not None:  # runs: as many as the threads, up to RUN_MAX objects each
+        group = max(1, min(RUN_MAX, -(-len(items) // inline.threads)))
+        window = max(window, group * inline.threads)
+    frames: Any = _frames(items, start, group, max(window, 2), name)  # bytes and memoryviews
     return TransformedStream(frames, etlbatch.MEDIA_TYPE)
+
+
+def _failed(e: Exception) -> asyncio.Future[Output]:
+    future: asyncio.Future[Output] = asyncio.get_running_loop().create_future()
+    future.set_exception(e)
+    return future
 
 
 def _parse(raw: bytes) -> tuple[str | None, list[tuple[str, str]]]:
@@ -113,9 +137,10 @@ def _error(e: Exception, etl: str, obj: str) -> list[bytes]:
 
 
 async def _frames(
-    items: list[tuple[str, str]], one: Item, window: int, etl: str
+    items: list[tuple[str, str]], start: Start, group: int, window: int, etl: str
 ) -> AsyncIterator[bytes | memoryview]:
-    """Every item's frames, in order; items ahead in work meanwhile."""
+    """Every item's frames, in order; items ahead in work meanwhile (``start``-ed
+    ``group`` at a time, up to ``window`` in all)."""
     ahead: deque[asyncio.Future[Output]] = deque()
     started = 0
     out: list[bytes | memoryview] = []
@@ -124,9 +149,12 @@ async def _frames(
     clock = asyncio.get_running_loop().time
     try:
         for obj, _ in items:
-            while started < len(items) and len(ahead) < window:
-                ahead.append(asyncio.ensure_future(one(*items[started])))
-                started += 1
+            while started < len(items) and len(ahead) + min(group, len(items) - started) <= max(
+                window, group
+            ):
+                run = items[started : started + group]
+                ahead.extend(start(run))
+                started += len(run)
             job = ahead.popleft()
             if out and not job.done():  # about to wait: send what is ready, unless it is
                 if held >= HOLD_ITEMS or clock() - since >= HOLD_SECONDS:  # little and new

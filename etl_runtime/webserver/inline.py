@@ -56,6 +56,7 @@ from etl_runtime.core.errors import (
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.webserver import calls
 from etl_runtime.webserver.code import load_transform, takes_args
+from etl_runtime.webserver.inline_runs import Run
 from etl_runtime.webserver.objects import DISCONNECT_WATCH_AFTER, disconnected
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import LogBuffer, Stats
@@ -103,6 +104,10 @@ class InlineRunner:
             call.future.cancel()  # not started: no thread will run it
             return
         call.expired = True
+        self.replace_thread(reason)
+
+    def replace_thread(self, reason: str) -> None:
+        """A thread is stuck in a call nobody waits for: another takes its place."""
         thread = self._thread(len(self.pool))
         self.pool.append(thread)
         thread.start()
@@ -150,6 +155,11 @@ class InlineRunner:
                 size = os.path.getsize(fqn)
         result = calls.object_result(self.fn, self.with_args, data, fqn, obj, args)
         return (result if isinstance(result, calls.Chunk) else iter(result)), size
+
+    def call_first(self, fqn: str, obj: str, args: str | None) -> tuple[Any, int, Any]:
+        """``_call`` and, for an iterable result, its first chunk (a batch's run)."""
+        result, read = self._call(None, fqn, obj, args)
+        return result, read, self._next(result) if isinstance(result, Iterator) else None
 
     @staticmethod
     def _next(chunks: Iterator[Any]) -> Any:
@@ -239,6 +249,19 @@ class InlineRunner:
             stats.error(obj, None, e.message)
             stats.transform_seconds += time.perf_counter() - started
             raise
+        return self.output(stats, obj, started, result, first)
+
+    def submit(
+        self, stats: Stats, objects: list[tuple[str, str]], args: str | None
+    ) -> list[asyncio.Future[Any]]:
+        """Objects ``(object, fqn)`` to one thread as a run (``inline_runs``): each
+        future gets what ``outcome`` returns or raises for that object."""
+        return Run(self, stats, objects, args).start()
+
+    def output(
+        self, stats: Stats, obj: str, started: float, result: Any, first: Any
+    ) -> memoryview | AsyncIterator[bytes]:
+        """An object's output once its call (and first chunk) returned: counted."""
         if not isinstance(result, Iterator):
             stats.objects += 1
             stats.bytes_out += len(result)
@@ -304,6 +327,10 @@ def _serve_calls(work: queue.SimpleQueue[Any]) -> None:
         call = work.get()
         if call is None:
             return
+        if isinstance(call, Run):  # a batch's objects, one after another
+            if not call.run():
+                return
+            continue
         future = call.future
         if future.done():  # its request is gone or timed out (a stale read is harmless)
             continue
