@@ -8,15 +8,17 @@ and the frames of the answer) and answers their outputs in request order in
 one chunked answer.
 
 Each object goes through the transformer's normal machinery: inline, the
-server's threads (``InlineRunner.outcome``: ``requestSeconds`` per object, a
-stuck thread replaced and the server retired); else a worker process
-(``objects.object_outcome``: a worker past ``requestSeconds`` is killed and
-replaced). Up to ``WINDOW_PER_THREAD`` objects per thread (or worker) are in
-work while the answer is written, so the next output is ready when the
-previous one went out. Outputs are gathered into one write (one HTTP chunk:
-each cost both sides a send, a wake-up and a parse) while the next one is
-not ready, up to ``HOLD_ITEMS`` of them or ``HOLD_SECONDS`` since the first;
-an item's paths are checked with its batch's directories resolved once.
+server's threads, handed runs of consecutive objects (``InlineRunner.submit``,
+``inline_runs``: one hand-off for up to ``RUN_MAX`` objects and ``RUN_BYTES``
+of files, ``requestSeconds`` per object, a stuck thread replaced and the
+server retired); else a worker process (``objects.object_outcome``: a worker
+past ``requestSeconds`` is killed and replaced). Up to ``WINDOW_PER_THREAD``
+objects (inline: runs) per thread or worker are in work while the answer is
+written, so the next output is ready when the previous one went out.
+Outputs are gathered into one write (one HTTP chunk: each cost both sides a
+send, a wake-up and a parse) while the next one is not ready, up to
+``HOLD_ITEMS`` of them or ``HOLD_SECONDS`` since the first; an item's paths
+are checked with its batch's directories resolved once.
 
 Every object keeps its own outcome: its output, or its JSON error body with
 the status an hpush ``PUT`` would have answered (a transform that raised:
@@ -31,8 +33,10 @@ started. WebDataset mode has no batches (404: the target sends per object).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
+import os
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
@@ -51,16 +55,17 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("sluice.transformer")
 
-WINDOW_PER_THREAD = 2  # objects in work per inline thread or worker
+WINDOW_PER_THREAD = 2  # objects (inline: runs of them) in work per thread or worker
 SEND_AT = 256 << 10  # frames gathered up to this before a write
 HOLD_ITEMS = 8  # outputs held for one write while the next is not ready, up to this many
 HOLD_SECONDS = 0.002  # ... or as long as this since the first of them
 ALONE = 64 << 10  # an output this big is written as it is, not joined
 
-RUN_MAX = 16  # objects handed to an inline thread at once (``inline_runs``)
+RUN_MAX = 16  # objects handed to an inline thread at once (``inline_runs``) ...
+RUN_BYTES = 1 << 20  # ... and their files' bytes, at most (a bigger file: a run of its own)
 
 Output = bytes | memoryview | AsyncIterator[bytes]
-Start = Callable[[list[tuple[str, str]]], list["asyncio.Future[Output]"]]
+Start = Callable[[int, int], list["asyncio.Future[Output]"]]  # (first, count) -> futures
 
 
 async def batch_answer(
@@ -85,26 +90,59 @@ async def batch_answer(
         real = confine(fqn, roots, dirs)
         return await object_outcome(transformer.pool, stats, obj, args, real)
 
-    def start(run: list[tuple[str, str]]) -> list[asyncio.Future[Output]]:
-        if inline is None:  # worker processes: one object per hand-off
-            return [asyncio.ensure_future(one(obj, fqn)) for obj, fqn in run]
-        futures: list[asyncio.Future[Output] | None] = []
-        paths: list[tuple[str, str]] = []
-        for obj, fqn in run:  # a path refused is that object's error
-            try:
-                paths.append((obj, confine(fqn, roots, dirs)))
-                futures.append(None)
-            except SluiceError as e:
-                futures.append(_failed(e))
-        ran = iter(inline.submit(stats, paths, args) if paths else ())
-        return [f if f is not None else next(ran) for f in futures]
+    if inline is None:  # worker processes: one object per hand-off
+        plan = [1] * len(items)
 
-    group = 1
-    if inline is not None:  # runs: as many as the threads, up to RUN_MAX objects each
-        group = max(1, min(RUN_MAX, -(-len(items) // inline.threads)))
-        window = max(window, group * inline.threads)
-    frames: Any = _frames(items, start, group, max(window, 2), name)  # bytes and memoryviews
+        def start(first: int, count: int) -> list[asyncio.Future[Output]]:
+            return [asyncio.ensure_future(one(*items[first]))]
+
+    else:  # an inline thread takes a run of objects at once
+        paths, plan = _runs(items, roots, dirs, inline.threads)
+
+        def start(first: int, count: int) -> list[asyncio.Future[Output]]:
+            futures: list[asyncio.Future[Output] | None] = []
+            run: list[tuple[str, str]] = []
+            for (obj, _), real in zip(items[first : first + count], paths[first:], strict=False):
+                if isinstance(real, SluiceError):  # a path refused is that object's error
+                    futures.append(_failed(real))
+                else:
+                    run.append((obj, real))
+                    futures.append(None)
+            ran = iter(inline.submit(stats, run, args) if run else ())
+            return [f if f is not None else next(ran) for f in futures]
+
+    frames: Any = _frames(items, start, plan, max(window, 2), name)  # bytes and memoryviews
     return TransformedStream(frames, etlbatch.MEDIA_TYPE)
+
+
+def _runs(
+    items: list[tuple[str, str]], roots: tuple[str, ...], dirs: dict[str, str], threads: int
+) -> tuple[list[str | SluiceError], list[int]]:
+    """Each object's checked path (or why it is refused), and the lengths of the runs
+    they go to the threads in: consecutive objects, the batch spread over the
+    threads, at most ``RUN_MAX`` objects and ``RUN_BYTES`` of files (a bigger
+    file is a run of its own), so what is in work stays as bounded as before."""
+    most = max(1, min(RUN_MAX, -(-len(items) // max(threads, 1))))
+    paths: list[str | SluiceError] = []
+    plan: list[int] = []
+    count = nbytes = 0
+    for _, fqn in items:
+        size = 0
+        try:
+            path = confine(fqn, roots, dirs)
+            with contextlib.suppress(OSError):  # the thread's read says why
+                size = os.stat(path).st_size
+            paths.append(path)
+        except SluiceError as e:
+            paths.append(e)
+        if count and (count == most or nbytes + size > RUN_BYTES):
+            plan.append(count)
+            count = nbytes = 0
+        count += 1
+        nbytes += size
+    if count:
+        plan.append(count)
+    return paths, plan
 
 
 def _failed(e: Exception) -> asyncio.Future[Output]:
@@ -137,24 +175,27 @@ def _error(e: Exception, etl: str, obj: str) -> list[bytes]:
 
 
 async def _frames(
-    items: list[tuple[str, str]], start: Start, group: int, window: int, etl: str
+    items: list[tuple[str, str]], start: Start, plan: list[int], window: int, etl: str
 ) -> AsyncIterator[bytes | memoryview]:
-    """Every item's frames, in order; items ahead in work meanwhile (``start``-ed
-    ``group`` at a time, up to ``window`` in all)."""
+    """Every item's frames, in order; items ahead in work meanwhile: ``start``-ed in
+    the runs of ``plan`` (lengths), up to ``window`` runs not yet answered."""
     ahead: deque[asyncio.Future[Output]] = deque()
+    runs = iter(plan)
+    ends: deque[int] = deque()  # where each run in work ends
     started = 0
     out: list[bytes | memoryview] = []
     size = held = 0
     since = 0.0
     clock = asyncio.get_running_loop().time
     try:
-        for obj, _ in items:
-            while started < len(items) and len(ahead) + min(group, len(items) - started) <= max(
-                window, group
-            ):
-                run = items[started : started + group]
-                ahead.extend(start(run))
-                started += len(run)
+        for index, (obj, _) in enumerate(items):
+            while ends and ends[0] <= index:
+                ends.popleft()
+            while started < len(items) and len(ends) < window:
+                count = next(runs)
+                ahead.extend(start(started, count))
+                started += count
+                ends.append(started)
             job = ahead.popleft()
             if out and not job.done():  # about to wait: send what is ready, unless it is
                 if held >= HOLD_ITEMS or clock() - since >= HOLD_SECONDS:  # little and new

@@ -13,6 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from etl_runtime.core.errors import BadRequest
+from etl_runtime.webserver import batch
 from etl_runtime.wire import etlbatch
 from tests.prom import scrape
 from tests.webserver.conftest import AUTH, TOKEN, source_code, transformer
@@ -171,3 +173,20 @@ def test_a_batchs_objects_keep_their_own_outcomes_in_order(url: str, tmp_path: P
     failed = sum(1 for s, _ in want if s != 200)
     assert after["objects"] - before["objects"] == len(items) - failed
     assert after["errors"] - before["errors"] == failed - 1  # a path refused is not a call
+
+
+def test_runs_are_bounded_by_count_and_bytes(tmp_path: Path) -> None:
+    """What an inline thread is handed at once: the batch spread over the threads,
+    at most ``RUN_MAX`` objects and ``RUN_BYTES`` of files; a bigger file goes
+    alone, so a batch of big objects holds no more in work than before runs."""
+    items = []
+    for i, size in enumerate([10 << 10] * 20 + [2 << 20] * 3 + [10 << 10] * 2):
+        (tmp_path / f"f{i}").write_bytes(b"x" * size)
+        items.append((f"b/f{i}", str(tmp_path / f"f{i}")))
+    items[3] = ("b/rel", "relative/path")
+    paths, plan = batch._runs(items, (str(tmp_path),), {}, threads=2)
+    assert plan == [13, 7, 1, 1, 1, 2]  # 25 objects over 2 threads: at most 13 a run
+    assert sum(plan) == len(items) == len(paths)
+    assert isinstance(paths[3], BadRequest) and paths[0] == str(tmp_path / "f0")
+    _, many = batch._runs(items[:2] * 40, (str(tmp_path),), {}, threads=1)
+    assert many == [batch.RUN_MAX] * 5
