@@ -85,7 +85,8 @@ class Run:
         for i, (obj, fqn) in enumerate(self.objects):
             if self.futures[i].done():  # the client left, or the run timed out waiting
                 continue
-            self.current, self.since = i, time.monotonic()
+            self.since = time.monotonic()  # first: whoever sees the new index sees its start
+            self.current = i
             began = time.perf_counter()
             try:
                 value, error = runner.call_first(fqn, obj, args), None
