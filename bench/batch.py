@@ -33,7 +33,8 @@ own target, through the target's share). The transformers' CPU is shown too.
 ``--rss-gb 2`` then reads one GetBatch of 2 GB (8 MiB objects) to its end and
 prints the gateway's and the largest target's RSS before and at their peak
 (``--sizes ""`` for that alone); ``--rss-etl`` then reads the same batch
-through ETL ``bench-rev``.
+through ETL ``bench-rev`` (and prints the largest transformer process's own
+memory, USS, too).
 """
 
 from __future__ import annotations
@@ -114,15 +115,20 @@ def cpu_spent(before: dict[tuple[str, int], float]) -> dict[str, float]:
 
 
 def rss_by_role() -> dict[str, int]:
-    """Resident memory: the gateway's, and the largest target's."""
+    """Resident memory: the gateway's, the largest target's; for the transformers, the
+    largest memory of a server's own (USS: they are forked from a zygote that
+    preloads libraries and whose pages they share; the zygote itself is left out)."""
     out: dict[str, int] = {}
     for proc in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(proc.cmdline())
-            rss = proc.memory_info().rss
-        except psutil.Error:
+            own = "etl_runtime.webserver" in cmd
+            if own and "etl_runtime.webserver" not in " ".join(proc.parent().cmdline()):
+                continue  # the zygote
+            rss = proc.memory_full_info().uss if own else proc.memory_info().rss
+        except (psutil.Error, AttributeError):
             continue
-        for role in ("gateway", "storage_target"):
+        for role in ("gateway", "storage_target", "webserver"):
             if f"etl_runtime.{role}" in cmd:
                 out[role] = max(out.get(role, 0), rss)
     return out
@@ -173,7 +179,13 @@ def rss_check(url: str, gigabytes: float, etl: str = "") -> None:
         f"({n} x 8 MiB, {got / secs / 1e6:.0f} "
         f"MB/s): gateway {before['gateway'] >> 20} -> peak {peak['gateway'] >> 20} MiB, "
         f"largest target {before['storage_target'] >> 20} -> peak "
-        f"{peak['storage_target'] >> 20} MiB",
+        f"{peak['storage_target'] >> 20} MiB"
+        + (
+            f", largest transformer server (USS) {before['webserver'] >> 20} -> peak "
+            f"{peak['webserver'] >> 20} MiB"
+            if etl and "webserver" in before
+            else ""
+        ),
         flush=True,
     )
 
