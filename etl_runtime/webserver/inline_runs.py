@@ -144,8 +144,9 @@ class Run:
             return
         reason = f"transform took longer than {timeout:.0f}s (spec.timeouts.requestSeconds)"
         if not self.started:  # no thread took it in time: every object is late
-            for future in self.futures:
+            for (obj, _), future in zip(self.objects, self.futures, strict=True):
                 if not future.done():
+                    self.stats.error(obj, None, reason)  # counted as outcome() counts it
                     future.set_exception(TransformTimeout(reason))
             return  # a thread that takes it later skips the done futures
         self.expired = True

@@ -58,28 +58,32 @@ def test_a_pip_crash_is_tried_once_more(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert len(calls) == 2 and calls[0] == calls[1]
 
 
+def _refused(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, *outputs: tuple[int, str]
+) -> tuple[int, str]:
+    """How many times pip ran, and the error ``install_dependencies`` raised."""
+    calls = _answers(monkeypatch, *outputs)
+    with pytest.raises(DependencyError) as e:
+        code.install_dependencies(_spec(), str(tmp_path))
+    return len(calls), str(e.value)
+
+
 def test_a_pip_crash_twice_names_the_exception(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    calls = _answers(monkeypatch, (2, CRASH), (2, CRASH))
-    with pytest.raises(DependencyError) as e:
-        code.install_dependencies(_spec(), str(tmp_path))
-    assert len(calls) == 2
-    assert str(e.value) == (
+    assert _refused(monkeypatch, tmp_path, (2, CRASH), (2, CRASH)) == (
+        2,
         "pip could not install dependencies ['six==1.16.0'] (tried 2 times): ERROR: Exception: "
         "FileNotFoundError: [Errno 2] No such file or directory: "
-        "'/root/.cache/pip/http-v2/a/b/tmpx'"
+        "'/root/.cache/pip/http-v2/a/b/tmpx'",
     )
 
 
 def test_a_refusal_is_not_retried(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    calls = _answers(monkeypatch, (1, REFUSAL))
-    with pytest.raises(DependencyError) as e:
-        code.install_dependencies(_spec(), str(tmp_path))
-    assert len(calls) == 1
-    assert str(e.value) == (
+    assert _refused(monkeypatch, tmp_path, (1, REFUSAL)) == (
+        1,
         "pip could not install dependencies ['six==1.16.0']: "
-        "ERROR: No matching distribution found for nope==9"
+        "ERROR: No matching distribution found for nope==9",
     )
 
 
