@@ -35,7 +35,7 @@ from etl_runtime.core.errors import (
 )
 from etl_runtime.core.names import read_bucket_action, validate_bucket
 from etl_runtime.core.params import refuse_repeated, refuse_unknown
-from etl_runtime.gateway import aiscompat, views
+from etl_runtime.gateway import aiscompat, bucket_delete, views
 from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.bucket_action import is_job_action as bucket_action_is_job
 from etl_runtime.gateway.bucket_action import start_transform
@@ -142,10 +142,14 @@ def bucket_router(gw: Gateway) -> APIRouter:
             raise _not_found(bucket)
         return Response()
 
-    @router.delete("/v1/buckets/{bucket}")
-    async def delete_bucket(bucket: str, request: Request) -> dict[str, Any]:
+    @router.delete("/v1/buckets/{bucket}", response_model=None)
+    async def delete_bucket(bucket: str, request: Request) -> dict[str, Any] | Response:
         validate_bucket(bucket)
+        refuse_unknown(request, ("provider",), bucket=bucket)
         gw.require_write(request)
+        # The body says what goes: the bucket, or a list/range of its objects (a job).
+        if (job := await bucket_delete.objects_action(gw, bucket, request)) is not None:
+            return job
         if gw.cmap is not None:
             return await map_delete_bucket(gw, bucket)
         found = False

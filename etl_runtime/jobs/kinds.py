@@ -25,6 +25,7 @@ KIND_MODULES: list[str] = [
     "etl_runtime.jobs.transform",
     "etl_runtime.dsort.job",
     "etl_runtime.jobs.prefetch",  # prefetch, evict (remote buckets)
+    "etl_runtime.jobs.listrange",  # delete-listrange
 ]
 
 Run = Callable[["JobContext"], Awaitable[None]]

@@ -138,7 +138,14 @@ def object_router(target: Target) -> FastRouter:
     @router.delete("/v1/buckets/{bucket}")
     async def delete_bucket(bucket: str, request: Request) -> dict[str, Any]:
         validate_bucket(bucket)
+        refuse_unknown(request, ("provider",), bucket=bucket)
         require(request)
+        if await request.body():  # a list/range delete is the gateway's job, never this
+            raise InvalidRequest(
+                f"DELETE /v1/buckets/{bucket} on a target takes no body; to delete some "
+                "objects send the action to the gateway; nothing was deleted",
+                bucket=bucket,
+            )
         await anyio.to_thread.run_sync(store.delete_bucket, bucket)
         return {"bucket": bucket, "deleted": True}
 
