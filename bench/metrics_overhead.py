@@ -44,7 +44,7 @@ def serve(port: int, data_dir: str, metrics: bool) -> None:
     """The child: one target, with or without the metrics middleware."""
     from etl_runtime.core.metrics import MetricsMiddleware
     from etl_runtime.storage_target import create_target_app
-    from etl_runtime.wire.serving import run_server
+    from etl_runtime.wire.http.serving import run_server
     from tests.storage_target.fakes import DictRegistry
 
     app = create_target_app("t0", data_dir, DictRegistry())

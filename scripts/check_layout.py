@@ -1,7 +1,10 @@
 """Checks of the layout that import-linter does not make (run by ``make lint``).
 
-* no module of the servers, the SDK or the operator is longer than 450 lines
-  (one that grows past ~400 is usually two ideas: split it by concept);
+* a module of the servers, the SDK or the operator longer than 400 lines is
+  reported (one that grows past ~400 is usually two ideas: look, and split it
+  by concept where it is), one longer than 600 fails the check; ``EXEMPT``
+  names the modules allowed past 600, and why. A size rule is a prompt to
+  look, never a reason to squeeze (docs/architecture.md, "Layers");
 * each exception class name is defined once across the server code (the
   SDK keeps its own public exceptions, mapped from the wire in one place).
 
@@ -15,7 +18,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-MAX_LINES = 450
+LOOK_AT_LINES = 400  # reported
+MAX_LINES = 600  # fails
+EXEMPT = {
+    "etl_runtime/core/errors.py": "the one error tree: every server error class, in one file",
+}
 ROOTS = [Path("etl_runtime"), Path("operator/etl_operator")]
 CLIENT = ("etl_runtime/sdk/", "etl_runtime/pytorch/", "etl_runtime/cli/")
 
@@ -41,8 +48,11 @@ def main() -> int:
                     known.add(node.name)
     for path, tree in trees.items():
         lines = len(path.read_text().splitlines())
-        if lines > MAX_LINES:
+        if lines > MAX_LINES and path.as_posix() not in EXEMPT:
             problems.append(f"{path}: {lines} lines (at most {MAX_LINES}: split it by concept)")
+        elif lines > LOOK_AT_LINES:
+            why = EXEMPT.get(path.as_posix(), "is it two ideas?")
+            print(f"note: {path}: {lines} lines, over {LOOK_AT_LINES} ({why})")
         if str(path).startswith(CLIENT):
             continue
         for node in ast.walk(tree):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import ssl
 from collections.abc import Iterator
 from typing import Any
@@ -84,3 +85,36 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item._id = coerce_node_id(grouped)
         else:
             item._nodeid = grouped
+
+
+# A skip hides a test as well as a failure does: under CI (``CI=true``) a run fails on
+# any skip whose reason is not one the machine can explain. The reasons allowed are
+# the machine's own limits, never "the project's module is missing".
+EXPECTED_SKIPS = (
+    "needs /proc to see open files",
+    "no `mount` command here",
+    "mounting a tmpfs is not permitted here",
+    "needs root and a system Python",
+    "glibc's mallopt: Linux servers",
+)
+_unexpected_skips: list[str] = []
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if not report.skipped or hasattr(report, "wasxfail"):
+        return
+    longrepr = report.longrepr
+    reason = longrepr[2] if isinstance(longrepr, tuple) else str(longrepr)
+    if not any(expected in reason for expected in EXPECTED_SKIPS):
+        _unexpected_skips.append(f"{report.nodeid}: {reason}")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if not _unexpected_skips or os.environ.get("CI", "").lower() not in ("1", "true"):
+        return
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller decides
+        return
+    print("\nunexpected skips (CI fails on a skip it does not expect; tests/conftest.py):")
+    for line in _unexpected_skips:
+        print(f"  {line}")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import hashlib
-import importlib
 import json
 import os
 import threading
@@ -334,23 +333,3 @@ class FileClusterMap:
                 with self._lock:
                     self._cached, self._stamp = new, None
             return new
-
-
-def open_cluster_map(spec: str | None) -> ClusterMapStore | None:
-    """``file:PATH`` -> ``FileClusterMap``; ``kubernetes[:NAME]`` -> ``KubeClusterMap``
-    (the ConfigMap NAME, default ``$SLUICE_CLUSTER_MAP_NAME`` or ``sluice-cluster-map``,
-    in ``$SLUICE_NAMESPACE``); ``None``/empty -> no shared map."""
-    if not spec:
-        return None
-    if spec.startswith("file:"):
-        return FileClusterMap(spec[len("file:") :])
-    kind, _, name = spec.partition(":")
-    if kind == "kubernetes":
-        # Found by name, like providers and job kinds: the Kubernetes store sits in
-        # the subpackage cluster.kube, which imports this module, and loads the
-        # kubernetes client only where it is used.
-        kube = importlib.import_module("etl_runtime.cluster.kube.clustermap")
-        name = name or os.environ.get("SLUICE_CLUSTER_MAP_NAME") or kube.DEFAULT_NAME
-        store: ClusterMapStore = kube.KubeClusterMap(name=name)  # its watch starts here
-        return store
-    raise ValueError(f"bad cluster map {spec!r}: use file:PATH or kubernetes[:CONFIGMAP]")

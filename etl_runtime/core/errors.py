@@ -42,14 +42,14 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
                                     raised through a request handler
 
     DuplexError                     a target's exchange with its transformer failed
-    ├── ConnectError                (``etl_runtime.wire.duplex``; the forwarder turns it
+    ├── ConnectError                (``etl_runtime.wire.clients.duplex``; the forwarder turns it
     ├── Timeout                     into one of the answers above or an aborted
     └── StreamBroken                stream, never shown as it is)
 
 Two JSON shapes carry them: a gateway's or target's ``body()``
 (``{"error", "kind", **context}``), and the transformer's hpush error body
 ``hpush_body(etl, object)`` (``{"error", "kind", "etl", "object", "sample",
-"detail"}``). ``etl_runtime.wire.http_errors`` installs the FastAPI handlers.
+"detail"}``). ``etl_runtime.wire.http.errors`` installs the FastAPI handlers.
 
 Why 422 and not 500 for a failing user function: such a failure is
 deterministic (the same function on the same object fails the same way), so

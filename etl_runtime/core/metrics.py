@@ -159,7 +159,7 @@ class MetricsMiddleware:
                     sent += len(body)
             elif kind == "http.response.start":
                 status = message["status"]
-            elif kind == "http.response.zerocopysend":  # etl_runtime.wire.zerocopy
+            elif kind == "http.response.zerocopysend":  # etl_runtime.wire.http.zerocopy
                 sent += message.get("count") or 0
             await send(message)
 

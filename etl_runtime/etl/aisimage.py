@@ -45,7 +45,7 @@ from etl_runtime.core.errors import (
     SluiceError,
     TransformerFailed,
 )
-from etl_runtime.wire.duplex import DuplexResponse
+from etl_runtime.wire.clients.duplex import DuplexResponse
 
 ERROR_TEXT_MAX = 2000
 ERROR_BODY_MAX = 64 << 10

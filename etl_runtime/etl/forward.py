@@ -9,7 +9,7 @@ The one rule that matters: a client must never mistake a truncated result for
 a complete one. A transformer error *before* the first byte is passed on with
 its status and JSON body; a break *after* streaming began is re-raised in the
 response generator, so uvicorn drops the connection without the final chunk. A
-wds answer (a tar) is also marked (``wire/tarbreak.py``): the transformer's own
+wds answer (a tar) is also marked (``wire/formats/tarbreak.py``): the transformer's own
 error marker passes through, a break on a member boundary gets one from here.
 
 When the transformer reads the object's file itself (``etl_fqn``), the client's
@@ -56,12 +56,12 @@ from etl_runtime.etl import aisimage
 from etl_runtime.etl.outcache import OutputCache, file_chunks
 from etl_runtime.etl.streambreak import TransformerStreamBroken, upstream_error
 from etl_runtime.storage.store import ObjectStore
-from etl_runtime.wire import tarbreak
-from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
+from etl_runtime.wire.clients.duplex import DuplexClient, DuplexResponse
+from etl_runtime.wire.formats import tarbreak
 
 log = logging.getLogger(__name__)
 
-INLINE_BODY_MAX = 4 << 20  # smaller objects go to the transformer in one piece
+WHOLE_BODY_MAX = 4 << 20  # smaller objects go to the transformer in one piece
 ERROR_BODY_MAX = 64 << 10
 LAST_ERRORS = 20
 FQN_ENV = "SLUICE_ETL_FQN"
@@ -294,7 +294,7 @@ class EtlForwarder:
         if generation := response.headers.get(SPEC_HASH_HEADER.lower()):
             headers[SPEC_HASH_HEADER] = generation  # what a cache keys on (outcache.py)
         length = response.headers.get("content-length", "")
-        if length.isdigit() and int(length) <= INLINE_BODY_MAX:
+        if length.isdigit() and int(length) <= WHOLE_BODY_MAX:
             # Known, small: read it whole and answer with Content-Length, one write.
             try:
                 body = await response.read(int(length))
@@ -381,7 +381,7 @@ class EtlForwarder:
     def _open(self, bucket: str, name: str, fqn: bool) -> tuple[IO[bytes], Any, bytes | None]:
         """Open the object; read it whole (and close it) if it goes inline."""
         f, info = self.store.open_object(bucket, name)
-        if fqn or info.size > INLINE_BODY_MAX:
+        if fqn or info.size > WHOLE_BODY_MAX:
             return f, info, None
         with f:
             return f, info, f.read()

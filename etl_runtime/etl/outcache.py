@@ -73,7 +73,7 @@ from etl_runtime.etl.cacheindex import (
     entry_path,
 )
 from etl_runtime.storage.store import READ_CHUNK, ObjectStore
-from etl_runtime.wire.zerocopy import FileRangeResponse
+from etl_runtime.wire.http.zerocopy import FileRangeResponse
 
 log = logging.getLogger(__name__)
 

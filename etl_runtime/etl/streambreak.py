@@ -1,7 +1,7 @@
 """What a transformer's answer breaking off mid-stream means to the target relaying it.
 
 A wds answer breaks after its first byte when the user's function fails on a
-sample (the transformer sends an error marker, ``wire/tarbreak.py``, then aborts),
+sample (the transformer sends an error marker, ``wire/formats/tarbreak.py``, then aborts),
 when a worker dies, or when the transformer is killed. The target relaying it
 adds its own marker where needed and raises ``TransformerStreamBroken`` so the
 client's connection is aborted. In a pipeline that stream is the next step's

@@ -19,7 +19,7 @@ from typing import Any
 
 from etl_runtime.core import auth
 from etl_runtime.gateway.app import create_gateway_app
-from etl_runtime.wire.serving import Hook, noop, run_server
+from etl_runtime.wire.http.serving import Hook, noop, run_server
 
 TARGET_SELECTOR = "sluice.dev/role=target"
 
@@ -152,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         discovery, backend, on_start, on_stop = kube_parts()
     else:
         discovery, backend, on_start, on_stop = local_parts(args, key)
-    from etl_runtime.cluster.clustermap import open_cluster_map
+    from etl_runtime.cluster.stores import open_cluster_map
 
     try:
         cmap = open_cluster_map(args.cluster_map)
@@ -180,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         args.port,
         on_start=on_start,
         on_stop=on_stop,
-        answerer=app.state.answerer,  # GetBatch's redirect (gateway/inline.py)
+        answerer=app.state.answerer,  # GetBatch's redirect (gateway/inprotocol.py)
         starter=app.state.starter,
     )
 

@@ -18,12 +18,12 @@ from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
 from etl_runtime.core.metrics import TargetStateCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.aisjobs import cluster_router
-from etl_runtime.gateway.batch_routes import batch_router
 from etl_runtime.gateway.buckets import bucket_router
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.dsort import dsort_router
 from etl_runtime.gateway.etl_api import etl_router
-from etl_runtime.gateway.inline import answerer as batch_answerer
+from etl_runtime.gateway.getbatch_routes import batch_router
+from etl_runtime.gateway.inprotocol import answerer as batch_answerer
 from etl_runtime.gateway.jobs import jobs_router
 from etl_runtime.gateway.membership import MembershipSource, RebalanceMonitor, join
 from etl_runtime.gateway.redirect import redirect_router
@@ -31,9 +31,9 @@ from etl_runtime.gateway.s3 import KeyStore, s3_router
 from etl_runtime.gateway.s3.early import early_starter
 from etl_runtime.gateway.smap import check_ready, daemon_router
 from etl_runtime.gateway.ui import ui_router
-from etl_runtime.wire.duplex import DuplexClient
-from etl_runtime.wire.fastpath import FastPathApp
-from etl_runtime.wire.http_errors import install_error_handlers
+from etl_runtime.wire.clients.duplex import DuplexClient
+from etl_runtime.wire.http.errors import install_error_handlers
+from etl_runtime.wire.http.fastpath import FastPathApp
 
 
 def create_gateway_app(
@@ -53,7 +53,7 @@ def create_gateway_app(
     ``s3_keys``: the file of the S3 API's keys (``gateway/s3/keys.py``), or a
     ``KeyStore`` (Kubernetes: ``kubekeys.KubeKeyStore``); None: no keys.
     ``batch_assembly``: who assembles a GetBatch, ``target`` (a designated one,
-    ``gateway/batch_routes.py``) or ``gateway``.
+    ``gateway/getbatch_routes.py``) or ``gateway``.
     """
     keys = s3_keys if isinstance(s3_keys, KeyStore) else KeyStore(s3_keys)
     gw = Gateway(

@@ -52,7 +52,7 @@ def _unwell(status: int) -> bool:
 
     A 507 (``InsufficientStorage``: its disk is full) is an answer, passed on
     as it is: trying again cannot help, so it must not become a retryable 503.
-    So is a 500: a bug on that target, whose JSON names it (``wire/http_errors.py``).
+    So is a 500: a bug on that target, whose JSON names it (``wire/http/errors.py``).
     """
     return status in (502, 503, 504)
 

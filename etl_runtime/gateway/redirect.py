@@ -41,8 +41,8 @@ from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
-from etl_runtime.wire.fastpath import FastRouter
-from etl_runtime.wire.routes import each_method
+from etl_runtime.wire.http.fastpath import FastRouter
+from etl_runtime.wire.http.routes import each_method
 
 MUTATING = frozenset({"PUT", "POST", "DELETE", "PATCH"})
 METHODS = ["GET", "HEAD", "PUT", "POST", "DELETE", "PATCH"]
@@ -181,5 +181,5 @@ def redirect_router(gw: Gateway) -> FastRouter:
                 await _drain(request)
         return Response(status_code=307, headers={"Location": location})
 
-    router.fast("/v1/objects/{bucket}/{name:path}", METHODS)  # wire/fastpath.py
+    router.fast("/v1/objects/{bucket}/{name:path}", METHODS)  # wire/http/fastpath.py
     return router

@@ -8,7 +8,7 @@ header that declares more bytes than will ever follow, after which the caller
 aborts the connection, so no tar reader can mistake the rest for a whole
 archive.
 
-``ShardReader`` (``wire/shardread.py``, shared with the targets, which read
+``ShardReader`` (``wire/formats/shardread.py``, shared with the targets, which read
 files out of transformed shards) finds one file (``archpath``) in a shard
 while it streams in.
 """
@@ -19,8 +19,8 @@ import tarfile
 import time
 import zlib
 
-from etl_runtime.wire.batchshare import Moved, placeholder_header, tar_header
-from etl_runtime.wire.shardread import ShardReader
+from etl_runtime.getbatch.exchange import Moved, placeholder_header, tar_header
+from etl_runtime.wire.formats.shardread import ShardReader
 
 __all__ = ["ArchiveWriter", "ShardReader", "Chunk", "Piece", "BLOCK", "padding"]
 

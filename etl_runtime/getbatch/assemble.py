@@ -39,12 +39,12 @@ from typing import Any, cast
 
 from etl_runtime.core.errors import SluiceError
 from etl_runtime.getbatch.archive import BLOCK, ArchiveWriter, Chunk, Piece
+from etl_runtime.getbatch.exchange import FileSlice, Spliced, padding, placeholder_header
 from etl_runtime.getbatch.host import BatchHost
 from etl_runtime.getbatch.items import Failed, Slot, Spool
 from etl_runtime.getbatch.request import BatchRequest, Item
 from etl_runtime.getbatch.shares import READ_BY_GET, SMALL_ENTRY, ShareItem, plan
-from etl_runtime.wire.batchshare import FileSlice, Spliced, padding, placeholder_header
-from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.clients.duplex import DuplexClient
 
 WINDOW = 16  # items in flight per batch
 FLUSH_BYTES = 256 << 10
@@ -110,7 +110,7 @@ class Assembler:
     def use_splice(self) -> None:
         """Big entries of shares go from the target's socket to the client's, or from
         the file for the assembling target's own (the answer has a Content-Length and
-        the server offers ``wire/splice.py``)."""
+        the server offers ``wire/http/splice.py``)."""
         for share in self._shares:
             share.splice = True
 

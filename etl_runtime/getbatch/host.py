@@ -1,7 +1,7 @@
 """What a GetBatch needs of the process that assembles it: ``BatchHost``.
 
 Two processes assemble a GetBatch: the gateway, when it serves one itself,
-and a storage target it designates (``storage_target/moss.py``, AIStore's
+and a storage target it designates (``storage_target/getbatch_routes.py``, AIStore's
 "designated target"). Both give the assembler the same few things: the
 cluster map, which targets are reachable and where, the headers its own calls
 to targets carry, the owner to read one item from and, on a target, its own
@@ -17,7 +17,7 @@ from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.cluster.records import TargetInfo
 
 # A share asked of the host itself: the request's JSON (what ``POST /v1/_moss``
-# would carry) -> an answer read as ``wire/batchshare.py``'s ``ShareBody`` is.
+# would carry) -> an answer read as ``getbatch/exchange.py``'s ``ShareBody`` is.
 LocalShare = Callable[[dict[str, Any]], Awaitable[Any]]
 
 
@@ -42,5 +42,5 @@ class BatchHost(Protocol):
 
     def local_share(self, target_id: str) -> LocalShare | None:
         """How to read a share of ``target_id`` in this process (it is this target:
-        ``storage_target/localshare.py``), or None: over HTTP."""
+        ``storage_target/getbatch_local.py``), or None: over HTTP."""
         ...

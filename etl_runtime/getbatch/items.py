@@ -46,7 +46,7 @@ from etl_runtime.core.errors import (
 from etl_runtime.getbatch.archive import ShardReader
 from etl_runtime.getbatch.host import BatchHost
 from etl_runtime.getbatch.request import BatchRequest, Item
-from etl_runtime.wire.duplex import DuplexClient, DuplexResponse
+from etl_runtime.wire.clients.duplex import DuplexClient, DuplexResponse
 
 log = logging.getLogger(__name__)
 

@@ -29,14 +29,14 @@ from etl_runtime.core.access import SIGNATURE_PARAMS
 from etl_runtime.core.errors import SluiceError
 from etl_runtime.getbatch.archive import Piece
 from etl_runtime.getbatch.assemble import Assembler, multipart
+from etl_runtime.getbatch.exchange import FileSlice, Spliced
 from etl_runtime.getbatch.host import BatchHost
 from etl_runtime.getbatch.items import ITEM_TIMEOUT
 from etl_runtime.getbatch.request import parse_request
-from etl_runtime.wire import splice
-from etl_runtime.wire.batchshare import FileSlice, Spliced
-from etl_runtime.wire.duplex import DuplexClient
-from etl_runtime.wire.streaming import until_gone
-from etl_runtime.wire.zerocopy import EXTENSION
+from etl_runtime.wire.clients.duplex import DuplexClient
+from etl_runtime.wire.http import splice
+from etl_runtime.wire.http.streaming import until_gone
+from etl_runtime.wire.http.zerocopy import EXTENSION
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class BatchResponse(StreamingResponse):
         await send({**start, "headers": self.raw_headers})
         try:
             async for chunk in self._pieces:
-                if isinstance(chunk, FileSlice):  # wire/zerocopy.py: os.sendfile
+                if isinstance(chunk, FileSlice):  # wire/http/zerocopy.py: os.sendfile
                     await send(
                         {
                             "type": EXTENSION,
@@ -101,7 +101,7 @@ class BatchResponse(StreamingResponse):
                             "more_body": True,
                         }
                     )
-                elif isinstance(chunk, Spliced):  # wire/splice.py: socket to socket
+                elif isinstance(chunk, Spliced):  # wire/http/splice.py: socket to socket
                     await send(
                         {
                             "type": splice.MESSAGE,
@@ -127,7 +127,7 @@ class BatchResponse(StreamingResponse):
         return True
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:  # not Starlette's task group (``wire/streaming.py``)
+        try:  # not Starlette's task group (``wire/http/streaming.py``)
             await until_gone(lambda: self._stream(send), receive, send)
         finally:
             self._asm.close()

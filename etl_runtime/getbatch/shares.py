@@ -7,7 +7,7 @@ sent to (``read_router``: the host's ``read_owner`` choice) and by ETL (the
 batch's, or a view's, with its args), in request order, and asked for in
 parts of ``PART`` items (``ETL_PART`` through an ETL: the target transforms
 a part's items, several at once, before it answers); the exchange (a manifest of every item's
-outcome, then the TAR entries back to back) is drawn in ``wire/batchshare.py``.
+outcome, then the TAR entries back to back) is drawn in ``getbatch/exchange.py``.
 ``AHEAD`` parts per target are in flight at once, so every target reads its
 disk and sends while the gateway writes another target's items; what the
 gateway has not taken yet waits in socket buffers (the gateway reads a share
@@ -43,10 +43,7 @@ from etl_runtime.cluster.clustermap import ClusterMap, hrw_first
 from etl_runtime.cluster.hrw import hrw_owner, object_key
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.errors import NoTargets, SluiceError
-from etl_runtime.getbatch.host import BatchHost
-from etl_runtime.getbatch.items import ERROR_BODY_MAX, ITEM_TIMEOUT, Failed, relayed
-from etl_runtime.getbatch.request import BatchRequest, Item
-from etl_runtime.wire.batchshare import (
+from etl_runtime.getbatch.exchange import (
     ELSEWHERE,
     MANIFEST_LEN,
     MANIFEST_MAX,
@@ -59,6 +56,9 @@ from etl_runtime.wire.batchshare import (
     SharePool,
     padding,
 )
+from etl_runtime.getbatch.host import BatchHost
+from etl_runtime.getbatch.items import ERROR_BODY_MAX, ITEM_TIMEOUT, Failed, relayed
+from etl_runtime.getbatch.request import BatchRequest, Item
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ class TargetShare:
         self.etl = etl  # every item of this share goes through this ETL chain (or none)
         self._part_size, self._ahead = (ETL_PART, ETL_AHEAD) if etl[0] else (PART, AHEAD)
         self.items: list[ShareItem] = []
-        self.splice = False  # big entries go socket to socket (``wire/splice.py``)
+        self.splice = False  # big entries go socket to socket (``wire/http/splice.py``)
         self._parts: deque[_Part] = deque()
         self._started = 0
 

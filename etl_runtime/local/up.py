@@ -59,8 +59,9 @@ TARGET_GRACE = 10.0
 HEALTH_TIMEOUT = 120.0
 RESTART_RESET = 30.0  # seconds up after which a child's crash count starts over
 TARGET_DOWN_RETRY = 60.0  # a target marked down (crash loop) is tried again this often
-# passed on to the servers: remote buckets' settings, the ETL output cache's budget, the zygote's
-# mode, the servers' event loop (core/eventloop.py), podman's use, GetBatch's assembler
+# passed on to the servers: remote buckets' settings, the ETL output cache's budget, the
+# zygote's mode, the event loop every server runs on (core/eventloop.py), podman's use,
+# who assembles a GetBatch (gateway/getbatch_routes.py)
 PASSED_ENV = (
     "SLUICE_SECRETS_DIR",
     "SLUICE_REMOTE_",

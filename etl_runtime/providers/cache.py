@@ -167,8 +167,12 @@ class RemoteCache:
 
     async def ensure_fresh(self, bucket: str, name: str, props: BucketProps) -> bool:
         """True if ``bucket/name`` is cached here (and valid); a hit is counted."""
-        fill = self._fills.get((bucket, name))  # publishing: then this is a warm GET
+        fill = self._fills.get((bucket, name))
         if fill is not None and fill.meta is not None and fill.written >= fill.meta.size:
+            # Every byte is here and the fill is publishing (fsync, rename). A GET
+            # that comes now is a warm GET, checked as the bucket says, not another
+            # reader of a fetch that began before it (it served an object deleted on
+            # the backend meanwhile, with validate_warm_get on).
             await fill.finished.wait()
         path = self.store.local_path(bucket, name)
         if not path.is_file():

@@ -28,7 +28,7 @@ from etl_runtime.storage.store import ObjectInfo
 
 _RANGE_RE = re.compile(r"^\s*(\d*)\s*-\s*(\d*)\s*$")
 # The request headers ``preconditions`` and ``byte_range`` read: a GET with none of them
-# is answered whole, 200 (storage_target/inline.py answers only those).
+# is answered whole, 200 (storage_target/inprotocol.py answers only those).
 READ_CONDITIONS = (
     "range",
     "if-match",

@@ -176,6 +176,11 @@ class ObjectStore:
         bucket, name = validate_bucket(bucket), validate_object(bucket, name)
         return f"{self._buckets_fspath}/{bucket}/{name}"
 
+    def local_fsprefix(self, bucket: str) -> str:
+        """``local_fspath(bucket, name)`` less ``name`` (which the caller checks with
+        ``validate_object``): a GetBatch share checks each of its few buckets once."""
+        return f"{self._buckets_fspath}/{validate_bucket(bucket)}/"
+
     def remove_if_unchanged(self, bucket: str, name: str, stamp: tuple[int, int, int]) -> bool:
         """Delete the object if it is still the file of ``stamp`` (inode, mtime, size)."""
         path = self.local_path(bucket, name)

@@ -17,7 +17,7 @@ from typing import Any
 from etl_runtime.cluster.records import EtlRecord, EtlRegistry
 from etl_runtime.core import auth
 from etl_runtime.storage_target.app import create_target_app
-from etl_runtime.wire.serving import Hook, noop, run_server
+from etl_runtime.wire.http.serving import Hook, noop, run_server
 
 
 class NoRegistry:
@@ -88,7 +88,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "will be refused",
             file=sys.stderr,
         )
-    from etl_runtime.cluster.clustermap import open_cluster_map
+    from etl_runtime.cluster.stores import open_cluster_map
     from etl_runtime.etl.cacheindex import budget_from_env
     from etl_runtime.etl.forward import redirect_bytes_from_env
 
@@ -118,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         on_start=[noop],
         on_stop=[close or noop],
         before_exit=before_exit,
-        answerer=app.state.answerer,  # small plain GETs skip ASGI (storage_target/inline.py)
+        answerer=app.state.answerer,  # small plain GETs skip ASGI (storage_target/inprotocol.py)
     )
 
 

@@ -30,17 +30,17 @@ from etl_runtime.storage.copies import Placement
 from etl_runtime.storage.peers import Peers
 from etl_runtime.storage.rebalance import Rebalancer
 from etl_runtime.storage.store import ObjectStore
-from etl_runtime.storage_target.batch import batch_router
 from etl_runtime.storage_target.context import Target
-from etl_runtime.storage_target.inline import answerer
+from etl_runtime.storage_target.getbatch_routes import moss_router
+from etl_runtime.storage_target.getbatch_share import batch_router
+from etl_runtime.storage_target.inprotocol import answerer
 from etl_runtime.storage_target.internal import internal_router
-from etl_runtime.storage_target.moss import moss_router
 from etl_runtime.storage_target.objects import object_router
 from etl_runtime.storage_target.remote_routes import remote_router
-from etl_runtime.wire.duplex import DuplexClient
-from etl_runtime.wire.fastpath import FastPathApp
-from etl_runtime.wire.http_errors import install_error_handlers
-from etl_runtime.wire.zerocopy import SendfileCollector
+from etl_runtime.wire.clients.duplex import DuplexClient
+from etl_runtime.wire.http.errors import install_error_handlers
+from etl_runtime.wire.http.fastpath import FastPathApp
+from etl_runtime.wire.http.zerocopy import SendfileCollector
 
 
 def create_target_app(

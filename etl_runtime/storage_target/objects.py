@@ -39,11 +39,11 @@ from etl_runtime.storage.store import READ_CHUNK, ObjectInfo
 from etl_runtime.storage_target import remote_reads as remote
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.meta import meta_headers, meta_of_headers
-from etl_runtime.wire.fastpath import FastRouter
-from etl_runtime.wire.routes import each_method
-from etl_runtime.wire.zerocopy import FileRangeResponse, offers_zerocopy
+from etl_runtime.wire.http.fastpath import FastRouter
+from etl_runtime.wire.http.routes import each_method
+from etl_runtime.wire.http.zerocopy import FileRangeResponse, offers_zerocopy
 
-INLINE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
+WHOLE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
 
 
 def object_headers(info: ObjectInfo) -> dict[str, str]:
@@ -254,7 +254,7 @@ def object_router(target: Target) -> FastRouter:
             return FileRangeResponse(
                 f, start, end - start, status, headers, media_type="application/octet-stream"
             )
-        if end - start <= INLINE_GET_MAX:
+        if end - start <= WHOLE_GET_MAX:
             data = await anyio.to_thread.run_sync(_read_small, f, start, end - start)
             return Response(data, status, headers=headers, media_type="application/octet-stream")
         if start:
@@ -289,7 +289,7 @@ def object_router(target: Target) -> FastRouter:
         etl = q.get("etl_name"), q.get("etl_args"), q.get("etl_pipeline")
         return await get_object(bucket, name, request, *etl)
 
-    # The data path's GET and HEAD skip FastAPI's routing (wire/fastpath.py).
+    # The data path's GET and HEAD skip FastAPI's routing (wire/http/fastpath.py).
     router.fast("/v1/objects/{bucket}/{name:path}", ["GET"], get_object_fast)
     router.fast("/v1/objects/{bucket}/{name:path}", ["HEAD"])
 

@@ -28,8 +28,8 @@ from etl_runtime.webserver.servers import ServersFailing, serve_many
 from etl_runtime.webserver.sizing import parse_inline, parse_servers
 from etl_runtime.webserver.stats import Board
 from etl_runtime.webserver.transformer import Transformer
-from etl_runtime.wire import connections, wholebody
-from etl_runtime.wire.connections import Limits
+from etl_runtime.wire.http import connections, wholebody
+from etl_runtime.wire.http.connections import Limits
 
 RETIRE_DRAIN_SECONDS = 0.5  # a retiring server reads the requests of connections it took
 

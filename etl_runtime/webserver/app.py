@@ -23,15 +23,15 @@ from etl_runtime.core.errors import InvalidRequest, NotReady, SluiceError, Unaut
 from etl_runtime.core.metrics import EtlStatsCollector, install_metrics
 from etl_runtime.core.params import refuse_repeated
 from etl_runtime.core.spec import SPEC_HASH_HEADER, EtlSpec
-from etl_runtime.webserver.batch import batch_answer
+from etl_runtime.webserver.bulk import batch_answer
 from etl_runtime.webserver.direct import direct_answer
 from etl_runtime.webserver.fqn import confine, data_roots
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import transform_shard
 from etl_runtime.webserver.stats import Board, Stats
 from etl_runtime.webserver.transformer import Transformer
-from etl_runtime.wire import etlbatch
-from etl_runtime.wire.fastpath import FastPathApp
+from etl_runtime.wire.formats import bulk
+from etl_runtime.wire.http.fastpath import FastPathApp
 
 LOGGERS = ("sluice", "uvicorn.error")
 HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn"})
@@ -63,7 +63,7 @@ def create_app(
 
     ``roots``: where ``etl_fqn`` files may lie (default ``$SLUICE_DATA_ROOTS``, see fqn).
     ``board``/``slot``: this app is server ``slot`` of several (see ``servers``).
-    ``inline``: object-mode code runs in this process's threads (see ``inline``).
+    ``inline``: object-mode code runs in this process's threads (see ``inprocess``).
     ``ready_before_serving``: start up before taking connections (a server that
     replaces another: the others answer ``/health`` meanwhile).
     """
@@ -168,13 +168,13 @@ def create_app(
         return await direct_answer(transformer, request, bucket, object, roots)
 
     async def batch(request: Request) -> Response:
-        """Many objects by path, their outputs framed in one answer (see ``batch``)."""
+        """Many objects by path, their outputs framed in one answer (see ``bulk``)."""
         await authorized(request)
         return await batch_answer(transformer, request, roots)
 
     app.add_fast_route("PUT", hpush)
     app.add_fast_route("GET", direct)
-    app.add_fast_route("POST", batch, etlbatch.PATH)
+    app.add_fast_route("POST", batch, bulk.PATH)
     return app
 
 

@@ -1,6 +1,6 @@
 """How object-mode user code is called, and what it may return: one set of rules
 for both places that call it, the worker processes (``worker``) and ``--inline``
-server threads (``inline``).
+server threads (``inprocess``).
 
 - ``read_fqn`` / ``open_fqn``: the object by path (``etl_fqn``), a missing file
   is a 404 and an unreadable one a 400, each naming the path;

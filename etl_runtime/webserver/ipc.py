@@ -31,7 +31,7 @@ import socket
 import struct
 import threading
 
-from etl_runtime.wire.streambuf import ReceiveStream
+from etl_runtime.wire.clients.streambuf import ReceiveStream
 
 HEADER = struct.Struct("!BQ")
 

@@ -77,7 +77,7 @@ async def transform_object(
 async def object_outcome(
     pool: WorkerPool, stats: Stats, obj: str, args: str | None, fqn: str
 ) -> bytes | AsyncIterator[bytes]:
-    """One object by path through a worker, for a batch (``batch``): its whole output
+    """One object by path through a worker, for a batch (``bulk``): its whole output
     (a bytes result that came in one frame), or its chunks. Raises the ``SluiceError``
     of a failure before the first byte; the chunks raise one after it."""
     task = await pool.acquire(OBJECT_TASK)

@@ -37,8 +37,8 @@ from etl_runtime.webserver import ipc
 from etl_runtime.webserver.forker import Forker
 from etl_runtime.webserver.sizing import usable_cpus
 from etl_runtime.webserver.worker import worker_main
-from etl_runtime.wire import streambuf
-from etl_runtime.wire.streambuf import ReceiveStream
+from etl_runtime.wire.clients import streambuf
+from etl_runtime.wire.clients.streambuf import ReceiveStream
 
 log = logging.getLogger("sluice.transformer")
 

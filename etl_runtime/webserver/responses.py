@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from etl_runtime.wire.streaming import until_gone
+from etl_runtime.wire.http.streaming import until_gone
 
 
 class TransformedStream(Response):

@@ -21,7 +21,7 @@ A server that ends on its own is **replaced** in its slot: one that crashed
 (the user's code killed the interpreter: its in-flight requests were cut,
 which their callers see as an error, never as data), or one that retired
 because an inline transform outlived its deadline (its thread could not be
-stopped; its process can: ``inline``). The replacement loads the code before
+stopped; its process can: ``inprocess``). The replacement loads the code before
 it takes connections, so no request meets it unready. More than
 ``RESTART_BUDGET`` replacements within ``RESTART_WINDOW`` seconds stop the
 transformer (its manager restarts it and shows why): a transform that kills

@@ -14,7 +14,7 @@ Three stages run at once for each shard:
 Memory is bounded by the window whatever the shard size, and output starts as
 soon as the first sample is done. With ``onError: skip`` a failing sample is
 dropped and counted; with ``fail`` the object fails naming the sample: a JSON
-error if nothing was sent yet, otherwise an error marker (``wire/tarbreak.py``:
+error if nothing was sent yet, otherwise an error marker (``wire/formats/tarbreak.py``:
 a member header promising more than follows) and an aborted connection, so no
 tar reader takes the shorter shard for a whole one.
 """
@@ -47,7 +47,7 @@ from etl_runtime.webserver import ipc
 from etl_runtime.webserver.bodyfile import BodyClosed, RequestBodyFile
 from etl_runtime.webserver.pool import SAMPLE_TASK, Task
 from etl_runtime.webserver.responses import TransformedStream
-from etl_runtime.wire import tarbreak
+from etl_runtime.wire.formats import tarbreak
 
 if TYPE_CHECKING:
     from etl_runtime.webserver.transformer import Transformer

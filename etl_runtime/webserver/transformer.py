@@ -18,7 +18,7 @@ from collections.abc import Callable
 from etl_runtime.core.errors import StartupError
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.webserver.code import check_code, install_dependencies
-from etl_runtime.webserver.inline import InlineRunner
+from etl_runtime.webserver.inprocess import InProcessRunner
 from etl_runtime.webserver.pool import WorkerPool
 from etl_runtime.webserver.shards import load_tariterators
 from etl_runtime.webserver.stats import Board, LogBuffer, SharedStats, Stats
@@ -43,7 +43,7 @@ class Transformer:
         inline: bool = False,
     ) -> None:
         """``board``/``slot``: this is server ``slot`` of several (see ``servers``);
-        ``inline``: object-mode code runs in this process's threads (see ``inline``)."""
+        ``inline``: object-mode code runs in this process's threads (see ``inprocess``)."""
         self.name = name
         self.spec = spec
         self.token = token or None
@@ -58,9 +58,9 @@ class Transformer:
             on_log=self.logs.worker_output,
             on_fatal=self.fail,
         )
-        self.inline: InlineRunner | None = None
+        self.inline: InProcessRunner | None = None
         if inline and spec.mode == "object":
-            self.inline = InlineRunner(spec, self.pool.size, deps_dir, self.logs)
+            self.inline = InProcessRunner(spec, self.pool.size, deps_dir, self.logs)
             self.inline.on_stuck = self._stuck
         else:
             # Now, in create_app: before uvicorn starts the loop and any thread.

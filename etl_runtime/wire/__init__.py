@@ -1,7 +1,15 @@
-"""Wire: how bytes move between processes (above ``core``).
+"""Wire: how bytes move between processes (above ``core``), in three packages.
 
-``streambuf`` (receive buffers and frames), ``zerocopy`` (sendfile answers on
-uvicorn's protocol), ``duplex`` (the streaming HTTP client a target uses to
-talk to its transformer), ``serving`` (uvicorn set-up on either event loop) and
-``http_errors`` (the FastAPI handlers that answer ``core.errors`` as JSON).
+* ``wire.http``: Sluice's servers on uvicorn: ``serving`` (uvicorn set-up on
+  either event loop), ``connections`` (bounded, timed connections),
+  ``zerocopy`` (sendfile answers), ``fastpath`` (hot routes before FastAPI's
+  routing), ``inprotocol`` (answers written inside uvicorn's HTTP protocol,
+  before any ASGI), ``wholebody``, ``splice``, ``streaming``, ``routes`` and
+  ``errors`` (the FastAPI handlers that answer ``core.errors`` as JSON). The
+  one package that reaches into uvicorn's and Starlette's private parts.
+* ``wire.formats``: the product's own formats: ``bulk`` (many objects to a
+  transformer in one request), ``tarbreak`` (the in-band break of a tar
+  stream), ``shardread`` (a forward-only tar reader).
+* ``wire.clients``: ``duplex`` (the streaming HTTP client a target uses to
+  talk to its transformer) and ``streambuf`` (receive buffers and frames).
 """

@@ -12,8 +12,8 @@ import pytest
 
 from etl_runtime.core.errors import InvalidName, InvalidRequest, NotATar
 from etl_runtime.getbatch.archive import ArchiveWriter, ShardReader
+from etl_runtime.getbatch.exchange import tar_header
 from etl_runtime.getbatch.request import parse_request
-from etl_runtime.wire.batchshare import tar_header
 
 
 def shard(members: dict[str, bytes], fmt: int = tarfile.GNU_FORMAT, gz: bool = False) -> bytes:

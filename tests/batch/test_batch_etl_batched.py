@@ -1,7 +1,7 @@
 """GetBatch through an ETL with the batched transform request, against a real ``sluice up``.
 
 A target sends its share's objects to its transformer in one request and
-reads all outputs from one framed answer (``wire/etlbatch.py``). What a user
+reads all outputs from one framed answer (``wire/formats/bulk.py``). What a user
 sees must not change: every item's transformed bytes, in request order, with
 the inline default and with worker processes (``SLUICE_INLINE=0``), for
 bytes results, iterable results (several frames per item) and outputs big

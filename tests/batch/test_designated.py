@@ -14,8 +14,8 @@ import requests
 
 from etl_runtime.cluster.clustermap import ClusterMap, MemoryClusterMap
 from etl_runtime.cluster.records import TargetInfo
-from etl_runtime.gateway.batch_routes import designate
 from etl_runtime.gateway.context import Gateway
+from etl_runtime.gateway.getbatch_routes import designate
 from etl_runtime.local import LocalCluster
 from tests.gateway.conftest import DictBackend, DictRegistry, StaticDiscovery
 

@@ -24,10 +24,10 @@ import psutil
 import pytest
 import requests
 
+from etl_runtime.getbatch.exchange import ELSEWHERE, MANIFEST_LEN, SHARE_PATH, padding
 from etl_runtime.getbatch.shares import PART, WHOLE_PART
 from etl_runtime.local import LocalCluster
-from etl_runtime.storage_target.batch import LOOP_ITEMS
-from etl_runtime.wire.batchshare import ELSEWHERE, MANIFEST_LEN, SHARE_PATH, padding
+from etl_runtime.storage_target.getbatch_share import LOOP_ITEMS
 
 N = 40
 BIG = 4 << 20

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
 
 from tests.servers import free_port
 
@@ -126,7 +125,6 @@ def test_token_from_flag_and_env(tmp_path: Path) -> None:
 
 
 def test_sluice_up_runs_a_cluster_until_interrupted(tmp_path: Path) -> None:
-    pytest.importorskip("etl_runtime.local.up", reason="local cluster not built yet")
     port = free_port()
     proc = subprocess.Popen(
         [

@@ -22,7 +22,7 @@ from etl_runtime.cluster.records import EtlRecord, TransformerStatus
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.etl.outcache import OutputCache
 from etl_runtime.storage_target import create_target_app
-from etl_runtime.wire import zerocopy
+from etl_runtime.wire.http import zerocopy
 from tests.servers import SessionServers, serve_in_thread
 from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 from tests.webserver.conftest import source_code, transformer

@@ -1,4 +1,4 @@
-"""GetBatch's redirect answered inside the gateway's HTTP protocol (``gateway/inline.py``).
+"""GetBatch's redirect answered inside the gateway's HTTP protocol (``gateway/inprotocol.py``).
 
 A gateway app with a cluster map of one real target, served as ``run_server``
 serves it (the guarded zero-copy protocol with the gateway's answerer) next to
@@ -26,8 +26,8 @@ from etl_runtime.cluster.clustermap import ClusterMap, MemoryClusterMap
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.gateway import create_gateway_app
 from etl_runtime.storage_target import create_target_app
-from etl_runtime.wire import connections, zerocopy
-from etl_runtime.wire.connections import Limits
+from etl_runtime.wire.http import connections, zerocopy
+from etl_runtime.wire.http.connections import Limits
 from tests.gateway.conftest import DictBackend, StaticDiscovery
 from tests.servers import serve_in_thread
 from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry

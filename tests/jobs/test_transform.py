@@ -19,12 +19,10 @@ import webdataset as wds
 
 from etl_runtime.local import LocalCluster
 from etl_runtime.sdk import Client, Job, JobError
-from tests.local.conftest import HAVE_CLUSTER
 from tests.local.test_up import wait_running
 from tests.local.test_up_restarts import healthy, server, wait_for
 
 pytestmark = [
-    pytest.mark.skipif(not HAVE_CLUSTER, reason="needs the local cluster"),
     pytest.mark.timeout(300),
 ]
 

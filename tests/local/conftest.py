@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import os
 import sys
 import time
@@ -19,23 +18,10 @@ STANDIN = (sys.executable, str(Path(__file__).with_name("standin_transformer.py"
 REAL = (sys.executable, "-m", "etl_runtime.webserver")
 
 
-def have_module(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ImportError:
-        return False
-
-
-HAVE_WEBSERVER = have_module("etl_runtime.webserver.__main__")
-HAVE_CLUSTER = HAVE_WEBSERVER and all(
-    have_module(m) for m in ("etl_runtime.storage_target.__main__", "etl_runtime.gateway.__main__")
-)
-
-
 @pytest.fixture
 def transformer_command() -> tuple[str, ...]:
-    """The real transformer runtime once it exists, else the stand-in."""
-    return REAL if HAVE_WEBSERVER else STANDIN
+    """The real transformer runtime (``STANDIN`` is for tests that need a fake one)."""
+    return REAL
 
 
 class FakeTargets:

@@ -34,11 +34,7 @@ import pytest
 from etl_runtime import Client
 from etl_runtime.local import LocalCluster
 from etl_runtime.sdk.errors import NotFound, SluiceError
-from tests.local.conftest import HAVE_CLUSTER, pid_gone
-
-pytestmark = pytest.mark.skipif(
-    not HAVE_CLUSTER, reason="needs etl_runtime.storage_target, .gateway and .webserver"
-)
+from tests.local.conftest import pid_gone
 
 SEED = 8
 TARGETS = 3

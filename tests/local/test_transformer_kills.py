@@ -20,17 +20,11 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
 from etl_runtime import Client
 from etl_runtime.local import LocalCluster
 from etl_runtime.sdk import errors
-from tests.local.conftest import HAVE_CLUSTER
 from tests.local.test_up import UPPER, wait_running
-
-pytestmark = pytest.mark.skipif(
-    not HAVE_CLUSTER, reason="needs etl_runtime.storage_target, .gateway and .webserver"
-)
 
 OBJECTS = 12
 KILLS = 3

@@ -18,14 +18,8 @@ from pathlib import Path
 
 import httpx
 import psutil
-import pytest
 
 from etl_runtime.local import LocalCluster
-from tests.local.conftest import HAVE_CLUSTER
-
-pytestmark = pytest.mark.skipif(
-    not HAVE_CLUSTER, reason="needs etl_runtime.storage_target, .gateway and .webserver"
-)
 
 TOKEN = "s3cret"
 UPPER = {

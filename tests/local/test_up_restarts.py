@@ -22,12 +22,7 @@ import pytest
 
 from etl_runtime.local import LocalCluster
 from etl_runtime.local.supervisor import RestartPolicy
-from tests.local.conftest import HAVE_CLUSTER
 from tests.local.test_up import UPPER, descendants, survivors, transformer_leaders, wait_running
-
-needs_cluster = pytest.mark.skipif(
-    not HAVE_CLUSTER, reason="needs etl_runtime.storage_target, .gateway and .webserver"
-)
 
 
 def test_back_off_doubles_is_capped_and_starts_over_after_a_good_run() -> None:
@@ -76,7 +71,6 @@ def up_json_pids(data: Path) -> dict[str, int]:
     return {k["name"]: k["pid"] for k in kids}
 
 
-@needs_cluster
 def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) -> None:
     data = tmp_path / "data"
     with LocalCluster(data, targets=2) as cluster:
@@ -118,7 +112,6 @@ def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) ->
         assert cluster.stop() == 0
 
 
-@needs_cluster
 def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> None:
     """Issue 20 #6: transformers died with a gateway killed with -9 (parent-death
     signal), so ETLs answered 503 for 13 s after the gateway was back. Now they
@@ -168,7 +161,6 @@ def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> 
     assert not list((data / "etl").glob("run/*.json"))
 
 
-@needs_cluster
 def test_a_crash_looping_target_is_marked_down_and_the_rest_keeps_serving(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -114,7 +114,7 @@ def test_listing_prefix_delimiter_pages(s3: Any, endpoint: str) -> None:
     v1 = s3.list_objects(Bucket="s3-list", Prefix="img/", MaxKeys=4)
     assert len(v1["Contents"]) == 4 and v1["IsTruncated"]
     # With a trailing slash (some clients send it), the bucket's listing, not the
-    # object route's fast path with an empty key (wire/fastpath.py).
+    # object route's fast path with an empty key (wire/http/fastpath.py).
     r = httpx.get(f"{endpoint}/s3/s3-list/?list-type=2&prefix=txt/")
     assert r.status_code == 200 and "<Key>txt/a b.txt</Key>" in r.text, r.text
 

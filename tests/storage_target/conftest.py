@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from etl_runtime.storage_target import create_target_app
-from etl_runtime.wire import zerocopy
+from etl_runtime.wire.http import zerocopy
 from tests.servers import serve_in_thread
 from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 

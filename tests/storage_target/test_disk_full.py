@@ -25,7 +25,7 @@ from etl_runtime import Client, InsufficientStorage, RetryPolicy, ServerError
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.gateway import create_gateway_app
 from etl_runtime.storage_target import create_target_app
-from etl_runtime.wire import zerocopy
+from etl_runtime.wire.http import zerocopy
 from tests.cluster.conftest import MapCluster
 from tests.gateway.conftest import DictBackend, StaticDiscovery
 from tests.servers import serve_in_thread

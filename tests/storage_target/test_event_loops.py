@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 
 from etl_runtime.cluster.records import EtlRecord
-from etl_runtime.wire.serving import noop, run_server
+from etl_runtime.wire.http.serving import noop, run_server
 from tests.servers import SessionServers, free_port
 from tests.storage_target.conftest import RunningTarget
 from tests.storage_target.fakes import record

@@ -1,4 +1,4 @@
-"""Small plain GETs answered inside the HTTP protocol (``storage_target/inline.py``).
+"""Small plain GETs answered inside the HTTP protocol (``storage_target/inprotocol.py``).
 
 A real target app served as ``run_server`` serves it (the guarded zero-copy
 protocol with the target's answerer), on asyncio and on uvloop, next to the
@@ -23,13 +23,13 @@ import httpx
 import pytest
 
 from etl_runtime.storage_target import create_target_app
-from etl_runtime.wire import connections, zerocopy
-from etl_runtime.wire.connections import Limits
+from etl_runtime.wire.http import connections, zerocopy
+from etl_runtime.wire.http.connections import Limits
 from tests.servers import serve_in_thread
 from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 
 SMALL = bytes(range(256)) * 64  # 16 KiB
-BIG = b"x" * (512 << 10)  # more than INLINE_MAX: the route's sendfile
+BIG = b"x" * (512 << 10)  # more than IN_PROTOCOL_MAX: the route's sendfile
 MID = bytes(range(256)) * 480  # 120 KiB: answered inline
 
 

@@ -1,8 +1,8 @@
 """A small GetBatch share (``POST /v1/_moss``) answered inside the HTTP protocol.
 
-The target's answerer (``storage_target/inline.py``, ``share_answerer``) takes
+The target's answerer (``storage_target/inprotocol.py``, ``share_answerer``) takes
 a share of plain items whose bytes are all read with the manifest and answers
-it once its body is in (``wire/inline.py``: ``on_message_complete``). Served
+it once its body is in (``wire/http/inprotocol.py``: ``on_message_complete``). Served
 as in ``test_inline.py`` (the same app with and without the answerer, on
 asyncio and uvloop): the inline answer must be the route's, byte for byte and
 header for header; a share with a file to send by ``sendfile``, a chunked
@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from etl_runtime.wire.batchshare import MANIFEST_LEN, OK, SHARE_ETL_PATH, SHARE_PATH, padding
+from etl_runtime.getbatch.exchange import MANIFEST_LEN, OK, SHARE_ETL_PATH, SHARE_PATH, padding
 from tests.storage_target.test_inline import SMALL, Served, _metric, _serve
 
 ROWS = [

@@ -1,4 +1,4 @@
-"""Plain GETs sent zero-copy (``etl_runtime.wire.zerocopy``), on asyncio and on uvloop.
+"""Plain GETs sent zero-copy (``etl_runtime.wire.http.zerocopy``), on asyncio and on uvloop.
 
 The shared target fixture serves with the zero-copy protocol, as
 ``run_server`` does, each test once per loop: whole objects and ranges
@@ -33,8 +33,8 @@ from uvicorn.protocols.http.flow_control import FlowControl
 
 from etl_runtime.core.eventloop import loop_factory
 from etl_runtime.storage_target import create_target_app
-from etl_runtime.wire import zerocopy
-from etl_runtime.wire.serving import run_server
+from etl_runtime.wire.http import zerocopy
+from etl_runtime.wire.http.serving import run_server
 from tests.servers import free_port, serve_in_thread, serve_process
 from tests.storage_target.conftest import RunningTarget
 from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry

@@ -1,6 +1,6 @@
 """``etl_fqn`` paths stay under the data roots, also when a batch resolves its directories once.
 
-A batched transform request (``webserver/batch.py``) checks each object's path
+A batched transform request (``webserver/bulk.py``) checks each object's path
 with ``confine(..., dirs)``: the real path of each directory is taken once per
 batch. A file or a directory that is a symlink out of the root must still be
 refused, and the same path must come out as without the cache.

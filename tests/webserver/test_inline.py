@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from etl_runtime.core.errors import BadRequest
-from etl_runtime.webserver import batch
-from etl_runtime.wire import etlbatch
+from etl_runtime.webserver import bulk as bulk_route
+from etl_runtime.wire.formats import bulk
 from tests.prom import scrape
 from tests.webserver.conftest import AUTH, TOKEN, source_code, transformer
 
@@ -101,15 +101,15 @@ def test_a_batch_goes_on_past_an_object_stuck_past_its_deadline(url: str, tmp_pa
         items.append([f"b/o{i}", str(f)])
     t0 = time.monotonic()
     r = httpx.post(
-        f"{url}{etlbatch.PATH}", json={"etl_args": None, "items": items}, headers=AUTH, timeout=30
+        f"{url}{bulk.PATH}", json={"etl_args": None, "items": items}, headers=AUTH, timeout=30
     )
     took = time.monotonic() - t0
     assert r.status_code == 200, r.text
     raw, frames = r.content, []
     while raw:
-        status, length = etlbatch.HEAD.unpack(raw[: etlbatch.HEAD.size])
-        frames.append((status, raw[etlbatch.HEAD.size : etlbatch.HEAD.size + length]))
-        raw = raw[etlbatch.HEAD.size + length :]
+        status, length = bulk.HEAD.unpack(raw[: bulk.HEAD.size])
+        frames.append((status, raw[bulk.HEAD.size : bulk.HEAD.size + length]))
+        raw = raw[bulk.HEAD.size + length :]
     assert len(frames) == 20
     for i, (status, body) in enumerate(frames):
         if i == 5:
@@ -126,13 +126,13 @@ def _frames(raw: bytes) -> list[tuple[int, bytes]]:
     out: list[tuple[int, bytes]] = []
     piece = b""
     while raw:
-        status, length = etlbatch.HEAD.unpack(raw[: etlbatch.HEAD.size])
-        body = raw[etlbatch.HEAD.size : etlbatch.HEAD.size + length]
-        raw = raw[etlbatch.HEAD.size + length :]
-        if status == etlbatch.MORE:
+        status, length = bulk.HEAD.unpack(raw[: bulk.HEAD.size])
+        body = raw[bulk.HEAD.size : bulk.HEAD.size + length]
+        raw = raw[bulk.HEAD.size + length :]
+        if status == bulk.MORE:
             piece += body
             continue
-        out.append((status, piece + body if status == etlbatch.LAST else body))
+        out.append((status, piece + body if status == bulk.LAST else body))
         piece = b""
     return out
 
@@ -157,7 +157,7 @@ def test_a_batchs_objects_keep_their_own_outcomes_in_order(url: str, tmp_path: P
     items[30], want[30] = ["b/gone", str(tmp_path / "gone")], (404, "ObjectNotFound")
     before = httpx.get(f"{url}/stats", headers=AUTH).json()
     r = httpx.post(
-        f"{url}{etlbatch.PATH}", json={"etl_args": None, "items": items}, headers=AUTH, timeout=30
+        f"{url}{bulk.PATH}", json={"etl_args": None, "items": items}, headers=AUTH, timeout=30
     )
     assert r.status_code == 200, r.text
     got = _frames(r.content)
@@ -184,9 +184,9 @@ def test_runs_are_bounded_by_count_and_bytes(tmp_path: Path) -> None:
         (tmp_path / f"f{i}").write_bytes(b"x" * size)
         items.append((f"b/f{i}", str(tmp_path / f"f{i}")))
     items[3] = ("b/rel", "relative/path")
-    paths, plan = batch._runs(items, (str(tmp_path),), {}, threads=2)
+    paths, plan = bulk_route._runs(items, (str(tmp_path),), {}, threads=2)
     assert plan == [13, 7, 1, 1, 1, 2]  # 25 objects over 2 threads: at most 13 a run
     assert sum(plan) == len(items) == len(paths)
     assert isinstance(paths[3], BadRequest) and paths[0] == str(tmp_path / "f0")
-    _, many = batch._runs(items[:2] * 40, (str(tmp_path),), {}, threads=1)
-    assert many == [batch.RUN_MAX] * 5
+    _, many = bulk_route._runs(items[:2] * 40, (str(tmp_path),), {}, threads=1)
+    assert many == [bulk_route.RUN_MAX] * 5

@@ -9,7 +9,7 @@ shorter archive, and ``wds.WebDataset(url)`` (curl pipe, ``tarfile`` in
 (raise) and 63 of 200 (worker exit), on a 2-core machine shared with other
 jobs (``PYTHONPATH=. .venv/bin/python bench/wds_midstream.py --reads 200``,
 direct GETs to a 2-worker transformer). The transformer now writes an error
-marker first (``wire/tarbreak.py``: the header of ``__sluice_error__/<sample>.txt``
+marker first (``wire/formats/tarbreak.py``: the header of ``__sluice_error__/<sample>.txt``
 declaring more bytes than follow), and the same command counts 0 silent reads
 in 200 for each. Here: 20 reads per failure and loop, the raw bytes through
 ``tarfile`` and GNU tar, by the hpush ``PUT`` and by the direct ``GET``.

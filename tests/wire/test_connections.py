@@ -20,13 +20,13 @@ import httpx
 import psutil
 import pytest
 
-from etl_runtime.wire.connections import (
+from etl_runtime.wire.http.connections import (
     HEADER_TIMEOUT,
     Limits,
     default_max_connections,
     limits_from_env,
 )
-from etl_runtime.wire.serving import noop, run_server
+from etl_runtime.wire.http.serving import noop, run_server
 from tests.servers import free_port, loop_of, serve_process
 from tests.webserver.conftest import source_code, transformer_env
 

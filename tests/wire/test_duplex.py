@@ -10,7 +10,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from etl_runtime.webserver.responses import TransformedStream
-from etl_runtime.wire.duplex import ConnectError, DuplexClient, StreamBroken, Timeout
+from etl_runtime.wire.clients.duplex import ConnectError, DuplexClient, StreamBroken, Timeout
 from tests.servers import free_port, run_on, serve_in_thread
 
 

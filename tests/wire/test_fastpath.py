@@ -13,8 +13,8 @@ from fastapi.responses import JSONResponse, Response
 
 from etl_runtime.core.errors import ObjectNotFound
 from etl_runtime.core.metrics import install_metrics
-from etl_runtime.wire.fastpath import FastPathApp, FastRouter
-from etl_runtime.wire.http_errors import install_error_handlers
+from etl_runtime.wire.http.errors import install_error_handlers
+from etl_runtime.wire.http.fastpath import FastPathApp, FastRouter
 from tests.servers import serve_in_thread
 
 

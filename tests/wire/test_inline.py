@@ -1,4 +1,4 @@
-"""``wire/inline.py``'s hooks on a real uvicorn server, on asyncio and on uvloop.
+"""``wire/http/inprotocol.py``'s hooks on a real uvicorn server, on asyncio and on uvloop.
 
 The answerer's behaviour with a real target is in
 ``tests/storage_target/test_inline.py``; here the starter: what it puts in
@@ -17,8 +17,8 @@ from typing import Any
 import httpx
 import pytest
 
-from etl_runtime.wire import connections, zerocopy
-from etl_runtime.wire.connections import Limits
+from etl_runtime.wire.http import connections, zerocopy
+from etl_runtime.wire.http.connections import Limits
 from tests.servers import serve_in_thread
 
 

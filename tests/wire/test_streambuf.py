@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from etl_runtime.wire import streambuf
+from etl_runtime.wire.clients import streambuf
 from tests.servers import run_on
 
 

@@ -1,4 +1,4 @@
-"""``wire/streaming.py``'s ``until_gone`` on asyncio and uvloop: what an answer's
+"""``wire/http/streaming.py``'s ``until_gone`` on asyncio and uvloop: what an answer's
 sender sees when the stream ends, breaks off, or its client leaves first."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from etl_runtime.wire.streaming import END, until_gone
+from etl_runtime.wire.http.streaming import END, until_gone
 from tests.servers import run_on
 
 

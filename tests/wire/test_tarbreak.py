@@ -9,7 +9,7 @@ import tarfile
 
 import pytest
 
-from etl_runtime.wire.tarbreak import ERROR_DIR, MISSING, TarCursor, error_marker
+from etl_runtime.wire.formats.tarbreak import ERROR_DIR, MISSING, TarCursor, error_marker
 
 
 def small_tar(sizes: list[int]) -> bytes:

@@ -18,8 +18,8 @@ from typing import Any
 import httpx
 import pytest
 
-from etl_runtime.wire import wholebody
-from etl_runtime.wire.connections import Limits, http_protocol
+from etl_runtime.wire.http import wholebody
+from etl_runtime.wire.http.connections import Limits, http_protocol
 from tests.servers import serve_in_thread
 
 BIG = os.urandom(1 << 20)

@@ -13,8 +13,8 @@ from __future__ import annotations
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.s3.keys import KeyStore, keys_router
 from etl_runtime.gateway.s3.routes import s3_router as _routes
-from etl_runtime.wire.duplex import DuplexClient
-from etl_runtime.wire.fastpath import FastRouter
+from etl_runtime.wire.clients.duplex import DuplexClient
+from etl_runtime.wire.http.fastpath import FastRouter
 
 __all__ = ["KeyStore", "s3_router"]
 

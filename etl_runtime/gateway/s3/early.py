@@ -5,7 +5,7 @@ is a chain: the gateway parses the request, verifies its SigV4 signature,
 asks the owner, waits, answers. Where the cluster lets anyone read without
 a token, the owner's read is something any caller may cause anyway, so the
 gateway sends it first and verifies while the owner reads: as soon as the
-request's head is parsed (``wire/inline.py``'s starter hook, before uvicorn
+request's head is parsed (``wire/http/inprotocol.py``'s starter hook, before uvicorn
 makes the request's task and before the middleware), or failing that at the
 top of the route. A call then refused (bad signature, unknown key, a write
 key's rights...) is refused as before, first: its early answer is closed
@@ -28,9 +28,9 @@ from fastapi import Request
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.s3 import multipart, objects, spliced
-from etl_runtime.wire import splice, zerocopy
-from etl_runtime.wire.batchshare import ShareBody
-from etl_runtime.wire.inline import Starter
+from etl_runtime.getbatch.exchange import ShareBody
+from etl_runtime.wire.http import splice, zerocopy
+from etl_runtime.wire.http.inprotocol import Starter
 
 EARLY = "sluice.s3.early"  # the scope key of a request's early answer
 PREFIX = "/s3/"

@@ -47,12 +47,12 @@ from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
 from etl_runtime.gateway.s3 import spliced
 from etl_runtime.gateway.s3.errors import from_target, from_target_parts
+from etl_runtime.getbatch.exchange import ShareBody, ShareBroken
 from etl_runtime.storage.ranges import READ_CONDITIONS
-from etl_runtime.wire.batchshare import ShareBody, ShareBroken
-from etl_runtime.wire.duplex import DuplexClient
+from etl_runtime.wire.clients.duplex import DuplexClient
 
 UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # per read/write, not for the whole body
-INLINE_MAX = 1 << 20  # answers up to this size are read whole, bigger ones streamed
+WHOLE_READ_MAX = 1 << 20  # answers up to this size are read whole, bigger ones streamed
 READ_TIMEOUT = 600.0  # per wait for progress from the owner, not for the whole answer
 ERROR_MAX = 64 << 10  # bytes of an error answer read
 ANSWER_HEADERS = ("content-length", "content-range", "etag", "last-modified", "accept-ranges")
@@ -161,7 +161,9 @@ async def get(
         if r.status_code == 304:
             kept.pop("content-length", None)
         return Response(status_code=r.status_code, headers=kept, media_type=_media(r.headers))
-    if int(r.headers.get("content-length", INLINE_MAX + 1)) <= INLINE_MAX:  # one read, no task
+    if (
+        int(r.headers.get("content-length", WHOLE_READ_MAX + 1)) <= WHOLE_READ_MAX
+    ):  # one read, no task
         body = await r.aread()
         await r.aclose()
         return Response(body, r.status_code, headers=kept, media_type=_media(r.headers))
@@ -210,8 +212,8 @@ async def _get_duplex(
         if r.status_code == 304:
             kept.pop("content-length", None)
         return Response(status_code=r.status_code, headers=kept, media_type=_media(r.headers))
-    if length.isdigit() and int(length) <= INLINE_MAX:  # one read, no task
-        body = await r.read(INLINE_MAX)
+    if length.isdigit() and int(length) <= WHOLE_READ_MAX:  # one read, no task
+        body = await r.read(WHOLE_READ_MAX)
         return Response(bytes(body), r.status_code, headers=kept, media_type=_media(r.headers))
     return StreamingResponse(
         _as_bytes(r.aiter_bytes()),

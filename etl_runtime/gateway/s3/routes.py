@@ -36,10 +36,10 @@ from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
 from etl_runtime.gateway.s3.errors import S3Route, answered
 from etl_runtime.gateway.s3.keys import KeyStore
-from etl_runtime.wire.batchshare import ShareBody
-from etl_runtime.wire.duplex import DuplexClient
-from etl_runtime.wire.fastpath import FastRouter
-from etl_runtime.wire.routes import each_method
+from etl_runtime.getbatch.exchange import ShareBody
+from etl_runtime.wire.clients.duplex import DuplexClient
+from etl_runtime.wire.http.fastpath import FastRouter
+from etl_runtime.wire.http.routes import each_method
 
 XML = "application/xml"
 S3_METHODS = ("GET", "HEAD", "PUT", "DELETE", "POST")
@@ -301,7 +301,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
             return Response(status_code=204)
         raise S3Error("NotImplemented", 501, "this object POST is not supported")
 
-    # Every object call skips FastAPI's routing (wire/fastpath.py): a 16 KiB GetObject
+    # Every object call skips FastAPI's routing (wire/http/fastpath.py): a 16 KiB GetObject
     # spent a third of the gateway's CPU matching routes (docs/benchmarks.md, "S3 API").
     router.fast("/s3/{bucket}/{key:path}", S3_METHODS, wrap=answered)
     return router

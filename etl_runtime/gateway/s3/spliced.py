@@ -8,7 +8,7 @@ docs/benchmarks.md "S3 API"). Here the hop to the owner is one request on a
 pooled raw connection (``wire.batchshare.SharePool``, the one GetBatch's
 shares use: its answers always carry a ``Content-Length``), and a body over
 ``SPLICE_MIN`` goes socket → pipe → socket with ``os.splice``
-(``wire/splice.py``), where the server offers it. Smaller bodies are read
+(``wire/http/splice.py``), where the server offers it. Smaller bodies are read
 whole and written once: a pipe and two watched descriptors cost more than
 the copy below that size.
 
@@ -26,8 +26,8 @@ from fastapi import Request
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from etl_runtime.wire import splice
-from etl_runtime.wire.batchshare import ShareBody, ShareBroken, SharePool, Spliced
+from etl_runtime.getbatch.exchange import ShareBody, ShareBroken, SharePool, Spliced
+from etl_runtime.wire.http import splice
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,17 @@
 """A designated target's own share of a GetBatch, read in its own process.
 
-A target that assembles a batch (``moss.py``) asks every other target for its
+A target that assembles a batch (``getbatch_routes.py``) asks every other target for its
 share over HTTP (``POST /v1/_moss``), and would ask itself the same way: a
 request through its own server and a loopback socket, and every one of its
 items' bytes copied through the kernel twice. ``local_opener`` gives the
 assembler (``getbatch/shares.py``, ``TargetShare``) the same share straight
 from ``batch.open_share``: ``LocalBody`` reads the answer the target would
 have sent (the manifest, then each TAR entry: header, bytes, padding) from
-the opened share itself, with the reads ``wire/batchshare.py``'s
+the opened share itself, with the reads ``getbatch/exchange.py``'s
 ``ShareBody`` offers. Small files are already in memory; a bigger one is
 read with ``os.pread`` when its turn comes, in a worker thread beyond
 ``LOOP_READ`` bytes. A share through an ETL comes the same way: the target
-transforms its items (``batch_etl.py``) and the outputs are read as files are.
+transforms its items (``getbatch_etl.py``) and the outputs are read as files are.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from typing import IO, Any
 
 import anyio.to_thread
 
-from etl_runtime.storage_target.batch import Share, open_share
+from etl_runtime.getbatch.exchange import PIECE, FileSlice, ShareBroken, encode_manifest, padding
 from etl_runtime.storage_target.context import Target
-from etl_runtime.wire.batchshare import PIECE, FileSlice, ShareBroken, encode_manifest, padding
+from etl_runtime.storage_target.getbatch_share import Share, open_share
 
 LOOP_READ = 64 << 10  # a file's bytes read on the event loop up to this much a read
 

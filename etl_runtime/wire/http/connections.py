@@ -60,8 +60,8 @@ from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.flow_control import service_unavailable
 
-from etl_runtime.wire import inline
-from etl_runtime.wire.inline import Answerer, Starter
+from etl_runtime.wire.http import inprotocol
+from etl_runtime.wire.http.inprotocol import Answerer, Starter
 
 HEADER_TIMEOUT_ENV = "SLUICE_HEADER_TIMEOUT"
 MAX_CONNECTIONS_ENV = "SLUICE_MAX_CONNECTIONS"
@@ -191,13 +191,13 @@ def http_protocol(
 ) -> type[asyncio.Protocol]:
     """uvicorn's ``http=`` protocol (a class, or ``auto``/``httptools``/``h11``), guarded;
     with ``answerer``, small requests it answers skip ASGI, and ``starter`` sees each
-    request before its ASGI task is made (``wire/inline.py``)."""
+    request before its ASGI task is made (``wire/http/inprotocol.py``)."""
     base = _protocol_class(http)
     name = f"Guarded{base.__name__}"
     attrs: dict[str, Any] = {"tracker": Tracker(limits)}
     bases: tuple[type, ...] = (_Guard, base)
-    if (answerer is not None or starter is not None) and inline.has_hook(base):
-        bases = (_Guard, inline.InlineAnswers, base)
+    if (answerer is not None or starter is not None) and inprotocol.has_hook(base):
+        bases = (_Guard, inprotocol.InProtocolAnswers, base)
         attrs["answerer"] = (answerer,) if answerer is not None else ()
         attrs["starter"] = (starter,) if starter is not None else ()
     return cast(type[asyncio.Protocol], type(name, bases, attrs))
@@ -288,7 +288,7 @@ class _Guard(asyncio.Protocol):
     app: Any
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = False  # some of the current request's head has come
-    answered_inline = False  # wire/inline.py answered a request in this data_received
+    answered_in_protocol = False  # wire/http/inprotocol.py answered a request in this data_received
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -298,12 +298,14 @@ class _Guard(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         idle = not self._busy()
-        self.answered_inline = False
+        self.answered_in_protocol = False
         super().data_received(data)
         if self._busy():
             self._disarm()
             self.tracker.busy(self)
-        elif self.answered_inline:  # a whole request came and was answered (wire/inline.py)
+        elif (
+            self.answered_in_protocol
+        ):  # a whole request came and was answered (wire/http/inprotocol.py)
             self._disarm()
         elif idle and data and not self.transport.is_closing():
             self._head_bytes = True

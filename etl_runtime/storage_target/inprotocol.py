@@ -1,9 +1,9 @@
 """The small plain GET and the small GetBatch share, answered inside the HTTP protocol.
 
-``wire/inline.py`` calls ``answerer`` with every request's head. A GetBatch
+``wire/http/inprotocol.py`` calls ``answerer`` with every request's head. A GetBatch
 share (``POST /v1/_moss``, ``share_answerer``) of at most ``LOOP_ITEMS``
 plain items whose bytes are all read with the manifest is answered once its
-body is in, with the route's exact answer (``batch.py``'s ``ShareResponse``):
+body is in, with the route's exact answer (``getbatch_share.py``'s ``ShareResponse``):
 the share costs its target no uvicorn task, middleware or Starlette
 ``Request``/``Response``. Anything else (an ETL share, a bigger one, one with
 a file to send by ``sendfile``, a bad body, a read without the token) is the
@@ -12,7 +12,7 @@ route's.
 The small GET:
 
 ``GET /v1/objects/{bucket}/{name}`` of a local object of at most
-``INLINE_MAX`` bytes, with no query, no ``Range`` or ``If-*`` header and no
+``IN_PROTOCOL_MAX`` bytes, with no query, no ``Range`` or ``If-*`` header and no
 body, whose ETag is stored beside it, on a target that owns it and keeps no
 copy elsewhere: answered as soon as its head is parsed, with one ``pread``
 and one write of head and body, the same status, headers and bytes the ASGI
@@ -44,20 +44,20 @@ from etl_runtime.core.errors import SluiceError
 from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.metrics import HttpMetrics
 from etl_runtime.core.names import validate_names
+from etl_runtime.getbatch.exchange import SHARE_PATH, encode_manifest, padding
 from etl_runtime.storage.ranges import READ_CONDITIONS
-from etl_runtime.storage_target.batch import (
-    LOOP_INLINE_BUDGET,
+from etl_runtime.storage_target.context import Target
+from etl_runtime.storage_target.getbatch_share import (
     LOOP_ITEMS,
+    LOOP_READ_BUDGET,
     Share,
     share_chain,
     share_rows,
 )
-from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.objects import object_headers
-from etl_runtime.wire.batchshare import SHARE_PATH, encode_manifest, padding
-from etl_runtime.wire.inline import Answer, Answerer, WithBody, may_read
+from etl_runtime.wire.http.inprotocol import Answer, Answerer, WithBody, may_read
 
-INLINE_MAX = 128 << 10  # bigger objects go by the route's sendfile
+IN_PROTOCOL_MAX = 128 << 10  # bigger objects go by the route's sendfile
 PREFIX = "/v1/objects/"
 ROUTE = "/v1/objects/{bucket}/{name:path}"  # the route's template, for the metrics
 # Headers that change the answer (the route's preconditions and ranges).
@@ -117,7 +117,7 @@ def share_answerer(
                 return None
             share = Share(target, body.get("placed"))
             try:
-                share.open_all(items, int(time.time()), LOOP_INLINE_BUDGET)
+                share.open_all(items, int(time.time()), LOOP_READ_BUDGET)
                 out = [encode_manifest(share.manifest)]
                 for e in share.entries:
                     if e.data is None:  # a file to send by sendfile: the route's
@@ -125,7 +125,7 @@ def share_answerer(
                     out += (e.head, e.data, _PADS[padding(e.size)])
             finally:
                 share.close()
-            length = sum(map(len, out))  # written in pieces (``wire/inline.py``): no join
+            length = sum(map(len, out))  # written in pieces (``wire/http/inprotocol.py``): no join
             headers = [(b"content-length", str(length).encode()), *_SHARE_HEADERS]
             if metrics is not None:
                 seconds = time.perf_counter() - started
@@ -171,7 +171,7 @@ def object_answerer(target: Target, metrics: HttpMetrics | None) -> Answerer:
             return None
         f, info = opened
         with f:
-            if info.size > INLINE_MAX:
+            if info.size > IN_PROTOCOL_MAX:
                 return None
             body = os.pread(f.fileno(), info.size, 0)
         if len(body) != info.size:  # rewritten under us: the route reads it again

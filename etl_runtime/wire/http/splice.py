@@ -10,7 +10,7 @@ the kernel instead.
 An app asks for it with the ASGI message ``{"type": "sluice.splice", "fd":
 source socket, "count": n}`` on a response that has a ``Content-Length``,
 where the server offers it (``scope["extensions"]["sluice.splice"]``: the
-zero-copy protocol of ``wire/zerocopy.py`` does on Linux). As for a
+zero-copy protocol of ``wire/http/zerocopy.py`` does on Linux). As for a
 zero-copy file, the transport's buffer is emptied first and reading paused;
 then both sockets are watched (the client's through a ``dup``, since the
 loops refuse to watch a descriptor a transport owns) and the pipe is filled
@@ -55,7 +55,7 @@ def available() -> bool:
 
 async def send_spliced(cycle: Any, message: Message) -> None:
     """Answer one ``sluice.splice`` message on uvicorn's request-response ``cycle``."""
-    from etl_runtime.wire.zerocopy import _flushed  # zerocopy imports this module lazily
+    from etl_runtime.wire.http.zerocopy import _flushed  # zerocopy imports this module lazily
 
     if not cycle.response_started or cycle.response_complete or cycle.chunked_encoding:
         raise RuntimeError(f"'{MESSAGE}' needs a started response with a Content-Length")

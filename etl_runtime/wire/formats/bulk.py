@@ -4,7 +4,7 @@ GetBatch through an object-mode ETL used to cost one hpush ``PUT`` per item
 between a target and its transformer; the HTTP exchange (written and parsed
 on both sides) cost more CPU than an identity transform. A target now sends
 a share's objects in one request, by path, and reads all outputs from one
-answer (``storage_target/batch_etl.py`` sends, ``webserver/batch.py``
+answer (``storage_target/getbatch_etl.py`` sends, ``webserver/bulk.py``
 answers). Both sides take the framing from here.
 
 Request: ``POST {transformer}/_sluice/batch`` with the ETL's bearer token and

@@ -3,13 +3,13 @@
 A target's share of a GetBatch through an object-mode ETL names many objects;
 one hpush ``PUT`` per object cost the transformer more CPU (uvicorn's parse
 and send, the endpoint's way in) than a cheap transform itself. This route
-takes the objects of one request by path (``wire/etlbatch.py``: the request,
+takes the objects of one request by path (``wire/formats/bulk.py``: the request,
 and the frames of the answer) and answers their outputs in request order in
 one chunked answer.
 
 Each object goes through the transformer's normal machinery: inline, the
-server's threads, handed runs of consecutive objects (``InlineRunner.submit``,
-``inline_runs``: one hand-off for up to ``RUN_MAX`` objects and ``RUN_BYTES``
+server's threads, handed runs of consecutive objects (``InProcessRunner.submit``,
+``inprocess_runs``: one hand-off for up to ``RUN_MAX`` objects and ``RUN_BYTES``
 of files, ``requestSeconds`` per object, a stuck thread replaced and the
 server retired); else a worker process (``objects.object_outcome``: a worker
 past ``requestSeconds`` is killed and replaced). Up to ``WINDOW_PER_THREAD``
@@ -48,7 +48,7 @@ from etl_runtime.core.errors import InvalidRequest, NotReady, SluiceError
 from etl_runtime.webserver.fqn import confine
 from etl_runtime.webserver.objects import object_outcome
 from etl_runtime.webserver.responses import TransformedStream
-from etl_runtime.wire import etlbatch
+from etl_runtime.wire.formats import bulk
 
 if TYPE_CHECKING:
     from etl_runtime.webserver.transformer import Transformer
@@ -61,7 +61,7 @@ HOLD_ITEMS = 8  # outputs held for one write while the next is not ready, up to 
 HOLD_SECONDS = 0.002  # ... or as long as this since the first of them
 ALONE = 64 << 10  # an output this big is written as it is, not joined
 
-RUN_MAX = 16  # objects handed to an inline thread at once (``inline_runs``) ...
+RUN_MAX = 16  # objects handed to an inline thread at once (``inprocess_runs``) ...
 RUN_BYTES = 1 << 20  # ... and their files' bytes, at most (a bigger file: a run of its own)
 
 Output = bytes | memoryview | AsyncIterator[bytes]
@@ -112,7 +112,7 @@ async def batch_answer(
             return [f if f is not None else next(ran) for f in futures]
 
     frames: Any = _frames(items, start, plan, max(window, 2), name)  # bytes and memoryviews
-    return TransformedStream(frames, etlbatch.MEDIA_TYPE)
+    return TransformedStream(frames, bulk.MEDIA_TYPE)
 
 
 def _runs(
@@ -171,7 +171,7 @@ def _error(e: Exception, etl: str, obj: str) -> list[bytes]:
         log.exception("batch item %s", obj, exc_info=e)
         e = SluiceError(f"transformer failed on {obj}: {type(e).__name__}: {e}")
     body = json.dumps(e.hpush_body(etl, obj)).encode()
-    return [etlbatch.head(e.status, len(body)), body]
+    return [bulk.head(e.status, len(body)), body]
 
 
 async def _frames(
@@ -211,7 +211,7 @@ async def _frames(
                 size += len(out[-1])
                 continue
             if not isinstance(result, AsyncIterator):
-                out.append(etlbatch.head(etlbatch.LAST, len(result)))
+                out.append(bulk.head(bulk.LAST, len(result)))
                 if len(result) >= ALONE:
                     yield b"".join(out)
                     yield result
@@ -223,7 +223,7 @@ async def _frames(
                 mark = len(out)
                 try:
                     async for chunk in result:
-                        out += [etlbatch.head(etlbatch.MORE, len(chunk)), chunk]
+                        out += [bulk.head(bulk.MORE, len(chunk)), chunk]
                         size += len(chunk)
                         if size >= SEND_AT or clock() - since >= HOLD_SECONDS:
                             yield b"".join(out)
@@ -235,7 +235,7 @@ async def _frames(
                     continue
                 finally:
                     await result.aclose()  # type: ignore[attr-defined]
-                out.append(etlbatch.head(etlbatch.LAST, 0))
+                out.append(bulk.head(bulk.LAST, 0))
             if size >= SEND_AT:
                 yield b"".join(out)
                 out, size, held = [], 0, 0

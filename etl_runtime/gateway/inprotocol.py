@@ -2,12 +2,12 @@
 
 A GetBatch (``GET /v1/ml/moss[/{bucket}]``) costs the gateway one small
 request: it checks the query and the caller, picks a designated target and
-answers 307 (``batch_routes.py``). Through uvicorn's ASGI task, the
+answers 307 (``getbatch_routes.py``). Through uvicorn's ASGI task, the
 middleware, FastAPI and Starlette's ``Request``/``Response`` that was
 0.45-0.5 ms of the gateway's CPU per batch (``bench/batch.py``, 64 items of
 10 KiB): about 8% of all the CPU a batch item cost the cluster.
 
-``answerer`` gives ``run_server`` (``wire/inline.py``) the same redirect for
+``answerer`` gives ``run_server`` (``wire/http/inprotocol.py``) the same redirect for
 a request whose body is small (every batch of up to about a thousand plain
 items): once the body is in, the route's exact answer (status, ``Location``,
 headers), with the same checks, the same random choice of target and, where
@@ -33,10 +33,10 @@ from etl_runtime.core.access import SIGNATURE_PARAMS
 from etl_runtime.core.errors import SluiceError
 from etl_runtime.core.metrics import HttpMetrics
 from etl_runtime.core.names import validate_bucket
-from etl_runtime.gateway.batch_routes import designate, redirect_location
 from etl_runtime.gateway.context import Gateway
+from etl_runtime.gateway.getbatch_routes import designate, redirect_location
 from etl_runtime.getbatch.serve import QUERY
-from etl_runtime.wire.inline import Answer, WithBody, may_read
+from etl_runtime.wire.http.inprotocol import Answer, WithBody, may_read
 
 PATH = "/v1/ml/moss"
 ETL_PARAMS = frozenset({"etl_name", "etl_pipeline", "etl_args"})

@@ -1,6 +1,6 @@
 """The target's half of GetBatch through an ETL: its share's items transformed here, in parallel.
 
-``storage_target/batch.py`` calls ``transform_all`` for a share that names an
+``storage_target/getbatch_share.py`` calls ``transform_all`` for a share that names an
 ETL chain (the batch's ``etl_name``/``etl_pipeline``, or a view's ETL). Every
 item goes through the target's own ETL GET path (``etl.pipeline.
 transform_chain``, so ``EtlForwarder.transform``: the output cache of a
@@ -13,7 +13,7 @@ where the transformer can read it, else its bytes), with the ETL looked up
 and the files found once per share (on the loop, or read in one thread hop):
 per object that path cost the target more CPU than the transformer's call.
 Objects by path to a Sluice transformer in object mode go up to
-``BATCH_ITEMS`` to a request (``_batch``, ``wire/etlbatch.py``), each output
+``BATCH_ITEMS`` to a request (``_batch``, ``wire/formats/bulk.py``), each output
 or error framed in its answer; a transformer that dies mid-answer fails the
 items it owes (502). Files in shards, pipelines, ``cache: true`` ETLs,
 AIStore-style images (``spec.foreign``), objects sent as bytes and a
@@ -63,16 +63,16 @@ from etl_runtime.core.errors import (
 )
 from etl_runtime.etl.pipeline import transform_chain
 from etl_runtime.storage_target.context import Target
-from etl_runtime.wire import etlbatch
-from etl_runtime.wire.duplex import DuplexResponse
-from etl_runtime.wire.shardread import ShardReader, same_path
+from etl_runtime.wire.clients.duplex import DuplexResponse
+from etl_runtime.wire.formats import bulk
+from etl_runtime.wire.formats.shardread import ShardReader, same_path
 
 log = logging.getLogger(__name__)
 
 CONCURRENCY = 16  # items of one share answer transformed at once
 MEMORY = 16 << 20  # transformed bytes of one answer kept in memory; the rest spills to disk
 ITEM_MEMORY = 1 << 20  # one item's bytes kept in memory before it spills
-INLINE_MAX = 4 << 20  # an object sent in the transformer's request (not by path) up to this
+BODY_SEND_MAX = 4 << 20  # an object sent in the transformer's request (not by path) up to this
 BATCH_ITEMS = 32  # objects per batched request: a part's (3 parts in flight per target)
 BATCH_SLACK = 10.0  # s past requestSeconds the target waits: the transformer's 504 comes first
 REFUSED_SECONDS = 60.0  # a transformer without batches (older) is sent objects one by one
@@ -222,7 +222,7 @@ class EtlShare:
                     raise OSError(f"{bucket}/{name} is not a file")  # (cannot happen)
                 if fqn:
                     self._ready[(bucket, name)] = path
-                elif st.st_size <= INLINE_MAX:
+                elif st.st_size <= BODY_SEND_MAX:
                     with open(path, "rb") as f:
                         self._ready[(bucket, name)] = f.read()
             except SluiceError as e:
@@ -294,7 +294,7 @@ class EtlShare:
         try:
             response = await fwd.duplex.request(
                 "POST",
-                f"{(tf.endpoint or '').rstrip('/')}{etlbatch.PATH}",
+                f"{(tf.endpoint or '').rstrip('/')}{bulk.PATH}",
                 body=body,
                 headers={"Authorization": f"Bearer {token}"},
                 timeout=record.spec.request_timeout_seconds + BATCH_SLACK,
@@ -318,7 +318,7 @@ class EtlShare:
                 done = len(rows)
                 return
             if response.status_code != 200:
-                raw = await response.read(etlbatch.ERROR_MAX)
+                raw = await response.read(bulk.ERROR_MAX)
                 for i, bucket, name in rows:
                     err = TransformerFailed.answered(
                         response.status_code, raw, etl, bucket=bucket, object=name
@@ -326,7 +326,7 @@ class EtlShare:
                     self.outcomes[i] = self._fail(err, bucket, name)
                 done = len(rows)
                 return
-            reader = etlbatch.FrameReader(response.aiter_bytes())
+            reader = bulk.FrameReader(response.aiter_bytes())
             for i, bucket, name in rows:
                 self.outcomes[i] = await self._frames_of(reader, etl, bucket, name)
                 done += 1
@@ -339,19 +339,19 @@ class EtlShare:
             await response.aclose()
 
     async def _frames_of(
-        self, reader: etlbatch.FrameReader, etl: str, bucket: str, name: str
+        self, reader: bulk.FrameReader, etl: str, bucket: str, name: str
     ) -> Outcome:
         """One item's frames: its output, or its error."""
         sink = _Sink(self.budget, self._tmp)
         while True:
             status, _ = await reader.next_head()
-            if status not in (etlbatch.LAST, etlbatch.MORE):
+            if status not in (bulk.LAST, bulk.MORE):
                 raw = await reader.whole()
                 err = TransformerFailed.answered(status, raw, etl, bucket=bucket, object=name)
                 return self._fail(err, bucket, name)
             while piece := await reader.piece():
                 await sink.write(piece)
-            if status == etlbatch.LAST:
+            if status == bulk.LAST:
                 return await sink.output()
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ whole answer (status, headers, body), written at once, or ``None``: then the
 request goes the ASGI way as before. The answerer must be quick and must not
 block (it runs on the event loop, inside ``data_received``), and must answer
 exactly what the ASGI route would: it declines whatever it does not handle
-itself (``storage_target/inline.py`` declines everything but a plain GET of
+itself (``storage_target/inprotocol.py`` declines everything but a plain GET of
 a small local object, with no query, no conditional headers and no body).
 
 A server may also give a ``starter``: called with each request's scope as
@@ -33,7 +33,7 @@ function instead of an answer, no ASGI task is made, and when the body is
 complete (``on_message_complete``, still inside ``data_received``) that
 function gets it and returns the answer, or ``None``: then the ASGI task
 starts after all and its ``receive()`` finds the body whole. The target's
-small GetBatch share is answered this way (``storage_target/inline.py``): a
+small GetBatch share is answered this way (``storage_target/inprotocol.py``): a
 share request through uvicorn, the middleware and the route cost the target
 285–300 µs of CPU for a one-item share, replayed back to back.
 
@@ -111,13 +111,13 @@ def _body_length(headers: Headers) -> int | None:
     return length
 
 
-class InlineAnswers:
+class InProtocolAnswers:
     """Mixed in before uvicorn's httptools protocol: ``answerer`` first, ASGI otherwise."""
 
     answerer: ClassVar[tuple[Answerer, ...]] = ()  # one function (a tuple: no binding)
     starter: ClassVar[tuple[Starter, ...]] = ()
-    answered_inline = False  # set when a request was answered during data_received
-    _inlining = False  # inside an inline answer's completion
+    answered_in_protocol = False  # set when a request was answered during data_received
+    _answering_here = False  # inside an inline answer's completion
     # a request whose answer waits for its body: (cycle, app, what answers it)
     _waiting: tuple[Any, Any, WithBody] | None = None
     app: Any
@@ -129,7 +129,7 @@ class InlineAnswers:
         if app is not service_unavailable:
             # Not from inside an inline answer's completion (a pipelined request uvicorn
             # starts there): that would nest one call per pipelined request.
-            if self.answerer and not self._inlining and self._inline(cycle, app):
+            if self.answerer and not self._answering_here and self._answer_here(cycle, app):
                 return
         self._start_task(cycle, app)
 
@@ -172,7 +172,7 @@ class InlineAnswers:
 
         return app_then_done
 
-    def _inline(self, cycle: Any, app: Any) -> bool:
+    def _answer_here(self, cycle: Any, app: Any) -> bool:
         scope = cycle.scope
         length = _body_length(scope["headers"])
         if self.flow.write_paused or length is None:
@@ -207,7 +207,7 @@ class InlineAnswers:
             head.append(b"connection: close\r\n")
         head.append(b"\r\n")
         cycle.response_started = cycle.response_complete = True
-        self.answered_inline = True
+        self.answered_in_protocol = True
         if isinstance(body, list):
             self.transport.writelines([b"".join(head), *body])
         else:
@@ -215,11 +215,11 @@ class InlineAnswers:
             self.transport.write(b"".join(head))
         if not cycle.keep_alive:
             self.transport.close()
-        self._inlining = True
+        self._answering_here = True
         try:
             self.on_response_complete()  # type: ignore[attr-defined]  # keep-alive, pipelining
         finally:
-            self._inlining = False
+            self._answering_here = False
 
 
 def _what(scope: dict[str, Any]) -> tuple[str, str]:

@@ -1,12 +1,12 @@
 """The target's half of GetBatch: ``POST /v1/_moss``, this target's share of a batch in one answer.
 
 The caller is the gateway's ``getbatch/shares.py``; the exchange
-(manifest, then TAR entries back to back) is drawn in ``wire/batchshare.py``.
+(manifest, then TAR entries back to back) is drawn in ``getbatch/exchange.py``.
 Every item is opened before the answer starts: its outcome goes into the
-manifest, a small file's bytes are read right there (up to ``INLINE_BUDGET``
+manifest, a small file's bytes are read right there (up to ``READ_HERE_BUDGET``
 per answer), a bigger file stays open and is sent with ``os.sendfile`` when
 its turn comes. A share of up to ``LOOP_ITEMS`` items is opened on the event
-loop, reading at most ``LOOP_INLINE_BUDGET`` (as a GET opens its object on
+loop, reading at most ``LOOP_READ_BUDGET`` (as a GET opens its object on
 the loop, ``store.open_if_tagged``); a bigger one in one trip to a worker
 thread. In the thread, every ``open``, ``fstat``, ``pread`` and ``close``
 let go of the interpreter lock, and the loop, busy with the other shares,
@@ -17,7 +17,7 @@ should not answer from its own disk (it is not an owner, or a copy may still
 be on a neighbour) is marked "elsewhere" and the gateway reads it with a
 plain GET, which knows how to redirect or pull it.
 
-A share that names an ETL (``batch_etl.py``) is transformed here, several
+A share that names an ETL (``getbatch_etl.py``) is transformed here, several
 items at once, before the answer starts: each output is then an entry as a
 file is, from memory or from a temporary file.
 
@@ -49,10 +49,8 @@ from etl_runtime.core.errors import (
     SluiceError,
 )
 from etl_runtime.core.jsonbody import read_json
-from etl_runtime.core.names import validate_bucket, validate_names, validate_object
-from etl_runtime.storage_target.batch_etl import EtlShare, Output
-from etl_runtime.storage_target.context import Target
-from etl_runtime.wire.batchshare import (
+from etl_runtime.core.names import validate_names, validate_object
+from etl_runtime.getbatch.exchange import (
     ELSEWHERE,
     OK,
     SHARE_ETL_PATH,
@@ -61,13 +59,15 @@ from etl_runtime.wire.batchshare import (
     padding,
     tar_header,
 )
-from etl_runtime.wire.fastpath import FastRouter
-from etl_runtime.wire.zerocopy import EXTENSION, offers_zerocopy
+from etl_runtime.storage_target.context import Target
+from etl_runtime.storage_target.getbatch_etl import EtlShare, Output
+from etl_runtime.wire.http.fastpath import FastRouter
+from etl_runtime.wire.http.zerocopy import EXTENSION, offers_zerocopy
 
 SMALL = 64 << 10  # a file up to this size is read with the manifest and sent from memory
-INLINE_BUDGET = 8 << 20  # bytes read that way per answer; the rest goes by sendfile
+READ_HERE_BUDGET = 8 << 20  # bytes read that way per answer; the rest goes by sendfile
 LOOP_ITEMS = 128  # a share of up to this many (a whole part of the gateway) opened on the loop...
-LOOP_INLINE_BUDGET = 1 << 20  # ... reading at most this much there (the rest: sendfile)
+LOOP_READ_BUDGET = 1 << 20  # ... reading at most this much there (the rest: sendfile)
 FLUSH = 1 << 20  # bytes gathered before a write
 COPY_BLOCK = 1 << 20  # without sendfile: a big file is read in blocks of this size
 MAX_ITEMS = 4096
@@ -133,7 +133,7 @@ class Share:
         self.manifest: list[list[Any]] = []
         self.entries: list[_Entry] = []
         self.inline = 0
-        self.budget = INLINE_BUDGET
+        self.budget = READ_HERE_BUDGET
         self.mtime = 0
         self.cmap: ClusterMap | None = None
         self.etl: EtlShare | None = None
@@ -147,7 +147,7 @@ class Share:
             # owners() would say the same for every item (a pure function of the map).
             self.placed_here = self.placed == [placement.self_id, self.cmap.version]
 
-    def open_all(self, items: list[Row], mtime: int, budget: int = INLINE_BUDGET) -> None:
+    def open_all(self, items: list[Row], mtime: int, budget: int = READ_HERE_BUDGET) -> None:
         """Open every item; read small ones whole, up to ``budget`` bytes in all."""
         self.mtime = mtime
         self.budget = budget
@@ -166,9 +166,8 @@ class Share:
     def _open(self, bucket: str, name: str, start: int, length: int, arcname: str) -> None:
         store, placement = self.target.store, self.target.placement
         prefix = self._prefixes.get(bucket)
-        if prefix is None:  # ``store.local_fspath`` less the name: each bucket checked once
-            prefix = f"{os.fspath(store.buckets_dir)}/{validate_bucket(bucket)}/"
-            self._prefixes[bucket] = prefix
+        if prefix is None:
+            prefix = self._prefixes[bucket] = store.local_fsprefix(bucket)  # checks the name
         path = prefix + validate_object(bucket, name)
         if self._not_an_owner(bucket, name):
             self.manifest.append([ELSEWHERE])
@@ -252,7 +251,7 @@ class Share:
     async def transform_all(
         self, items: list[Row], chain: list[str], args: str | None, mtime: int
     ) -> None:
-        """Every item through the ETL chain (``batch_etl.py``), then the manifest."""
+        """Every item through the ETL chain (``getbatch_etl.py``), then the manifest."""
         self.mtime = mtime
         rows = [(b, o, archpath) for b, o, _, _, _, archpath in items]
         owned = functools.partial(self.owned, items)  # in the share's one thread hop
@@ -360,7 +359,7 @@ async def open_share(target: Target, body: Any, etl: bool) -> Share:
         if chain:
             await share.transform_all(items, chain, args, mtime)
         elif len(items) <= LOOP_ITEMS:
-            share.open_all(items, mtime, LOOP_INLINE_BUDGET)  # on the loop: see above
+            share.open_all(items, mtime, LOOP_READ_BUDGET)  # on the loop: see above
         else:
             await anyio.to_thread.run_sync(share.open_all, items, mtime)
     except BaseException:
@@ -386,6 +385,6 @@ def batch_router(target: Target) -> FastRouter:
     async def batch_share_etl(request: Request) -> Response:
         return await answer(request, etl=True)
 
-    router.fast(SHARE_PATH, ["POST"])  # wire/fastpath.py
+    router.fast(SHARE_PATH, ["POST"])  # wire/http/fastpath.py
     router.fast(SHARE_ETL_PATH, ["POST"])
     return router

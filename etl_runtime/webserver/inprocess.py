@@ -56,7 +56,7 @@ from etl_runtime.core.errors import (
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.webserver import calls
 from etl_runtime.webserver.code import load_transform, takes_args
-from etl_runtime.webserver.inline_runs import Run
+from etl_runtime.webserver.inprocess_runs import Run
 from etl_runtime.webserver.objects import DISCONNECT_WATCH_AFTER, disconnected
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.webserver.stats import LogBuffer, Stats
@@ -67,7 +67,7 @@ MEDIA_TYPE = "application/octet-stream"
 _DONE = object()
 
 
-class InlineRunner:
+class InProcessRunner:
     """The user's function, loaded in this process, and the threads that call it."""
 
     def __init__(self, spec: EtlSpec, threads: int, deps_dir: str | None, logs: LogBuffer):
@@ -237,7 +237,7 @@ class InlineRunner:
     ) -> memoryview | AsyncIterator[bytes]:
         """One object's output: whole (a bytes result), or its chunks as the function
         yields them. Raises the ``SluiceError`` of a failure before the first byte
-        (counted); the chunks raise one after it. Also a batch's item (``batch``)."""
+        (counted); the chunks raise one after it. Also a batch's item (``bulk``)."""
         started = time.perf_counter()
         try:
             result, read = await self._in_pool(self._call, data, fqn, obj, args, watch=watch)
@@ -254,7 +254,7 @@ class InlineRunner:
     def submit(
         self, stats: Stats, objects: list[tuple[str, str]], args: str | None
     ) -> list[asyncio.Future[Any]]:
-        """Objects ``(object, fqn)`` to one thread as a run (``inline_runs``): each
+        """Objects ``(object, fqn)`` to one thread as a run (``inprocess_runs``): each
         future gets what ``outcome`` returns or raises for that object."""
         return Run(self, stats, objects, args).start()
 

@@ -62,7 +62,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from etl_runtime.wire import splice
+from etl_runtime.wire.http import splice
 
 EXTENSION = "http.response.zerocopysend"
 ENV = "SLUICE_SENDFILE"
@@ -351,7 +351,7 @@ def _with_zerocopy(app: ASGIApp, cycle: Any) -> ASGIApp:
         async def send_or_sendfile(message: Message) -> None:
             if message["type"] == EXTENSION:
                 await _send_file(cycle, message)
-            elif message["type"] == splice.MESSAGE:  # wire/splice.py: socket to socket
+            elif message["type"] == splice.MESSAGE:  # wire/http/splice.py: socket to socket
                 await splice.send_spliced(cycle, message)
             else:
                 await send(message)

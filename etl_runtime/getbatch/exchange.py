@@ -8,7 +8,7 @@ gateway reads those items with ETL GETs, never untransformed) and adds
 ``"etl": [name, ...]`` (the chain: ``etl_name`` then ``etl_pipeline``) and
 ``"etl_args"``; a row may end with an ``archpath`` (a file picked out of the
 transformed shard); the target transforms every item before it answers
-(``storage_target/batch_etl.py``). The target answers one body with a
+(``storage_target/getbatch_etl.py``). The target answers one body with a
 ``Content-Length``:
 
 * an 8-byte big-endian length, then a JSON *manifest*: one entry per item,
@@ -123,7 +123,7 @@ class ShareBroken(ConnectionError):
 
 @dataclass(frozen=True)
 class Spliced:
-    """``count`` bytes to be moved from socket ``fd`` to the client by ``wire/splice.py``;
+    """``count`` bytes to be moved from socket ``fd`` to the client by ``wire/http/splice.py``;
     ``what`` names them in the error if the source breaks off."""
 
     fd: int
@@ -134,7 +134,7 @@ class Spliced:
 @dataclass(frozen=True)
 class FileSlice:
     """``count`` bytes of an open ``file`` from ``offset``, for the server to send itself
-    (``os.sendfile``: ``wire/zerocopy.py``): a designated target's own big objects."""
+    (``os.sendfile``: ``wire/http/zerocopy.py``): a designated target's own big objects."""
 
     file: IO[bytes]
     offset: int
@@ -280,7 +280,7 @@ class ShareBody:
 
     async def spliced(self, n: int, what: str) -> AsyncIterator[bytes | Spliced]:
         """``n`` bytes: those already received, then the rest left in the socket for
-        ``wire/splice.py`` to move (the caller must have it moved before reading on)."""
+        ``wire/http/splice.py`` to move (the caller must have it moved before reading on)."""
         await self._drop()
         if n > self.left or self._sock is None:
             raise ShareBroken(f"{n} bytes asked of an answer with {self.left} left")

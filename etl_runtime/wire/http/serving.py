@@ -19,9 +19,9 @@ import uvicorn
 
 from etl_runtime.core import heap
 from etl_runtime.core.eventloop import loop_factory, loop_from_env
-from etl_runtime.wire import connections, zerocopy
-from etl_runtime.wire.connections import Limits
-from etl_runtime.wire.inline import Answerer, Starter
+from etl_runtime.wire.http import connections, zerocopy
+from etl_runtime.wire.http.connections import Limits
+from etl_runtime.wire.http.inprotocol import Answerer, Starter
 
 Hook = Callable[[], Any]  # plain or async function
 
@@ -32,7 +32,7 @@ Hook = Callable[[], Any]  # plain or async function
 # 75 s is nginx's default; clients' pools (httpx: 5 s, requests: none) expire first.
 # Connections that have not sent a whole request head get SLUICE_HEADER_TIMEOUT
 # instead, and the oldest idle ones make room past SLUICE_MAX_CONNECTIONS
-# (wire/connections.py).
+# (wire/http/connections.py).
 KEEP_ALIVE_SECONDS = 75
 
 
@@ -145,8 +145,8 @@ def run_server(
     The open-files limit is raised to the hard limit first, malloc keeps the
     memory it gets and the GC walks less (``core/heap.py``), and connections
     follow ``SLUICE_HEADER_TIMEOUT`` and ``SLUICE_MAX_CONNECTIONS``
-    (``wire/connections.py``). ``answerer`` answers the requests it can before
-    ASGI, ``starter`` starts work for them (``wire/inline.py``).
+    (``wire/http/connections.py``). ``answerer`` answers the requests it can before
+    ASGI, ``starter`` starts work for them (``wire/http/inprotocol.py``).
     """
     try:
         if loop is None:

@@ -45,8 +45,8 @@ from urllib.parse import urlencode, urlsplit
 import h11
 
 from etl_runtime.core.errors import ConnectError, StreamBroken, Timeout
-from etl_runtime.wire import streambuf
-from etl_runtime.wire.streambuf import ReceiveStream
+from etl_runtime.wire.clients import streambuf
+from etl_runtime.wire.clients.streambuf import ReceiveStream
 
 READ_SIZE = 1 << 20
 STREAM_LIMIT = 1 << 20  # asyncio stream buffer: pauses reading above 2x this

@@ -1,6 +1,6 @@
-"""A run of a batch's objects handed to one inline thread at once (``InlineRunner.submit``).
+"""A run of a batch's objects handed to one inline thread at once (``InProcessRunner.submit``).
 
-``POST /_sluice/batch`` (``webserver/batch.py``) used to hand each object to
+``POST /_sluice/batch`` (``webserver/bulk.py``) used to hand each object to
 the inline threads on its own: a queue put, a thread woken, its result
 settled on the loop with ``call_soon_threadsafe`` (a loop woken). On the
 2-core VM that hand-off cost more CPU than a cheap transform: in-process,
@@ -33,7 +33,7 @@ from etl_runtime.core.errors import SluiceError, TransformTimeout
 from etl_runtime.webserver import calls
 
 if TYPE_CHECKING:
-    from etl_runtime.webserver.inline import InlineRunner
+    from etl_runtime.webserver.inprocess import InProcessRunner
     from etl_runtime.webserver.stats import Stats
 
 FLUSH_SECONDS = 0.002  # outputs finished are settled at least this often
@@ -52,7 +52,7 @@ class Run:
 
     def __init__(
         self,
-        runner: InlineRunner,
+        runner: InProcessRunner,
         stats: Stats,
         objects: list[tuple[str, str]],
         args: str | None,

@@ -10,10 +10,10 @@ the archive.
 The gateway checks the query, the caller's right to read and the ETLs named,
 then, as AIStore's proxy does, redirects (307, which keeps the method and the
 body) to a **designated target** chosen at random among the members; that
-target (``storage_target/moss.py``) assembles the answer: it asks every other
+target (``storage_target/getbatch_routes.py``) assembles the answer: it asks every other
 target for its share and reads its own, so the gateway handles one small
 request per batch and no item's bytes. A small batch request that needs no ETL gets this
-redirect inside the HTTP protocol (``gateway/inline.py``), the same answer
+redirect inside the HTTP protocol (``gateway/inprotocol.py``), the same answer
 without the ASGI task. Where reads need a token the redirect
 is signed for that route, query and body (``getbatch/serve.py``,
 ``signed_path``). The gateway assembles the batch itself (``getbatch/``, the
@@ -44,8 +44,8 @@ from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.getbatch.serve import MAP_PARAM, QUERY, answer, batch_path, signed_path
-from etl_runtime.wire.duplex import DuplexClient
-from etl_runtime.wire.fastpath import FastRouter
+from etl_runtime.wire.clients.duplex import DuplexClient
+from etl_runtime.wire.http.fastpath import FastRouter
 
 ASSEMBLERS = ("target", "gateway")
 
@@ -77,7 +77,7 @@ def redirect_location(
 ) -> str:
     """Where a batch is redirected: the designated target's route with the caller's
     ``query`` (less any signature), the map version and, where reads need a token, the
-    signature over the route, query and body. Also ``gateway/inline.py``'s."""
+    signature over the route, query and body. Also ``gateway/inprotocol.py``'s."""
     kept = [(k, v) for k, v in query if k not in SIGNATURE_PARAMS]
     kept.append((MAP_PARAM, str(version)))
     if gw.read_token and gw.cluster_key:
@@ -121,6 +121,6 @@ def batch_router(gw: Gateway, http: DuplexClient, assembler: str = "target") -> 
     async def get_batch_bucket(bucket: str, request: Request) -> Response:
         return await get_batch(gw, http, request, bucket, assembler)
 
-    router.fast("/v1/ml/moss", ["GET"])  # wire/fastpath.py
+    router.fast("/v1/ml/moss", ["GET"])  # wire/http/fastpath.py
     router.fast("/v1/ml/moss/{bucket}", ["GET"])
     return router

@@ -1,10 +1,10 @@
 """GetBatch on a designated target: ``GET /v1/ml/moss[/{bucket}]``, redirected by the gateway.
 
 AIStore's design: the gateway redirects a GetBatch (307, method and body
-kept) to a target it picks at random (``gateway/batch_routes.py``), and that
+kept) to a target it picks at random (``gateway/getbatch_routes.py``), and that
 target assembles the whole answer with ``getbatch/`` (the gateway's own
 code): it asks every other target for its share of the items, reads its own
-in its own process (``localshare.py``) and streams the archive to the
+in its own process (``getbatch_local.py``) and streams the archive to the
 client. The gateway then handles one small request per batch and none of its
 bytes, and the assembly of many clients' batches is spread over every
 target's CPU.
@@ -34,9 +34,9 @@ from etl_runtime.core.params import refuse_unknown
 from etl_runtime.getbatch.host import LocalShare
 from etl_runtime.getbatch.serve import MAP_PARAM, QUERY, answer, signed_path
 from etl_runtime.storage_target.context import Target
-from etl_runtime.storage_target.localshare import local_opener
-from etl_runtime.wire.duplex import DuplexClient
-from etl_runtime.wire.fastpath import FastRouter
+from etl_runtime.storage_target.getbatch_local import local_opener
+from etl_runtime.wire.clients.duplex import DuplexClient
+from etl_runtime.wire.http.fastpath import FastRouter
 
 
 class TargetHost:
@@ -133,6 +133,6 @@ def moss_router(target: Target, http: DuplexClient) -> FastRouter:
     async def get_batch_bucket(bucket: str, request: Request) -> Response:
         return await serve(request, bucket)
 
-    router.fast("/v1/ml/moss", ["GET"])  # wire/fastpath.py
+    router.fast("/v1/ml/moss", ["GET"])  # wire/http/fastpath.py
     router.fast("/v1/ml/moss/{bucket}", ["GET"])
     return router
