@@ -8,6 +8,9 @@ The body decides, and it is always read:
   ``{"value": {"template": "..."}}`` (``bucket.objects(...).delete()``): a
   ``delete-listrange`` job over those objects (``jobs/listrange.py``); the
   bucket stays;
+* ``{"action": "evict-listrange", "value": {...}}`` (``objects(...).evict()``,
+  a remote bucket only): an ``evict`` job dropping those objects' cached
+  copies (``jobs/prefetch.py``); the backend keeps them;
 
 A job's id is the answer: plain text for the aistore SDK (``?provider=``),
 which follows it with ``Job.wait()``; ``{"id", "kind"}`` JSON otherwise. Any
@@ -24,11 +27,12 @@ from etl_runtime.core.errors import InvalidRequest
 from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.jobs import start_job
-from etl_runtime.jobs.listrange import listrange_spec
+from etl_runtime.jobs.listrange import expand, listrange_spec
 
 DESTROY = "destroy-bck"
 DELETE_OBJECTS = "delete-listrange"
-ACTIONS = (DESTROY, DELETE_OBJECTS)
+EVICT_OBJECTS = "evict-listrange"
+ACTIONS = (DESTROY, DELETE_OBJECTS, EVICT_OBJECTS)
 _MSG_FIELDS = ("action", "name", "value")  # AIStore's ActionMsg
 
 
@@ -72,8 +76,23 @@ async def objects_action(gw: Gateway, bucket: str, request: Request) -> Response
                 action=action,
             )
         return None
-    job_id = await start_job(gw, DELETE_OBJECTS, listrange_spec(bucket, value))
+    spec = listrange_spec(bucket, value)
+    if action == EVICT_OBJECTS:
+        job_id = await start_job(gw, "evict", evict_spec(bucket, spec))
+        return job_answer(request, job_id, EVICT_OBJECTS)
+    job_id = await start_job(gw, DELETE_OBJECTS, spec)
     return job_answer(request, job_id, DELETE_OBJECTS)
+
+
+def evict_spec(bucket: str, spec: dict[str, object]) -> dict[str, object]:
+    """A list/range spec as the ``evict`` job's: names, or a template's prefix."""
+    if "objnames" in spec:
+        return {"bucket": bucket, "objnames": spec["objnames"]}
+    template = str(spec["template"])
+    names = expand(bucket, template)
+    if names is None:
+        return {"bucket": bucket, "prefix": template}
+    return {"bucket": bucket, "objnames": names}
 
 
 def job_answer(request: Request, job_id: str, kind: str) -> Response:

@@ -9,7 +9,9 @@ object is a job error naming it. The gateway's validation adds the
 progress bar (``sluice prefetch`` does, with tqdm).
 
 ``{"kind": "evict", "spec": {"bucket": B, "prefix": P}}`` drops the cached
-copies on every target (the backend keeps the objects).
+copies on every target (the backend keeps the objects); ``"objnames": [...]``
+instead of a prefix drops those names' copies (the aistore SDK's
+``objects(...).evict()``, ``evict-listrange``).
 """
 
 from __future__ import annotations
@@ -19,18 +21,20 @@ from typing import Any
 import anyio.to_thread
 
 from etl_runtime.core.errors import BucketNotFound, InvalidRequest, SluiceError
-from etl_runtime.core.names import validate_bucket
+from etl_runtime.core.names import validate_bucket, validate_names
 from etl_runtime.jobs import JobContext, JobFailed, register_kind
 from etl_runtime.providers.backend import RemoteMeta, backend_class, remote_props
 
 PREFETCH_WORKERS = 4
 TOTAL_MAX_OBJECTS = 1_000_000  # beyond this the total is not counted up front
+EVICT_FIELDS = frozenset({"objnames"})
 
 
-def _spec(spec: dict[str, Any]) -> tuple[str, str]:
-    unknown = sorted(set(spec) - {"bucket", "prefix", "total"})
+def _spec(spec: dict[str, Any], fields: frozenset[str] = frozenset()) -> tuple[str, str]:
+    unknown = sorted(set(spec) - {"bucket", "prefix", "total"} - fields)
     if unknown:
-        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; known: bucket, prefix")
+        known = ", ".join(["bucket", "prefix", *sorted(fields)])
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; known: {known}")
     bucket, prefix = spec.get("bucket"), spec.get("prefix", "")
     if not isinstance(bucket, str) or not isinstance(prefix, str):
         raise InvalidRequest("'bucket' (a string) and 'prefix' (a string) are required")
@@ -38,7 +42,7 @@ def _spec(spec: dict[str, Any]) -> tuple[str, str]:
 
 
 async def _validate(gw: Any, spec: dict[str, Any], count: bool) -> dict[str, Any]:
-    bucket, prefix = _spec(spec)
+    bucket, prefix = _spec(spec, EVICT_FIELDS if not count else frozenset())
     props = remote_props(gw.cmap, bucket)
     if props is None:
         known = gw.cmap is not None and bucket in gw.cmap.get().buckets
@@ -50,6 +54,11 @@ async def _validate(gw: Any, spec: dict[str, Any], count: bool) -> dict[str, Any
             bucket=bucket,
         )
     out: dict[str, Any] = {"bucket": bucket, "prefix": prefix}
+    if "objnames" in spec:
+        names = spec["objnames"]
+        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+            raise InvalidRequest("'objnames' must be a list of strings", bucket=bucket)
+        out["objnames"] = [validate_names(bucket, n)[1] for n in names]
     if count:
         backend = backend_class(props.provider).for_bucket(bucket, props.backend)
         objects = size = 0
@@ -116,9 +125,10 @@ async def run_prefetch(ctx: JobContext) -> None:
 
 
 async def run_evict(ctx: JobContext) -> None:
-    bucket, prefix = _spec(ctx.spec)
+    bucket, prefix = _spec(ctx.spec, EVICT_FIELDS)
     cache = _cache(ctx, bucket)
-    objects, size = await anyio.to_thread.run_sync(cache.evict, bucket, prefix)
+    names = ctx.spec.get("objnames")
+    objects, size = await anyio.to_thread.run_sync(cache.evict, bucket, prefix, names)
     ctx.progress.add(objects=objects, bytes=size)
     ctx.set_output(bucket=bucket)
 

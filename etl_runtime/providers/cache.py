@@ -39,7 +39,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -360,10 +360,13 @@ class RemoteCache:
 
     # -- eviction ------------------------------------------------------------------------
 
-    def evict(self, bucket: str, prefix: str = "") -> tuple[int, int]:
-        """Drop the cached copies in ``bucket`` under ``prefix``: (objects, bytes)."""
+    def evict(
+        self, bucket: str, prefix: str = "", names: Collection[str] | None = None
+    ) -> tuple[int, int]:
+        """Drop the cached copies in ``bucket`` under ``prefix`` (or of ``names``):
+        (objects, bytes)."""
         objects = size = 0
-        for name in list(self.store.iter_names(bucket)):
+        for name in list(self.store.iter_names(bucket)) if names is None else names:
             if name.startswith(prefix):
                 try:
                     n = self.store.local_path(bucket, name).stat().st_size

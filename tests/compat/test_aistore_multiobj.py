@@ -111,3 +111,21 @@ def test_a_body_the_route_does_not_read_deletes_nothing(up: LocalCluster) -> Non
     with httpx.Client(base_url=up.endpoint, timeout=30) as http:
         http.post("/v1/buckets/plain", json={"action": "create-bck"}).raise_for_status()
         assert http.delete("/v1/buckets/plain").json() == {"bucket": "plain", "deleted": True}
+
+
+def test_evicting_objects_of_an_ais_bucket_is_a_400_that_deletes_nothing(
+    up: LocalCluster,
+) -> None:
+    ais = Client(up.endpoint)
+    fill(ais, "local", 2)
+    for value in ({"objnames": ["o00.txt"]}, {"template": "o0{0..1}.txt"}, {"template": "o"}):
+        with httpx.Client(base_url=up.endpoint, timeout=30) as http:
+            r = http.request(
+                "DELETE",
+                "/v1/buckets/local",
+                params={"provider": "ais"},
+                json={"action": "evict-listrange", "name": "", "value": value},
+            )
+        assert r.status_code == 400, r.text
+        assert "not a remote" in r.json()["error"] and r.json()["bucket"] == "local", r.text
+    assert names(ais, "local") == ["o00.txt", "o01.txt"]
