@@ -6,24 +6,36 @@ CACHE   := $(HOME)/.cache/sluice
 UV      := $(CACHE)/tools/bin/uv
 STAMP   := $(VENV)/.installed
 
-.PHONY: install demo test lint unit tools k8s-tools minio browser k8s-up k8s-down bench clean images
+.PHONY: install lock canary demo test lint unit tools k8s-tools minio browser k8s-up k8s-down bench clean images
 
 install: $(STAMP)
+
+# the uv that wrote uv.lock
+UV_VERSION := 0.13.9
 
 $(UV):
 	mkdir -p $(CACHE)
 	$(PY) -m venv $(CACHE)/tools
-	$(CACHE)/tools/bin/pip install -q uv
+	$(CACHE)/tools/bin/pip install -q 'uv==$(UV_VERSION)'
 
-$(STAMP): pyproject.toml | $(UV)
+# Exactly what uv.lock says (--frozen: the lock as committed, never re-resolved;
+# `make lock` after editing pyproject.toml's dependencies), the checkout editable.
+# --inexact leaves what else is in .venv (pip, a test's extra installs) alone.
+EXTRAS := --extra server --extra dev --extra torch
+
+$(STAMP): pyproject.toml uv.lock | $(UV)
 	test -x $(BIN)/python || $(UV) venv -q --seed --python $(PY) $(VENV)
-	$(UV) pip install -q --python $(BIN)/python -e '.[dev,torch]'
+	$(UV) sync -q --frozen --inexact $(EXTRAS)
 	touch $(STAMP)
+
+lock: | $(UV)  # after a change to pyproject.toml's dependencies: re-resolve uv.lock
+	$(UV) lock
 
 demo: install
 	$(BIN)/python examples/demo.py
 
 lint: install
+	$(UV) lock --check  # uv.lock is pyproject.toml's resolution (else: make lock)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check etl_runtime operator tests bench examples
 	$(BIN)/mypy
