@@ -133,6 +133,50 @@ def plan(
     return out
 
 
+def hold_for_rollout(
+    p: Plan, existing: list[ObservedTransformer], targets: list[TargetInfo], want_hash: str
+) -> Plan:
+    """Keep old-spec transformers that still serve until their replacement is ready:
+    the rollout policy of both actuators (the operator's pods, ``sluice up``'s
+    processes).
+
+    Only a transformer that is stale *just* because of its spec hash is held:
+    one whose target left or moved goes at once, and so does one whose
+    replacement has terminated (failed for good).
+    """
+    nodes = {t.id: t.node for t in targets}
+    current = {t.target: t for t in existing if t.spec_hash == want_hash}
+    held: list[ObservedTransformer] = []
+    for t in p.delete:
+        new = current.get(t.target)
+        if (
+            t.ready
+            and t.spec_hash != want_hash
+            and t.target in nodes
+            and (t.node is None or nodes[t.target] in (None, t.node))
+            and (new is None or (not new.ready and not new.terminated))
+            and not any(h.target == t.target for h in held)
+        ):
+            held.append(t)
+    return Plan(create=p.create, delete=[t for t in p.delete if t not in held])
+
+
+def replaced(
+    target: str, deleted: list[ObservedTransformer], want_hash: str
+) -> ObservedTransformer | None:
+    """The current-spec transformer of ``target`` that failed transiently and is being replaced."""
+    for t in deleted:
+        if t.target == target and t.spec_hash == want_hash and t.terminated:
+            return t
+    return None
+
+
+def restarts_for(target: str, deleted: list[ObservedTransformer], want_hash: str) -> int:
+    """Restart count for a new transformer replacing one that failed transiently."""
+    old = replaced(target, deleted, want_hash)
+    return next_restarts(old) if old is not None else 0
+
+
 @dataclass(frozen=True)
 class Summary:
     phase: str

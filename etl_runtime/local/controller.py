@@ -318,12 +318,14 @@ class LocalEtlBackend:
         for target in todo.create:
             if target.id not in backing_off and (proc := await self._spawn(rec, target)):
                 procs.append(self._watch(proc))
-        current = [p for p in procs if p.spec_hash == want and not p.terminated]
-        pending = {p.target for p in current} - {p.target for p in current if p.ready}
-        for p in victims:
+        # The rollout policy both actuators share: an old-spec transformer serves
+        # until its replacement (spawned above) is ready.
+        kept = reconcile.hold_for_rollout(todo, [p.observed() for p in procs], targets, want)
+        held = {id(o) for o in todo.delete} - {id(o) for o in kept.delete}
+        for o, p in zip(todo.delete, victims, strict=True):
             if p.target in backing_off and self._is_transient(p, spec, want):
                 continue  # stays visible (and counted) until its backoff ends
-            if not p.terminated and p.ready and p.spec_hash != want and p.target in pending:
+            if id(o) in held:
                 continue  # rolling replace: serve until the new one is ready
             procs.remove(p)
             self._stop_in_background(p)

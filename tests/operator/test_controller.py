@@ -7,13 +7,14 @@ import asyncio
 import pytest
 
 from etl_operator.actuator import FINALIZER
-from etl_operator.controller import Controller, OperatorConfig, hold_for_rollout
+from etl_operator.controller import Controller, OperatorConfig
 from etl_operator.queue import ReconcileQueue
 from etl_runtime.cluster.reconcile import (
     HEALTHY_SECONDS,
     MAX_RESTARTS,
     ObservedTransformer,
     Plan,
+    hold_for_rollout,
     plan,
 )
 from etl_runtime.cluster.records import TargetInfo
