@@ -20,6 +20,8 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     ├── RangeNotSatisfiable (416)   ``Range`` starts past the end of the object
     ├── TransformError (422)        the user's function raised on this object/sample
     ├── BadResult (422)             the user's function returned something unusable
+    ├── UnsafeShard (422)           wds/GetBatch: a tar member name that is absolute, has
+    │                               ``..`` or passes a symlink, or a header over its bound
     ├── BackendError (502)          a remote backend answered something unmappable
     ├── Unavailable (503)           EtlNotReady, NoTargets, BackendUnavailable,
     │                               WorkerDied (a transformer's worker process died on
@@ -257,6 +259,14 @@ class TransformError(SluiceError):
 
 
 class BadResult(SluiceError):
+    status = 422
+
+
+class UnsafeShard(SluiceError):
+    """A shard refused for safety: an unsafe member name (absolute, ``..``, through a
+    symlink member) or a pax/long-name header over its bound
+    (``wire/formats/targuard.py``). Deterministic, so 422 as ``TransformError``."""
+
     status = 422
 
 
