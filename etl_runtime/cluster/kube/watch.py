@@ -5,24 +5,85 @@ resourceVersion, keeping ``name -> object`` (plain dicts) current. On ``410
 Gone`` or any connection error it relists after a short backoff, so the cache
 heals from apiserver restarts. Readers get a consistent snapshot of a dict
 without touching the network.
+
+A watch that receives nothing for ``SLUICE_KUBE_WATCH_INACTIVITY_S`` seconds
+(default 70, kopf's ``inactivity_timeout``) is given up and the collection
+relisted: on a half-open connection (a NAT entry or a load balancer gone, the
+apiserver's host frozen) no error ever arrives, and without this limit the
+cache would stay stale for good. A healthy watch is never that quiet: the
+apiserver sends a bookmark about once a minute to every watch that asks for
+them. Lists and watches use the same limit as the socket's read timeout.
+Each relist is logged and counted by reason (``relists()``;
+``WatchCollector`` serves them as ``sluice_kube_watch_relists_total``).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
+from prometheus_client.core import CounterMetricFamily, Metric
+from urllib3.exceptions import ReadTimeoutError
 
 log = logging.getLogger(__name__)
 
 # A generated list call, e.g. ``CoreV1Api.list_namespaced_pod``.
 ListFn = Callable[..., Any]
+
+INACTIVITY_ENV = "SLUICE_KUBE_WATCH_INACTIVITY_S"
+DEFAULT_INACTIVITY_S = 70.0  # kopf's; above the apiserver's one-minute bookmarks
+CONNECT_TIMEOUT_S = 10.0
+
+_relists: Counter[tuple[str, str]] = Counter()  # (what, reason) -> relists, this process
+_relists_lock = threading.Lock()
+
+
+def inactivity_timeout() -> float:
+    """``SLUICE_KUBE_WATCH_INACTIVITY_S`` (seconds, > 0), else the default."""
+    raw = os.environ.get(INACTIVITY_ENV, "").strip()
+    if not raw:
+        return DEFAULT_INACTIVITY_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise ValueError(f"{INACTIVITY_ENV}={raw!r}: expected a number of seconds above 0")
+    return value
+
+
+def relists() -> dict[tuple[str, str], int]:
+    """Relists since start, by ``(what, reason)``: ``inactive``, ``gone``, ``error``."""
+    with _relists_lock:
+        return dict(_relists)
+
+
+def _count_relist(what: str, reason: str) -> None:
+    with _relists_lock:
+        _relists[(what, reason)] += 1
+
+
+class WatchCollector:
+    """``sluice_kube_watch_relists_total{watch,reason}`` for a server's registry."""
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "sluice_kube_watch_relists",
+            "Relists of a Kubernetes watch cache, by reason (inactive: nothing received "
+            "within the inactivity timeout; gone: 410; error: any other failure)",
+            labels=["watch", "reason"],
+        )
+        for (what, reason), n in sorted(relists().items()):
+            family.add_metric([what, reason], n)
+        yield family
 
 
 class WatchCache:
@@ -39,6 +100,7 @@ class WatchCache:
         what: str,
         on_change: Callable[[dict[str, dict[str, Any]]], None] | None = None,
         timeout_seconds: int = 300,
+        inactivity_s: float | None = None,
         **list_kwargs: Any,
     ) -> None:
         self._api = api
@@ -47,6 +109,9 @@ class WatchCache:
         self._what = what
         self._on_change = on_change
         self._timeout = timeout_seconds
+        self.inactivity_s = inactivity_s if inactivity_s is not None else inactivity_timeout()
+        # urllib3's read timeout is per socket read: exactly an inactivity limit.
+        self._request_timeout = (CONNECT_TIMEOUT_S, self.inactivity_s)
         self._objects: dict[str, dict[str, Any]] = {}
         self._synced = threading.Event()
         self._stop = threading.Event()
@@ -76,7 +141,9 @@ class WatchCache:
 
     def _list_raw(self) -> dict[str, Any]:
         """The list as the apiserver sent it (JSON), skipping model conversion."""
-        resp = self._list_fn(_preload_content=False, **self._list_kwargs)
+        resp = self._list_fn(
+            _preload_content=False, _request_timeout=self._request_timeout, **self._list_kwargs
+        )
         data = resp.data if hasattr(resp, "data") else resp.read()
         return json.loads(data)
 
@@ -91,17 +158,35 @@ class WatchCache:
     def _run(self) -> None:
         backoff = 0.5
         while not self._stop.is_set():
+            wait = backoff
             try:
                 resource_version = self._relist()
                 self._synced.set()
                 backoff = 0.5
                 self._follow(resource_version)
+            except ReadTimeoutError:
+                if self._stop.is_set():
+                    return
+                log.warning(
+                    "watch %s: nothing from the apiserver for %g s (%s); relisting",
+                    self._what,
+                    self.inactivity_s,
+                    INACTIVITY_ENV,
+                )
+                _count_relist(self._what, "inactive")
+                wait = 0.1  # the next connection is likely fine: do not wait long
             except ApiException as e:
+                if self._stop.is_set():
+                    return
                 if e.status != 410:
                     log.warning("watch %s: %s %s; relisting", self._what, e.status, e.reason)
+                _count_relist(self._what, "gone" if e.status == 410 else "error")
             except Exception as e:
+                if self._stop.is_set():
+                    return
                 log.warning("watch %s failed: %s; relisting", self._what, e)
-            if self._stop.wait(backoff):
+                _count_relist(self._what, "error")
+            if self._stop.wait(wait):
                 return
             backoff = min(backoff * 2, 10.0)
 
@@ -119,6 +204,7 @@ class WatchCache:
                 resource_version=resource_version,
                 timeout_seconds=self._timeout,
                 allow_watch_bookmarks=True,
+                _request_timeout=self._request_timeout,
                 **self._list_kwargs,
             )
             for event in stream:
