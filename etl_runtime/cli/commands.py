@@ -9,6 +9,7 @@ code 1 — never a traceback. ``--endpoint``/``SLUICE_ENDPOINT`` and
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -319,7 +320,17 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# What the local cluster's servers import from the ``server`` extra (pyproject.toml).
+SERVER_MODULES = ("fastapi", "starlette", "uvicorn", "httptools", "prometheus_client", "msgspec")
+
+
 def run_up(argv: Sequence[str]) -> int:
+    missing = [name for name in SERVER_MODULES if importlib.util.find_spec(name) is None]
+    if missing:  # the SDK alone (`pip install sluice`): its servers would die at start
+        raise CliError(
+            f"'sluice up' runs the servers, which need {', '.join(missing)}: "
+            "pip install 'sluice[server]'"
+        )
     try:
         from etl_runtime.local.up import main as cluster_main
     except ImportError as exc:
