@@ -24,6 +24,7 @@ from etl_runtime.gateway.dsort import dsort_router
 from etl_runtime.gateway.etl_api import etl_router
 from etl_runtime.gateway.getbatch_routes import batch_router
 from etl_runtime.gateway.inprotocol import answerer as batch_answerer
+from etl_runtime.gateway.job_monitor import JobMonitor
 from etl_runtime.gateway.jobs import jobs_router
 from etl_runtime.gateway.membership import MembershipSource, RebalanceMonitor, join
 from etl_runtime.gateway.redirect import redirect_router
@@ -67,6 +68,7 @@ def create_gateway_app(
         read_token=read_token or None,
     )
     monitor = RebalanceMonitor(gw)
+    job_monitor = JobMonitor(gw)  # fails a job whose member stays away (job_monitor.py)
     # GetBatch reads items with it, the S3 API its GETs: pooled per target, no scans.
     batch_http = DuplexClient()
 
@@ -77,9 +79,11 @@ def create_gateway_app(
         if membership is not None and cluster_map is not None:
             await membership.start(cluster_map)
         await monitor.start()
+        await job_monitor.start()
         try:
             yield
         finally:
+            await job_monitor.stop()
             await monitor.stop()
             if membership is not None:
                 await membership.stop()

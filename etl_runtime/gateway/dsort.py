@@ -23,7 +23,7 @@ from etl_runtime.core.errors import InvalidRequest, NotFound
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.jobs import _end_everywhere, _headers, aggregate, start_job
+from etl_runtime.gateway.jobs import _headers, aggregate, end_everywhere, start_job
 from etl_runtime.jobs.state import ABORTED, FAILED, FINISHED
 
 
@@ -145,7 +145,7 @@ def dsort_router(gw: Gateway) -> APIRouter:
         view = await _job(gw, job_id)
         if view["state"] not in (FINISHED, FAILED, ABORTED):
             urls = [t.url for t in gw.known_targets()]
-            await _end_everywhere(gw, job_id, urls, ABORTED, "aborted by request")
+            await end_everywhere(gw, job_id, urls, ABORTED, "aborted by request")
             view = await _job(gw, job_id)
         return {"id": job_id, "state": view["state"], "reason": view["reason"]}
 

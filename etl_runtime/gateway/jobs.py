@@ -13,15 +13,15 @@ Jobs live on the targets (each persists its part), so any gateway answers:
 
 A member target that does not answer for ``SLUICE_JOB_TARGET_TIMEOUT`` seconds
 (default 60) while the job runs fails the job, naming it: a job never hangs on
-a target that is gone. A target that comes back within the timeout resumes
-its part.
+a target that is gone (``job_monitor.py``, the gateway's background task;
+reading a job never ends it). A target that comes back within the timeout
+resumes its part.
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-import time
 from typing import Any
 from urllib.parse import quote
 
@@ -40,6 +40,8 @@ from etl_runtime.jobs.state import ABORTED, FAILED, FINISHED, MAX_ERRORS, RUNNIN
 from etl_runtime.storage.peers import INTERNAL_HEADER
 
 PROGRESS_FIELDS = ("objects", "bytes", "records", "skipped")
+UNREACHABLE = "Unreachable"  # a member's state in a view when it has no part to show
+NO_PART = "no part of this job"
 
 
 def _headers(gw: Gateway) -> dict[str, str]:
@@ -102,7 +104,7 @@ async def start_job(gw: Gateway, kind: str, spec: dict[str, Any]) -> str:
     problems = [p for p in await asyncio.gather(*(one(t) for t in members)) if p]
     if problems:
         reason = f"the job could not start on every target: {problems[0]}"
-        await _end_everywhere(gw, job_id, [t.url for t in members], FAILED, reason)
+        await end_everywhere(gw, job_id, [t.url for t in members], FAILED, reason)
         if full:
             raise full[0]
         raise NoTargets(reason, retry_after=2, job=job_id)
@@ -116,7 +118,7 @@ def _error_text(r: httpx.Response) -> str:
         return r.text[:500]
 
 
-async def _end_everywhere(
+async def end_everywhere(
     gw: Gateway, job_id: str, urls: list[str], state: str, reason: str
 ) -> None:
     headers = _headers(gw)
@@ -193,7 +195,7 @@ def aggregate(parts: dict[str, dict[str, Any]], away: dict[str, str]) -> dict[st
                     "output": parts[t].get("output") or {},
                 }
                 if t in parts
-                else {"state": "Unreachable", "reason": away.get(t, "no part of this job")}
+                else {"state": UNREACHABLE, "reason": away.get(t, NO_PART)}
             )
             for t in members
         },
@@ -203,13 +205,11 @@ def aggregate(parts: dict[str, dict[str, Any]], away: dict[str, str]) -> dict[st
 class JobViews:
     """Jobs as the gateway sees them: each target's part, aggregated (one per gateway).
 
-    A member that has not answered for the target timeout while the job runs
-    fails the job everywhere (``view``), whichever route asked.
+    Reading only: a member away too long is ``job_monitor.JobMonitor``'s to fail.
     """
 
     def __init__(self, gw: Gateway) -> None:
         self.gw = gw
-        self.away_since: dict[tuple[str, str], float] = {}
         self.timeout = target_timeout_from_env()
 
     async def collect(
@@ -247,7 +247,6 @@ class JobViews:
         return jobs, failed
 
     async def view(self, job_id: str) -> dict[str, Any]:
-        gw, away_since, timeout = self.gw, self.away_since, self.timeout
         found, failed = await self.collect(f"/v1/_jobs/{quote(job_id)}")
         if not found:
             if failed:
@@ -262,37 +261,13 @@ class JobViews:
             raise JobNotFound(
                 f"job {job_id!r} does not exist; list jobs with GET /v1/jobs", job=job_id
             )
-        parts = {t.id: p for t, p in found}
-        view = aggregate(parts, failed)
-        if view["state"] == RUNNING:
-            missing = [t for t in view["targets"] if t not in parts]
-            now = time.monotonic()
-            for key in list(away_since):
-                if key[0] == job_id and key[1] not in missing:
-                    away_since.pop(key)
-            for t in missing:
-                since = away_since.setdefault((job_id, t), now)
-                if now - since > timeout:
-                    why = failed.get(t, "has no part of this job")
-                    reason = f"target {t!r} {why} for more than {timeout:.0f}s"
-                    urls = [info.url for info, _ in found]
-                    await _end_everywhere(gw, job_id, urls, FAILED, reason)
-                    found, failed = await self.collect(f"/v1/_jobs/{quote(job_id)}")
-                    parts = {i.id: p for i, p in found}
-                    for i in view["targets"]:
-                        if i not in parts:
-                            failed.setdefault(i, reason)
-                    view = aggregate(parts, failed) if parts else view
-                    if view["state"] == RUNNING:
-                        view.update(state=FAILED, reason=reason)
-                    break
-        return view
+        return aggregate({t.id: p for t, p in found}, failed)
 
     async def abort(self, job_id: str) -> dict[str, Any]:
         view = await self.view(job_id)
         if view["state"] == RUNNING:
             urls = [t.url for t in self.gw.known_targets()]
-            await _end_everywhere(self.gw, job_id, urls, ABORTED, "aborted by request")
+            await end_everywhere(self.gw, job_id, urls, ABORTED, "aborted by request")
             view = await self.view(job_id)
         return view
 

@@ -19,8 +19,10 @@ import httpx
 import pytest
 
 from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core import auth
 from etl_runtime.gateway import create_gateway_app
 from etl_runtime.jobs import JobContext, JobFailed, register_kind
+from etl_runtime.storage.peers import INTERNAL_HEADER
 from etl_runtime.storage_target import create_target_app
 from tests.cluster.conftest import Liveness, MapCluster
 from tests.gateway.conftest import DictBackend
@@ -211,3 +213,25 @@ def test_a_target_gone_for_good_fails_the_job_naming_it(
     assert view["state"] == "Failed"
     assert "'t2'" in view["reason"]
     assert view["targets"]["t2"]["state"] == "Unreachable"
+
+
+def test_the_monitor_fails_a_job_nobody_reads(
+    map_cluster: MapCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Reading a job never ends it; the gateway's job monitor does, unasked: the parts on
+    the targets that remain say Failed, naming the target gone, with no GET of the job."""
+    monkeypatch.setenv("SLUICE_JOB_TARGET_TIMEOUT", "1")
+    _cluster(map_cluster, objects=30)
+    job_id = _start(map_cluster, {"bucket": "src", "delay": 0.3})
+    map_cluster.stop_target("t2")  # never comes back
+    headers = {INTERNAL_HEADER: auth.internal_token(CLUSTER_KEY)}
+    url = next(t.url for t in map_cluster.live.all if t.id == "t0")
+    deadline = time.monotonic() + 30
+    part: dict[str, Any] = {}
+    while time.monotonic() < deadline:
+        part = httpx.get(f"{url}/v1/_jobs/{job_id}", headers=headers, timeout=10).json()
+        if part["state"] != "Running":
+            break
+        time.sleep(0.2)
+    assert part["state"] == "Failed" and "'t2'" in part["reason"], part
+    assert "for more than 1s" in part["reason"], part  # the monitor's words
