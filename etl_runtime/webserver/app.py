@@ -31,9 +31,10 @@ from etl_runtime.webserver.shards import transform_shard
 from etl_runtime.webserver.stats import Board, Stats
 from etl_runtime.webserver.transformer import Transformer
 from etl_runtime.wire.formats import bulk
+from etl_runtime.wire.http import names
 from etl_runtime.wire.http.fastpath import FastPathApp
 
-LOGGERS = ("sluice", "uvicorn.error")
+LOGGERS = ("sluice", names.ERROR_LOGGER)
 HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn"})
 
 

@@ -46,14 +46,15 @@ import time
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
-from typing import Any
-
-import uvicorn
+from typing import TYPE_CHECKING, Any
 
 from etl_runtime.core import heap
 from etl_runtime.core.errors import EXIT_CONFIG_ERROR
 from etl_runtime.core.procs import die_with_parent, set_process_name
 from etl_runtime.webserver.stats import Board, LogBuffer
+
+if TYPE_CHECKING:
+    from etl_runtime.wire.http.serving import Server
 
 log = logging.getLogger("sluice.transformer")
 
@@ -80,9 +81,9 @@ def server_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-# (slot, board, restarted) -> uvicorn.Server whose app's Transformer uses that slot;
-# a restarted one loads the code before it serves.
-ServerFactory = Callable[[int, Board, bool], tuple[uvicorn.Server, Any]]
+# (slot, board, restarted) -> a uvicorn server (wire/http/serving.py) whose app's
+# Transformer uses that slot; a restarted one loads the code before it serves.
+ServerFactory = Callable[[int, Board, bool], tuple["Server", Any]]
 
 
 def _server_main(

@@ -48,6 +48,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from etl_runtime.core import procs
+from etl_runtime.wire.http import names as uvicorn_names
 
 PRELOAD_ENV = "SLUICE_ZYGOTE_PRELOAD"
 # What every transformer imports (server, worker, the wds path and its torch) and
@@ -57,10 +58,7 @@ PRELOAD = (
     "etl_runtime.webserver.worker",
     "uvloop",
     "httptools",
-    "uvicorn.protocols.http.httptools_impl",
-    "uvicorn.protocols.websockets.auto",
-    "uvicorn.lifespan.on",
-    "uvicorn.loops.auto",
+    *uvicorn_names.PRELOAD,  # uvicorn's modules (wire/http/names.py)
     "numpy",
     "PIL.Image",
     "etl_runtime.webserver.samples",  # webdataset, and torch when installed

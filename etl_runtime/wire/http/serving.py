@@ -24,6 +24,7 @@ from etl_runtime.wire.http.connections import Limits
 from etl_runtime.wire.http.inprotocol import Answerer, Starter
 
 Hook = Callable[[], Any]  # plain or async function
+Server = uvicorn.Server  # one server process's uvicorn (webserver/servers.py runs them)
 
 # uvicorn closes a connection idle for longer than this. Its default (5 s) is
 # shorter than a GC pause, a SIGSTOP or a node hiccup: when the process resumed,
