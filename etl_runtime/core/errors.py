@@ -296,6 +296,20 @@ class Unavailable(SluiceError):
         super().__init__(message, headers={"Retry-After": str(retry_after)}, **context)
 
 
+class ObjectCorrupted(SluiceError):
+    """An object's bytes on a target do not match the checksum stored at write time.
+
+    503 naming bucket, object and target; ``Retry-After`` only while a copy that
+    may be good could not be reached (a repair may still succeed), else none:
+    retrying cannot help until the object is rewritten. Never served."""
+
+    status = 503
+
+    def __init__(self, message: str, retry_after: int | None = None, **context: Any):
+        headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+        super().__init__(message, headers=headers, **context)
+
+
 class EtlNotReady(Unavailable):
     pass
 

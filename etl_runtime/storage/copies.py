@@ -33,6 +33,7 @@ from pathlib import Path
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.core.errors import InsufficientStorage, ObjectNotFound, Unavailable, ViewReadOnly
+from etl_runtime.storage import integrity
 from etl_runtime.storage.peers import PeerError, Peers
 from etl_runtime.storage.store import BeforePublish, ObjectStore
 
@@ -57,6 +58,7 @@ class Placement:
         self.store = store
         self.cmap = cmap
         self.peers = peers
+        self._repairs: dict[tuple[str, str], asyncio.Future[bool | None]] = {}
 
     def bucket_known(self, bucket: str) -> bool | None:
         if self.cmap is None:
@@ -235,6 +237,47 @@ class Placement:
                 target=unreachable[0],
             )
         return False
+
+    def keeps_copies(self, bucket: str) -> bool:
+        if self.cmap is None or self.peers is None:
+            return False
+        return self.cmap.get().copies(bucket) > 1
+
+    async def repair(self, bucket: str, name: str) -> bool | None:
+        """Read-repair: replace this target's bad copy of ``bucket/name`` with a good one
+        from another target (checked against its checksum before it is published).
+        True: repaired; False: no other target has a good copy; None: one that may
+        have it was not reachable. Concurrent calls for one object share one repair."""
+        key = (bucket, name)
+        running = self._repairs.get(key)
+        if running is None:
+            running = self._repairs[key] = asyncio.ensure_future(self._repair(bucket, name))
+            running.add_done_callback(lambda _t: self._repairs.pop(key, None))
+        return await asyncio.shield(running)
+
+    async def _repair(self, bucket: str, name: str) -> bool | None:
+        if self.peers is None:
+            return False
+        unreachable = False
+        for t in self._elsewhere(bucket, name):
+            try:
+                found = await self.peers.fetch(t, bucket, name)
+            except PeerError as e:
+                log.warning("repair of %s/%s: %s", bucket, name, e)
+                unreachable = unreachable or e.status is None
+                continue
+            if found is None:
+                continue
+            body, meta = found
+            try:
+                await self.store.write_object(bucket, name, body, meta=meta)
+            except PeerError as e:  # its copy is bad too, or the stream broke off
+                log.warning("repair of %s/%s from %s: %s", bucket, name, t, e)
+                continue
+            integrity.COUNTS.add("read_repairs", self.self_id)
+            log.warning("repaired %s/%s on %s with the copy of %s", bucket, name, self.self_id, t)
+            return True
+        return None if unreachable else False
 
     async def ensure_local(self, bucket: str, name: str) -> None:
         """Pull ``bucket/name`` here if it is missing and may be on a neighbor."""

@@ -21,6 +21,7 @@ import httpx
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.core import auth
+from etl_runtime.storage import integrity
 from etl_runtime.storage.meta import read_meta
 from etl_runtime.storage.store import READ_CHUNK
 
@@ -100,6 +101,8 @@ class Peers:
         """Copy the file at ``path`` to ``target`` as ``bucket/name``; False if it kept its own."""
         params = {"if_absent": "1"} if if_absent else {}
         headers = {"X-Sluice-Etag": etag}
+        if (cs := integrity.stored(path)) is not None:  # checked there before it is published
+            headers[integrity.XXH_HEADER] = cs.value
         if meta := read_meta(path):
             headers[META_HEADER] = json.dumps(meta)
         r = await self._call(
@@ -138,18 +141,21 @@ class Peers:
             return None
         if r.status_code != 200:
             await r.aclose()
-            raise PeerError(target, f"GET {bucket}/{name} answered {r.status_code}")
+            raise PeerError(target, f"GET {bucket}/{name} answered {r.status_code}", r.status_code)
         expected = r.headers.get("etag", "").strip('"')
+        cs = integrity.parse(r.headers.get(integrity.XXH_HEADER))
         try:
             meta = json.loads(r.headers.get(META_HEADER) or "{}")
         except ValueError:
             meta = {}
 
         async def body() -> AsyncIterator[bytes]:
-            md5 = hashlib.md5()
+            md5, xxh, size = hashlib.md5(), integrity.new_hash(), 0
             try:
                 async for chunk in r.aiter_raw():
                     md5.update(chunk)
+                    xxh.update(chunk)
+                    size += len(chunk)
                     yield chunk
             except httpx.HTTPError as e:
                 raise PeerError(target, f"GET {bucket}/{name} broke off ({e!r})") from None
@@ -157,5 +163,7 @@ class Peers:
                 await r.aclose()
             if expected and md5.hexdigest() != expected:
                 raise PeerError(target, f"GET {bucket}/{name}: content does not match its ETag")
+            if cs is not None and (xxh.hexdigest(), size) != (cs.digest, cs.size):
+                raise PeerError(target, f"GET {bucket}/{name}: content does not match its checksum")
 
         return body(), meta if isinstance(meta, dict) else {}

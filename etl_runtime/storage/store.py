@@ -43,11 +43,14 @@ import anyio.to_thread
 from etl_runtime.core.durable import fsync_dir, make_dirs
 from etl_runtime.core.errors import (
     InsufficientStorage,
+    InvalidRequest,
     ObjectConflict,
     ObjectNotFound,
     bucket_not_found,
 )
 from etl_runtime.core.names import validate_bucket, validate_object
+from etl_runtime.storage import integrity
+from etl_runtime.storage.integrity import Checksum
 from etl_runtime.storage.meta import META_XATTR, check_meta, encode_meta, read_meta
 
 log = logging.getLogger(__name__)
@@ -70,6 +73,8 @@ class ObjectInfo:
     # What the writer said about the bytes: {"content-type": ..., "meta": {key: value}}
     # (``check_meta``); empty when nothing was said. Not in listings.
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    # The checksum stored at write time (storage/integrity.py); None: written before them.
+    checksum: Checksum | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "size": self.size, "etag": self.etag, "mtime": self.mtime}
@@ -91,7 +96,14 @@ def _read_etag(fd: int) -> str:
 def _info(name: str, fd: int) -> ObjectInfo:
     st = os.fstat(fd)
     etag = _read_etag(fd)
-    return ObjectInfo(name=name, size=st.st_size, etag=etag, mtime=st.st_mtime, meta=read_meta(fd))
+    return ObjectInfo(
+        name=name,
+        size=st.st_size,
+        etag=etag,
+        mtime=st.st_mtime,
+        meta=read_meta(fd),
+        checksum=integrity.stored(fd),
+    )
 
 
 class ObjectStore:
@@ -281,7 +293,18 @@ class ObjectStore:
             f.close()
             return None
         meta = read_meta(f.fileno())
-        return f, ObjectInfo(name=name, size=st.st_size, etag=etag, mtime=st.st_mtime, meta=meta)
+        cs = integrity.stored(f.fileno())
+        return f, ObjectInfo(name, st.st_size, etag, st.st_mtime, meta, cs)
+
+    def verify_object(self, bucket: str, name: str) -> tuple[ObjectInfo, bool | None]:
+        """Read the object whole and compare it with its stored checksum: True if it
+        matches, False if not, None if it has none (written before checksums).
+        Blocking: call from a thread."""
+        f, info = self.open_object(bucket, name)
+        with f:
+            if info.checksum is None:
+                return info, None
+            return info, integrity.file_matches(f.fileno(), info.checksum)
 
     def stat_object(self, bucket: str, name: str) -> ObjectInfo:
         f, info = self.open_object(bucket, name)
@@ -369,6 +392,7 @@ class ObjectStore:
         before_publish: BeforePublish | None = None,
         if_absent: bool = False,
         meta: Mapping[str, Any] | None = None,
+        expect: tuple[str | None, str | None] = (None, None),
     ) -> ObjectInfo | None:
         """Stream ``body`` into a temp file, then atomically publish it as the object.
 
@@ -376,23 +400,28 @@ class ObjectStore:
         never overwrites what the new owner already has: it is as new or newer).
         ``meta``: its content type and user metadata (``check_meta``), stored
         beside the bytes before they are published, so a reader sees both or neither.
+        ``expect``: the sender's (MD5, checksum) of a copy: a copy that arrived
+        otherwise is refused (400) before it is published.
         """
         bdir = self.bucket_dir(bucket)
         validate_object(bucket, name)
         kept = check_meta(meta, bucket, name)
         self._check_clash(bdir, bucket, name)
         tmp = self.tmp_dir / f"put-{uuid.uuid4().hex}"
-        md5 = hashlib.md5()
+        md5, xxh = hashlib.md5(), integrity.new_hash()
         size = 0
         f: IO[bytes] | None = None
         try:
             f = open(tmp, "wb")  # noqa: SIM115 - closed in _flush or below
             async for chunk in body:
                 md5.update(chunk)
+                xxh.update(chunk)
                 f.write(chunk)  # page-cache writes are fast; fsync happens in a thread
                 size += len(chunk)
             etag = md5.hexdigest()
-            await anyio.to_thread.run_sync(self._flush, f, etag, kept)
+            cs = Checksum(xxh.hexdigest(), size)
+            self._check_copy(bucket, name, expect, etag, cs)
+            await anyio.to_thread.run_sync(self._flush, f, etag, kept, cs)
             if before_publish is not None:
                 await before_publish(tmp, etag, size)
             stored = await anyio.to_thread.run_sync(
@@ -411,15 +440,31 @@ class ObjectStore:
                 raise full from e
             raise
         mtime = os.stat(bdir / name).st_mtime
-        return ObjectInfo(name=name, size=size, etag=etag, mtime=mtime, meta=kept)
+        return ObjectInfo(name, size, etag, mtime, kept, cs)
 
     @staticmethod
-    def _flush(f: IO[bytes], etag: str, meta: dict[str, Any]) -> None:
+    def _check_copy(
+        bucket: str, name: str, expect: tuple[str | None, str | None], etag: str, cs: Checksum
+    ) -> None:
+        want_md5, want_xxh = expect
+        got = integrity.parse(want_xxh) if want_xxh else None
+        if (want_md5 and want_md5 != etag) or (got is not None and got != cs):
+            raise InvalidRequest(
+                f"copy of {bucket}/{name} arrived damaged (md5 {etag}, checksum {cs.value}; "
+                f"sent {want_md5}, {want_xxh}); nothing was stored",
+                bucket=bucket,
+                object=name,
+            )
+
+    @staticmethod
+    def _flush(f: IO[bytes], etag: str, meta: dict[str, Any], cs: Checksum | None = None) -> None:
         f.flush()
         try:
             os.setxattr(f.fileno(), ETAG_XATTR, etag.encode())
         except OSError:
             pass  # no xattrs here: the ETag is recomputed when read
+        if cs is not None:
+            integrity.store(f.fileno(), cs.digest, cs.size)
         if meta:  # no fallback: a filesystem without xattrs cannot keep it, and says so
             os.setxattr(f.fileno(), META_XATTR, encode_meta(meta))
         os.fsync(f.fileno())

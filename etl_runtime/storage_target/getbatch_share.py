@@ -59,6 +59,8 @@ from etl_runtime.getbatch.exchange import (
     padding,
     tar_header,
 )
+from etl_runtime.storage import integrity
+from etl_runtime.storage.integrity import Checksum
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.getbatch_etl import EtlShare, Output
 from etl_runtime.wire.http.fastpath import FastRouter
@@ -80,6 +82,8 @@ class _Entry:
     file: IO[bytes] | None = None  # sent from ``offset`` when its turn comes
     offset: int = 0
     data: bytes | None = None  # a small file, already read
+    check: Checksum | None = None  # a file's stored checksum, checked as it is sent
+    what: str = ""  # bucket/object, for the log of a mismatch
 
 
 Row = tuple[str, str, int, int, str, str]  # bucket, object, start, length, name, archpath
@@ -190,6 +194,9 @@ class Share:
                     f"object ais://{bucket}/{name} does not exist", bucket=bucket, object=name
                 )
             size = st.st_size
+            cs = integrity.stored(fd) if integrity.verify_reads() else None
+            if cs is not None and cs.size != size:  # cut short (or grown): never sent
+                return self._corrupted(bucket, name)
             offset, n = 0, size
             if start or length:
                 if start >= size:
@@ -201,7 +208,17 @@ class Share:
                 offset = start
                 n = size - start if length == -1 else min(length, size - start)
             entry = _Entry(tar_header(arcname, n, self.mtime), n, None, offset)
-            if n <= SMALL and self.inline + n <= self.budget:
+            if cs is not None and size <= SMALL and self.inline + size <= self.budget:
+                data = os.pread(fd, size, 0)  # the whole object, checked before it is sent
+                if not cs.matches(data):
+                    os.close(fd)
+                    owned = False
+                    return self._corrupted(bucket, name)
+                entry.data = data[offset : offset + n] if n != size else data
+                self.inline += n
+                owned = False
+                os.close(fd)
+            elif n <= SMALL and self.inline + n <= self.budget and cs is None:
                 data = os.pread(fd, n, offset)
                 if len(data) != n:  # objects are replaced by rename, never cut: a disk fault
                     raise OSError(f"a short read ({len(data)} of {n} bytes)")
@@ -211,6 +228,7 @@ class Share:
                 os.close(fd)
             else:
                 entry.file = open(fd, "rb", buffering=0)  # noqa: SIM115 - closed when sent
+                entry.check, entry.what = cs, f"{bucket}/{name}"
                 owned = False
         except BaseException as e:
             if owned:
@@ -225,6 +243,16 @@ class Share:
             raise
         self.entries.append(entry)
         self.manifest.append([OK, n, len(entry.head)])
+
+    def _corrupted(self, bucket: str, name: str) -> None:
+        """An item whose bytes do not match its checksum: the gateway's GET (which repairs
+        it from a copy) when the bucket keeps copies, else that item's ObjectCorrupted."""
+        integrity.found_bad(bucket, name, self.target.id)
+        placement = self.target.placement
+        if placement is not None and placement.keeps_copies(bucket):
+            self.manifest.append([ELSEWHERE])
+            return
+        raise integrity.corrupted(bucket, name, self.target.id)
 
     def _not_an_owner(self, bucket: str, name: str) -> bool:
         """``Placement.read_owner`` is not None, with the map looked up once per share."""
@@ -322,6 +350,13 @@ class ShareResponse(Response):
 
     async def _send_file(self, send: Send, e: _Entry) -> None:
         assert e.file is not None
+        if e.check is not None:
+            if e.offset == 0 and e.size == e.check.size:  # checked as it goes
+                await self._send_checked(send, e, e.check)
+                return
+            # A part of a big object: all of it checked first.
+            if not await anyio.to_thread.run_sync(integrity.file_matches, e.file.fileno(), e.check):
+                raise self._cut(e)
         if self.zerocopy:
             await send(
                 {
@@ -341,6 +376,32 @@ class ShareResponse(Response):
             offset += len(block)
             left -= len(block)
             await send({"type": "http.response.body", "body": block, "more_body": True})
+
+    def _cut(self, e: _Entry) -> OSError:
+        """A mismatch found while the answer is sent: the connection drops before the
+        entry's last byte, so the gateway (and a tar reader) never takes it as whole."""
+        bucket, _, name = e.what.partition("/")
+        integrity.found_bad(bucket, name, self.share.target.id)
+        return OSError(f"ais://{e.what} does not match its checksum: the batch was cut short")
+
+    async def _send_checked(self, send: Send, e: _Entry, cs: Checksum) -> None:
+        assert e.file is not None
+        fd, offset, h, held = e.file.fileno(), 0, integrity.new_hash(), None
+        while offset < e.size:
+            block = await anyio.to_thread.run_sync(
+                os.pread, fd, min(e.size - offset, COPY_BLOCK), offset
+            )
+            if not block:
+                break
+            h.update(block)
+            offset += len(block)
+            if held is not None:
+                await send({"type": "http.response.body", "body": held, "more_body": True})
+            held = block
+        if offset != e.size or h.hexdigest() != cs.digest:
+            raise self._cut(e)
+        if held is not None:
+            await send({"type": "http.response.body", "body": held, "more_body": True})
 
 
 async def open_share(target: Target, body: Any, etl: bool) -> Share:

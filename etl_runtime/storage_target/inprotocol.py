@@ -45,6 +45,7 @@ from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.metrics import HttpMetrics
 from etl_runtime.core.names import validate_names
 from etl_runtime.getbatch.exchange import SHARE_PATH, encode_manifest, padding
+from etl_runtime.storage import integrity
 from etl_runtime.storage.ranges import READ_CONDITIONS
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.getbatch_share import (
@@ -176,6 +177,12 @@ def object_answerer(target: Target, metrics: HttpMetrics | None) -> Answerer:
             body = os.pread(f.fileno(), info.size, 0)
         if len(body) != info.size:  # rewritten under us: the route reads it again
             return None
+        if (
+            info.checksum is not None
+            and integrity.verify_reads()
+            and not info.checksum.matches(body)
+        ):
+            return None  # the route says it (ObjectCorrupted), never these bytes
         headers = [
             (k.lower().encode("latin-1"), v.encode("latin-1"))
             for k, v in object_headers(info).items()

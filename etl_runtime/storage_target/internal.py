@@ -20,6 +20,8 @@ from etl_runtime.core import auth
 from etl_runtime.core.errors import InvalidRequest, NotFound, Unauthorized
 from etl_runtime.core.names import validate_names
 from etl_runtime.core.params import refuse_unknown
+from etl_runtime.storage import integrity
+from etl_runtime.storage.integrity import XXH_HEADER
 from etl_runtime.storage.peers import INTERNAL_HEADER
 from etl_runtime.storage.rebalance import Rebalancer
 from etl_runtime.storage.store import ObjectStore
@@ -52,17 +54,11 @@ def internal_router(
         if flag not in ("0", "1"):
             raise InvalidRequest(f"if_absent must be 0 or 1, got {flag!r}", bucket=bucket)
         meta = internal_meta(request.headers.get(INTERNAL_META))
+        # Checked against the sender's MD5 and checksum before it is published (a 400).
+        expect = request.headers.get("x-sluice-etag"), request.headers.get(XXH_HEADER)
         info = await store.write_object(
-            bucket, name, request.stream(), if_absent=flag == "1", meta=meta
+            bucket, name, request.stream(), if_absent=flag == "1", meta=meta, expect=expect
         )
-        expected = request.headers.get("x-sluice-etag")
-        if info is not None and expected and info.etag != expected:
-            await anyio.to_thread.run_sync(store.delete_object, bucket, name)
-            raise InvalidRequest(
-                f"copy of {bucket}/{name} arrived damaged (md5 {info.etag}, sent {expected})",
-                bucket=bucket,
-                object=name,
-            )
         return {"bucket": bucket, "object": name, "stored": info is not None}
 
     @router.head("/v1/_replica/{bucket}/{name:path}")
@@ -77,16 +73,27 @@ def internal_router(
         validate_names(bucket, name)
         require(request)
         f, info = await anyio.to_thread.run_sync(store.open_object, bucket, name)
+        cs = info.checksum if integrity.verify_reads() else None
+        if cs is not None and cs.size != info.size:
+            f.close()
+            integrity.found_bad(bucket, name, store.target_id)
+            raise integrity.corrupted(bucket, name, store.target_id)
 
         def chunks():  # type: ignore[no-untyped-def]
             with f:
                 while chunk := f.read(1 << 20):
                     yield chunk
 
+        body = chunks()
+        if cs is not None:  # a copy is never made from bad bytes: the stream is cut
+            bad = integrity.BadRead(bucket, name, store.target_id)
+            body = integrity.checked_blocks(body, cs, bad)
         headers = {"ETag": f'"{info.etag}"', "Content-Length": str(info.size)}
+        if info.checksum is not None:
+            headers[XXH_HEADER] = info.checksum.value
         if info.meta:
             headers[INTERNAL_META] = json.dumps(info.meta)
-        return StreamingResponse(chunks(), headers=headers, media_type="application/octet-stream")
+        return StreamingResponse(body, headers=headers, media_type="application/octet-stream")
 
     @router.delete("/v1/_replica/{bucket}/{name:path}")
     async def delete_copy(bucket: str, name: str, request: Request) -> dict[str, Any]:

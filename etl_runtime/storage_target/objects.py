@@ -8,14 +8,12 @@ get-from-neighbor by ``copies.Placement``; errors are raised as
 
 from __future__ import annotations
 
-import email.utils
-from collections.abc import Iterator
-from typing import IO, Any
+from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
 import anyio.to_thread
 from fastapi import Query, Request
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 
 from etl_runtime.core import auth
 from etl_runtime.core.access import (
@@ -34,51 +32,19 @@ from etl_runtime.core.params import (
     refuse_unknown_object_params,
 )
 from etl_runtime.etl.pipeline import parse_chain, pipeline_response
-from etl_runtime.storage.ranges import byte_range, preconditions
-from etl_runtime.storage.store import READ_CHUNK, ObjectInfo
+from etl_runtime.storage.ranges import preconditions
 from etl_runtime.storage_target import remote_reads as remote
 from etl_runtime.storage_target.context import Target
-from etl_runtime.storage_target.meta import meta_headers, meta_of_headers
+from etl_runtime.storage_target.meta import meta_of_headers
+from etl_runtime.storage_target.reads import (
+    not_modified_answer,
+    object_headers,
+    serve_local,
+    verify_local,
+)
 from etl_runtime.wire.http.fastpath import FastRouter
 from etl_runtime.wire.http.routes import each_method
-from etl_runtime.wire.http.zerocopy import FileRangeResponse, offers_zerocopy
-
-WHOLE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
-
-
-def object_headers(info: ObjectInfo) -> dict[str, str]:
-    """Validators and size; the MD5 also as the aistore SDK reads it (``Ais-Checksum-*``);
-    the content type and user metadata the writer gave (``meta_headers``)."""
-    return {
-        "Content-Length": str(info.size),
-        "ETag": f'"{info.etag}"',
-        "Last-Modified": email.utils.formatdate(info.mtime, usegmt=True),
-        "Accept-Ranges": "bytes",
-        "Ais-Checksum-Type": "md5",
-        "Ais-Checksum-Value": info.etag,
-        **meta_headers(info.meta),
-    }
-
-
-def _file_iter(f: IO[bytes], remaining: int) -> Iterator[bytes]:
-    try:
-        while remaining > 0 and (chunk := f.read(min(READ_CHUNK, remaining))):
-            remaining -= len(chunk)
-            yield chunk
-    finally:
-        f.close()
-
-
-def _read_small(f: IO[bytes], start: int, length: int) -> bytes:
-    with f:
-        f.seek(start)
-        return f.read(length)
-
-
-def _not_modified(headers: dict[str, str]) -> Response:
-    return Response(
-        status_code=304, headers={k: v for k, v in headers.items() if k != "Content-Length"}
-    )
+from etl_runtime.wire.http.zerocopy import offers_zerocopy
 
 
 def owner_redirect(target: Target, request: Request, bucket: str, name: str) -> Response | None:
@@ -224,47 +190,13 @@ def object_router(target: Target) -> FastRouter:
             chain = parse_chain(etl_name, etl_pipeline)
             return await pipeline_response(target.forwarder, bucket, name, chain, etl_args)
         if etl_name:
+            await verify_local(target, bucket, name)  # the ETL never reads bad bytes
             zerocopy = offers_zerocopy(request.scope)  # a cached answer is sent as a file
             return await target.forwarder.transform(
                 bucket, name, etl_name, etl_args, client=True, zerocopy=zerocopy
             )
-        # On the loop, as the 307's stat is: an open, an fstat, a getxattr (a thread hop
-        # cost 10x that for a 16 KiB GET, docs/benchmarks.md "S3 API"). No stored ETag
-        # (the store hashes the file) or no such object: in a thread, which says why.
-        opened = store.open_if_tagged(bucket, name)
-        if opened is None:
-            opened = await anyio.to_thread.run_sync(store.open_object, bucket, name)
-        f, info = opened
-        try:
-            headers = object_headers(info)
-            not_modified, use_range = preconditions(request.headers, info, headers["Last-Modified"])
-            if not_modified:
-                f.close()
-                return _not_modified(headers)
-            span = byte_range(request.headers.get("range"), info.size) if use_range else None
-        except BaseException:
-            f.close()
-            raise
-        start, end, status = 0, info.size, 200
-        if span is not None:
-            (start, end), status = span, 206
-            headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
-            headers["Content-Length"] = str(end - start)
-        if offers_zerocopy(request.scope):  # os.sendfile, whatever the size
-            return FileRangeResponse(
-                f, start, end - start, status, headers, media_type="application/octet-stream"
-            )
-        if end - start <= WHOLE_GET_MAX:
-            data = await anyio.to_thread.run_sync(_read_small, f, start, end - start)
-            return Response(data, status, headers=headers, media_type="application/octet-stream")
-        if start:
-            await anyio.to_thread.run_sync(f.seek, start)
-        return StreamingResponse(
-            _file_iter(f, end - start),
-            status,
-            headers=headers,
-            media_type="application/octet-stream",
-        )
+        # Checked against the checksum stored at write time (storage_target/reads.py).
+        return await serve_local(target, request, bucket, name)
 
     @router.head("/v1/objects/{bucket}/{name:path}")
     async def head_object(bucket: str, name: str, request: Request) -> Response:
@@ -281,7 +213,7 @@ def object_router(target: Target) -> FastRouter:
         headers = object_headers(info)
         not_modified, _ = preconditions(request.headers, info, headers["Last-Modified"])
         if not_modified:
-            return _not_modified(headers)
+            return not_modified_answer(headers)
         return Response(headers=headers, media_type="application/octet-stream")
 
     async def get_object_fast(request: Request, bucket: str, name: str) -> Response:

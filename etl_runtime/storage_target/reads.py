@@ -1,0 +1,188 @@
+"""A local object's bytes as a GET answers them, checked against its stored checksum.
+
+``storage/integrity.py`` says what is checked and when. Here: an object of at
+most ``integrity.WHOLE_MAX`` is read whole (on the loop up to ``LOOP_READ``,
+as ``open_if_tagged`` opens it there; bigger in a thread) and answered from
+memory once it matched; a bigger one streams through ``checked_blocks`` (no
+``sendfile``: the bytes must pass through the hash), and a range of one is
+answered after the whole object matched. A mismatch found before the first
+byte is repaired from a good copy when the bucket keeps copies, then the
+object is opened again and served; else ``ObjectCorrupted``. A mismatch found
+while streaming cuts the stream and starts the repair for the next read.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import logging
+import os
+from collections.abc import Iterator
+from typing import IO
+
+import anyio.to_thread
+from fastapi import Request
+from fastapi.responses import Response, StreamingResponse
+
+from etl_runtime.storage import integrity
+from etl_runtime.storage.ranges import byte_range, preconditions
+from etl_runtime.storage.store import READ_CHUNK, ObjectInfo
+from etl_runtime.storage_target.context import Target
+from etl_runtime.storage_target.meta import meta_headers
+from etl_runtime.wire.http.zerocopy import FileRangeResponse, offers_zerocopy
+
+log = logging.getLogger(__name__)
+WHOLE_GET_MAX = 1 << 20  # without zero-copy: read small objects in one go, stream bigger ones
+LOOP_READ = 64 << 10  # a checked object up to this size is read on the event loop
+REPAIR_RETRY_AFTER = 2
+OCTETS = "application/octet-stream"
+
+
+def object_headers(info: ObjectInfo) -> dict[str, str]:
+    """Validators and size; the MD5 also as the aistore SDK reads it (``Ais-Checksum-*``);
+    the content type and user metadata the writer gave (``meta_headers``)."""
+    return {
+        "Content-Length": str(info.size),
+        "ETag": f'"{info.etag}"',
+        "Last-Modified": email.utils.formatdate(info.mtime, usegmt=True),
+        "Accept-Ranges": "bytes",
+        "Ais-Checksum-Type": "md5",
+        "Ais-Checksum-Value": info.etag,
+        **meta_headers(info.meta),
+    }
+
+
+def _file_iter(f: IO[bytes], remaining: int) -> Iterator[bytes]:
+    try:
+        while remaining > 0 and (chunk := f.read(min(READ_CHUNK, remaining))):
+            remaining -= len(chunk)
+            yield chunk
+    finally:
+        f.close()
+
+
+def _read_small(f: IO[bytes], start: int, length: int) -> bytes:
+    with f:
+        f.seek(start)
+        return f.read(length)
+
+
+def _read_whole(f: IO[bytes], size: int) -> bytes:
+    with f:
+        return os.pread(f.fileno(), size + 1, 0)  # one byte more: a file that grew shows
+
+
+def not_modified_answer(headers: dict[str, str]) -> Response:
+    return Response(
+        status_code=304, headers={k: v for k, v in headers.items() if k != "Content-Length"}
+    )
+
+
+async def repair_or_fail(target: Target, bucket: str, name: str) -> None:
+    """After a mismatch found before the first byte: return once a good copy replaced
+    the bad one, else raise ``ObjectCorrupted`` (never serve)."""
+    placement = target.placement
+    outcome: bool | None = False
+    if placement is not None and placement.keeps_copies(bucket):
+        outcome = await placement.repair(bucket, name)
+    if outcome is True:
+        return
+    retry = REPAIR_RETRY_AFTER if outcome is None else None
+    raise integrity.corrupted(bucket, name, target.id, retry_after=retry)
+
+
+def _repair_later(target: Target, bucket: str, name: str) -> integrity.BadRead:
+    """The ``BadRead`` of a streamed read: the repair runs on the loop, for the next read."""
+    placement = target.placement
+    if placement is None or not placement.keeps_copies(bucket):
+        return integrity.BadRead(bucket, name, target.id)
+    loop = asyncio.get_running_loop()
+
+    def start() -> None:
+        loop.call_soon_threadsafe(lambda: asyncio.ensure_future(placement.repair(bucket, name)))
+
+    return integrity.BadRead(bucket, name, target.id, start)
+
+
+async def verify_local(target: Target, bucket: str, name: str) -> None:
+    """Check the whole local object before it goes elsewhere (an ETL reads it): repaired
+    from a copy or ``ObjectCorrupted`` on a mismatch. Objects without a checksum pass."""
+    if not integrity.verify_reads():
+        return
+    store = target.store
+    _info, ok = await anyio.to_thread.run_sync(store.verify_object, bucket, name)
+    if ok is False:
+        integrity.found_bad(bucket, name, target.id)
+        await repair_or_fail(target, bucket, name)
+
+
+async def serve_local(target: Target, request: Request, bucket: str, name: str) -> Response:
+    """The GET of a local object: preconditions, range, and its checked bytes."""
+    store = target.store
+    while True:
+        # On the loop, as the 307's stat is: an open, an fstat, a getxattr (a thread hop
+        # cost 10x that for a 16 KiB GET, docs/benchmarks.md "S3 API"). No stored ETag
+        # (the store hashes the file) or no such object: in a thread, which says why.
+        opened = store.open_if_tagged(bucket, name)
+        if opened is None:
+            opened = await anyio.to_thread.run_sync(store.open_object, bucket, name)
+        f, info = opened
+        try:
+            headers = object_headers(info)
+            not_modified, use_range = preconditions(request.headers, info, headers["Last-Modified"])
+            if not_modified:
+                f.close()
+                return not_modified_answer(headers)
+            span = byte_range(request.headers.get("range"), info.size) if use_range else None
+        except BaseException:
+            f.close()
+            raise
+        start, end, status = 0, info.size, 200
+        if span is not None:
+            (start, end), status = span, 206
+            headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
+            headers["Content-Length"] = str(end - start)
+        cs = info.checksum if integrity.verify_reads() else None
+        if cs is None:
+            return await _unchecked(request, f, start, end, status, headers)
+        if cs.size == info.size and info.size <= integrity.WHOLE_MAX:
+            if info.size <= LOOP_READ:
+                data = _read_whole(f, info.size)
+            else:
+                data = await anyio.to_thread.run_sync(_read_whole, f, info.size)
+            if cs.matches(data):
+                body = data if span is None else data[start:end]
+                return Response(body, status, headers=headers, media_type=OCTETS)
+        elif cs.size == info.size and span is None:
+            blocks = integrity.checked_blocks(
+                _file_iter(f, info.size), cs, _repair_later(target, bucket, name)
+            )
+            return StreamingResponse(
+                blocks, status, headers=headers, media_type="application/octet-stream"
+            )
+        elif cs.size == info.size:  # a range of a big object: all of it checked first
+            if await anyio.to_thread.run_sync(integrity.file_matches, f.fileno(), cs):
+                return await _unchecked(request, f, start, end, status, headers)
+        f.close()
+        integrity.found_bad(bucket, name, target.id)
+        await repair_or_fail(target, bucket, name)  # raises, or the good copy is here now
+
+
+async def _unchecked(
+    request: Request, f: IO[bytes], start: int, end: int, status: int, headers: dict[str, str]
+) -> Response:
+    if offers_zerocopy(request.scope):  # os.sendfile, whatever the size
+        return FileRangeResponse(
+            f, start, end - start, status, headers, media_type="application/octet-stream"
+        )
+    if end - start <= WHOLE_GET_MAX:
+        data = await anyio.to_thread.run_sync(_read_small, f, start, end - start)
+        return Response(data, status, headers=headers, media_type="application/octet-stream")
+    if start:
+        await anyio.to_thread.run_sync(f.seek, start)
+    return StreamingResponse(
+        _file_iter(f, end - start),
+        status,
+        headers=headers,
+        media_type="application/octet-stream",
+    )
