@@ -11,8 +11,8 @@ the loop, ``store.open_if_tagged``); a bigger one in one trip to a worker
 thread. In the thread, every ``open``, ``fstat``, ``pread`` and ``close``
 let go of the interpreter lock, and the loop, busy with the other shares,
 took it back each time: py-spy put a quarter of a target's CPU per 10 KiB
-item in that hand-over and anyio's thread machinery (docs/benchmarks.md,
-"Shares opened on the loop"). An item this target
+item in that hand-over and anyio's thread machinery (``git show
+f8a3f49:docs/benchmarks.md``, "Shares opened on the loop"). An item this target
 should not answer from its own disk (it is not an owner, or a copy may still
 be on a neighbour) is marked "elsewhere" and the gateway reads it with a
 plain GET, which knows how to redirect or pull it.

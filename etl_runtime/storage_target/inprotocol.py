@@ -26,8 +26,8 @@ stored ETag, one that changed while being read. Each answer is counted in the
 request metrics as the route's (``sluice_http_*{route="/v1/objects/..."}``).
 
 Measured on the 2-core VM, one signed 16 KiB S3 GetObject at a time relayed
-by the gateway to its owner (docs/benchmarks.md, "S3 API", "Small GETs
-answered inline"): the owner's CPU per request (psutil, user + system) went
+by the gateway to its owner (``git show f8a3f49:docs/benchmarks.md``,
+"Small GETs answered inline"): the owner's CPU per request (psutil, user + system) went
 from 0.39–0.54 ms to 0.21–0.32 ms, and back-to-back requests from 890–1140
 to 1060–1570 a second.
 """

@@ -11,7 +11,8 @@ them one after another and settles what it finished in one loop call when the
 run ends, or as soon as ``FLUSH_SECONDS`` passed since its last settlement
 (a slow transform's outputs still go out one by one). Under
 ``bench/batch.py``'s ETL row the transformers' CPU per batch item went from
-0.20–0.22 ms to 0.10 ms (``docs/benchmarks.md``, "Batched objects in runs").
+0.20–0.22 ms to 0.10 ms (``git show
+f8a3f49:docs/benchmarks.md``, "Batched objects in runs").
 
 Each object keeps the rules of ``outcome``: its own output or error, counted
 the same, and ``requestSeconds`` from its own start (a run waiting in the

@@ -8,8 +8,8 @@ iteration, and the answer goes through four middlewares, Starlette's
 the owner of an S3 GetObject relayed by the gateway (the 16 KiB row of issue
 22, boto3 one request at a time, so every process wakes cold), the target
 took 600–680 µs from the request's bytes to its answer's, and uvicorn's
-bare protocol with a one-line app takes 30–40 µs (docs/benchmarks.md, "S3
-API": "Small GETs answered inline").
+bare protocol with a one-line app takes 30–40 µs (``git show
+f8a3f49:docs/benchmarks.md``, "Small GETs answered inline").
 
 So a server may give ``http_protocol(..., answerer=)`` a function that looks
 at a request's scope as soon as its head is parsed and either returns the

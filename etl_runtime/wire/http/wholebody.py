@@ -8,7 +8,8 @@ the function the object whole, so for it these were pure cost: py-spy
 ``--native`` on a default transformer answering identity 1 MiB at 64 in flight
 (``bench/anchor_transformer.py``) put 28% of the server process's samples in
 ``memcpy`` under ``on_body``, ``receive`` and the join, about as much as its
-``write`` to the socket (docs/benchmarks.md, "Request bodies received whole").
+``write`` to the socket (``git show f8a3f49:docs/benchmarks.md``,
+"Request bodies received whole").
 
 ``protocol(wants)`` subclasses uvicorn's httptools protocol. For a
 request that ``wants(scope)`` accepts, with one ``Content-Length`` from
