@@ -25,6 +25,11 @@ Role-specific collectors read their figures when Prometheus scrapes:
 ``EtlStatsCollector`` (a transformer's per-ETL counters, kept in its server
 process, which receives every result frame from its workers) and
 ``TargetStateCollector`` (the gateway's view of each target: up, away or down).
+
+Every server also reports ``sluice_fast_path_enabled{path}`` (1 on, 0 off) for
+each fast path built on uvicorn's internals (``wire/http/hooks.py`` sets
+``FAST_PATHS`` as the server starts): a new uvicorn that lacks a hook turns its
+path off, and this gauge and one start-up line say so.
 """
 
 from __future__ import annotations
@@ -172,6 +177,27 @@ class MetricsMiddleware:
             )
 
 
+# path -> on, for this process: set by wire/http/hooks.py as a server starts
+FAST_PATHS: dict[str, bool] = {}
+
+
+class FastPathCollector:
+    """``sluice_fast_path_enabled{path}``: 1 when the fast path is on in this process."""
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        gauge = GaugeMetricFamily(
+            "sluice_fast_path_enabled",
+            "1 when a fast path on uvicorn's internals is on, 0 when it turned itself off",
+            labels=["path"],
+        )
+        for path, on in sorted(FAST_PATHS.items()):
+            gauge.add_metric([path], 1.0 if on else 0.0)
+        yield gauge
+
+
 def install_metrics(app: FastAPI, role: str, *collectors: Collector) -> CollectorRegistry:
     """Count ``app``'s requests and serve ``GET /metrics``; returns its registry.
 
@@ -181,6 +207,7 @@ def install_metrics(app: FastAPI, role: str, *collectors: Collector) -> Collecto
     disable_created_metrics()  # no ``*_created`` series: half the output, unused by Sluice
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
+    registry.register(FastPathCollector())
     for collector in collectors:
         registry.register(collector)
     app.state.http_metrics = HttpMetrics(registry, role)  # also for answers outside ASGI

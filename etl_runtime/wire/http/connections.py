@@ -60,7 +60,7 @@ from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.flow_control import service_unavailable
 
-from etl_runtime.wire.http import inprotocol
+from etl_runtime.wire.http import hooks, inprotocol
 from etl_runtime.wire.http.inprotocol import Answerer, Starter
 
 HEADER_TIMEOUT_ENV = "SLUICE_HEADER_TIMEOUT"
@@ -179,7 +179,10 @@ def server_options(
     answerer: Answerer | None = None,
     starter: Starter | None = None,
 ) -> dict[str, Any]:
-    """``uvicorn.Config`` keywords: ``http``, the guarded protocol."""
+    """``uvicorn.Config`` keywords: ``http``, the guarded protocol.
+
+    The first call in a process says which fast paths are off (``hooks.py``)."""
+    hooks.announce()
     return {"http": http_protocol(http, limits, answerer, starter)}
 
 

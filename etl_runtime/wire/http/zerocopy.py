@@ -367,9 +367,7 @@ try:
 except ImportError:  # no httptools: uvicorn speaks h11, without the extension
     ZeroCopyHttpToolsProtocol = None
 else:
-    if not hasattr(HttpToolsProtocol, "_start_asgi_task"):  # an older uvicorn: copy
-        log.warning("this uvicorn has no HttpToolsProtocol._start_asgi_task: GETs are copied")
-
+    # An older uvicorn without the hook: GETs are copied (hooks.py says so at start-up).
     class _ZeroCopyHttpToolsProtocol(HttpToolsProtocol):
         """uvicorn's httptools protocol, answering ``http.response.zerocopysend`` too."""
 
