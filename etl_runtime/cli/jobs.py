@@ -86,7 +86,18 @@ def cmd_job(client: Client, args: argparse.Namespace) -> None:
             )
         return
     if not args.id:
-        raise SystemExit(f"sluice: error: 'sluice job {args.action}' needs a job id")
+        what = "a job kind" if args.action == "start" else "a job id"
+        raise SystemExit(f"sluice: error: 'sluice job {args.action}' needs {what}")
+    if args.action == "start":
+        spec: dict[str, Any] = {}
+        if args.bucket:
+            spec["bucket"] = args.bucket
+        if args.mbps is not None:
+            spec["mbps"] = args.mbps
+        started = client.request_json("POST", "/v1/jobs", json_body={"kind": args.id, "spec": spec})
+        job = client.job(str(started["id"]))
+        print(job.id if args.wait is None else format_job(wait_with_bar(job, args.wait)))
+        return
     job = client.job(args.id)
     if args.action == "show":
         status = job.status()
@@ -132,10 +143,13 @@ def register(sub: Any) -> None:
         "  sluice job ls --state Running\n"
         "  sluice job show etl-bck-1a2b3c4d\n"
         "  sluice job wait etl-bck-1a2b3c4d --wait 600\n"
-        "  sluice job abort etl-bck-1a2b3c4d",
+        "  sluice job abort etl-bck-1a2b3c4d\n"
+        "  sluice job start scrub --bucket images --wait 600",
     )
-    j.add_argument("action", choices=["ls", "show", "wait", "abort"])
-    j.add_argument("id", nargs="?", help="job id (show, wait, abort)")
+    j.add_argument("action", choices=["ls", "show", "wait", "abort", "start"])
+    j.add_argument("id", nargs="?", help="job id (show, wait, abort); start: the kind (scrub)")
+    j.add_argument("--bucket", help="start scrub: only this bucket (default: every bucket)")
+    j.add_argument("--mbps", type=float, help="start scrub: MiB/s read per target (default 64)")
     j.add_argument("--kind", help="ls: only jobs of this kind (etl-bck, dsort, ...)")
     j.add_argument("--state", choices=["Running", "Finished", "Aborted", "Failed"])
     j.add_argument("--json", action="store_true", help="show: the raw JSON")

@@ -49,6 +49,7 @@ import anyio.to_thread
 from etl_runtime.cluster.clustermap import BucketProps, ClusterMapStore
 from etl_runtime.core.errors import BackendError, InvalidRequest, ObjectNotFound, SluiceError
 from etl_runtime.providers.backend import Backend, RemoteMeta, backend_class
+from etl_runtime.storage import integrity
 from etl_runtime.storage.store import ETAG_XATTR, READ_CHUNK, BeforePublish, ObjectStore
 
 log = logging.getLogger(__name__)
@@ -90,8 +91,10 @@ class Fill:
         # (no disk read, no thread hop); one that fell behind reads the file.
         self.recent: collections.deque[tuple[int, bytes]] = collections.deque()
         self.recent_bytes = 0
+        self.xxh = integrity.new_hash()  # the copy's checksum, stored when it is published
 
     def append(self, chunk: bytes) -> None:
+        self.xxh.update(chunk)
         self.recent.append((self.written, chunk))
         self.recent_bytes += len(chunk)
         self.written += len(chunk)
@@ -276,6 +279,7 @@ class RemoteCache:
             os.setxattr(f.fileno(), ETAG_XATTR, meta.etag.encode())
         except OSError:
             pass
+        integrity.store(f.fileno(), fill.xxh.hexdigest(), fill.written)
         os.fsync(f.fileno())
         f.close()
         if meta.last_modified:  # Last-Modified as the backend says

@@ -27,6 +27,7 @@ from etl_runtime.etl.forward import EtlForwarder
 from etl_runtime.etl.outcache import OutputCache
 from etl_runtime.providers.cache import RemoteCache
 from etl_runtime.storage.copies import Placement
+from etl_runtime.storage.integrity import IntegrityCollector
 from etl_runtime.storage.peers import Peers
 from etl_runtime.storage.rebalance import Rebalancer
 from etl_runtime.storage.store import ObjectStore
@@ -115,6 +116,7 @@ def create_target_app(
     if target.remote is not None:
         collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
     collectors.append(SendfileCollector(target_id))
+    collectors.append(IntegrityCollector(target_id))  # bad reads, repairs, scrub
     if forwarder.cache is not None:
         collectors.append(OutputCacheCollector(forwarder.cache.index))
     install_metrics(app, "target", *collectors)
