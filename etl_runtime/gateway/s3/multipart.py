@@ -42,6 +42,7 @@ from etl_runtime.core.names import validate_names
 from etl_runtime.gateway import buckets as native
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.s3 import objects, xml
+from etl_runtime.gateway.s3.sigv4 import Signed
 
 HIDDEN = ".s3-multipart/"
 MIN_PART = 5 << 20
@@ -135,16 +136,15 @@ def _part_number(request: Request) -> int:
 
 
 async def upload_part(
-    gw: Gateway, request: Request, bucket: str, key: str, upload_id: str, sha256: str | None
+    gw: Gateway, request: Request, bucket: str, key: str, upload_id: str, signed: Signed | None
 ) -> Response:
     number = _part_number(request)
     if "x-amz-copy-source" in request.headers:
         raise S3Error("NotImplemented", 501, "UploadPartCopy is not supported")
     await _check_upload(gw, bucket, key, upload_id)
-    body = objects.checked_body(request, sha256, request.headers.get("content-md5"))
-    length = request.headers.get("content-length")
+    body, checked, length = objects.upload_body(request, signed)
     stored = await objects.put_stream(gw, bucket, _part_name(upload_id, number), body, length)
-    return Response(headers={"ETag": f'"{stored["etag"]}"'})
+    return Response(headers={"ETag": f'"{stored["etag"]}"', **checked.headers()})
 
 
 async def complete(
@@ -205,15 +205,16 @@ async def list_parts(gw: Gateway, bucket: str, key: str, upload_id: str) -> Resp
 
 
 async def dispatch(
-    gw: Gateway, request: Request, bucket: str, key: str, sha256: str | None
+    gw: Gateway, request: Request, bucket: str, key: str, signed: Signed | None
 ) -> Response:
     """The call a request with ``?uploads`` or ``?uploadId=`` is."""
     method, q = request.method, request.query_params
+    sha256 = signed.body_sha256 if signed is not None else None
     if "uploads" in q and method == "POST":
         return await create(gw, request, bucket, key)
     upload_id = q.get("uploadId", "")
     if method == "PUT":
-        return await upload_part(gw, request, bucket, key, upload_id, sha256)
+        return await upload_part(gw, request, bucket, key, upload_id, signed)
     if method == "POST":
         return await complete(gw, request, bucket, key, upload_id, sha256)
     if method == "DELETE":

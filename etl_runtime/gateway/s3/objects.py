@@ -45,8 +45,9 @@ from etl_runtime.core.errors import DuplexError, InvalidRequest, NoTargets, S3Er
 from etl_runtime.core.names import validate_names
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
-from etl_runtime.gateway.s3 import spliced
+from etl_runtime.gateway.s3 import chunked, spliced
 from etl_runtime.gateway.s3.errors import from_target, from_target_parts
+from etl_runtime.gateway.s3.sigv4 import UNSIGNED, Signed
 from etl_runtime.getbatch.exchange import ShareBody, ShareBroken
 from etl_runtime.storage.ranges import READ_CONDITIONS
 from etl_runtime.wire.clients.duplex import DuplexClient
@@ -58,23 +59,60 @@ ERROR_MAX = 64 << 10  # bytes of an error answer read
 ANSWER_HEADERS = ("content-length", "content-range", "etag", "last-modified", "accept-ranges")
 NATIVE_META, S3_META = "x-sluice-meta-", "x-amz-meta-"
 DEFAULT_TYPE = "binary/octet-stream"  # S3's, for an object stored without one
+SYSTEM = ("cache-control", "expires", "content-disposition", "content-encoding", "content-language")
+SYSTEM_MARK = "~"  # stored metadata keys of S3's own headers start with it
 
 
-def meta_headers_in(headers: Any) -> dict[str, str]:
-    """A write's ``Content-Type`` and ``x-amz-meta-*``, as the native PUT takes them."""
-    out = {NATIVE_META + k[len(S3_META) :]: v for k, v in headers.items() if k.startswith(S3_META)}
+def meta_headers_in(headers: Any, checked: chunked.Checked | None = None) -> dict[str, str]:
+    """A write's ``Content-Type``, ``x-amz-meta-*``, the headers S3 keeps (``SYSTEM``) and
+    a checksum known before the body (``checked``), as the native PUT takes them.
+
+    S3's own headers are stored as metadata keys that start with ``SYSTEM_MARK``,
+    which no ``x-amz-meta-*`` key may use."""
+    out: dict[str, str] = {}
+    for k, v in headers.items():
+        if k.startswith(S3_META):
+            if k[len(S3_META) :].startswith(SYSTEM_MARK):
+                raise S3Error(
+                    "InvalidArgument", 400, f"{k}: metadata keys may not start with {SYSTEM_MARK!r}"
+                )
+            out[NATIVE_META + k[len(S3_META) :]] = v
+    for name in SYSTEM:
+        value = headers.get(name)
+        if name == "content-encoding" and value:
+            value = ",".join(e for e in value.split(",") if e.strip() != "aws-chunked").strip()
+        if value:
+            out[NATIVE_META + SYSTEM_MARK + name] = value
+    if checked is not None and not checked.trailer:
+        out.update({NATIVE_META + SYSTEM_MARK + k: v for k, v in checked.headers().items()})
     if "content-type" in headers:
         out["content-type"] = headers["content-type"]
     return out
 
 
-def _kept(headers: Mapping[str, str]) -> dict[str, str]:
-    """The answer headers passed on to the S3 client, metadata renamed to ``x-amz-meta-*``."""
+def _kept(headers: Mapping[str, str], checksums: bool = False) -> dict[str, str]:
+    """The answer headers passed on to the S3 client, metadata renamed to ``x-amz-meta-*``;
+    ``checksums``: with the stored ``x-amz-checksum-*`` (asked by ``x-amz-checksum-mode``)."""
     kept = {k: v for k, v in headers.items() if k in ANSWER_HEADERS}
     for k, v in headers.items():
         if k.startswith(NATIVE_META):
-            kept[S3_META + k[len(NATIVE_META) :]] = v
+            name = k[len(NATIVE_META) :]
+            if not name.startswith(SYSTEM_MARK):
+                kept[S3_META + name] = v
+            elif not name.startswith(SYSTEM_MARK + chunked.CHECKSUM_PREFIX) or checksums:
+                kept[name[len(SYSTEM_MARK) :]] = v
     return kept
+
+
+def _not_modified(kept: dict[str, str]) -> None:
+    """A 304 has no body: no length, no checksum of one (botocore would check it)."""
+    for k in [k for k in kept if k == "content-length" or k.startswith(chunked.CHECKSUM_PREFIX)]:
+        del kept[k]
+
+
+def _checksums_asked(request: Request) -> bool:
+    headers = request.headers
+    return headers.get("x-amz-checksum-mode", "").upper() == "ENABLED" and "range" not in headers
 
 
 def owner_url(gw: Gateway, method: str, bucket: str, key: str) -> str:
@@ -135,8 +173,9 @@ async def get(
                 raise _unreachable(f"{bucket}/{key}", e) from None
             # an idle connection the owner had closed: ask again on a fresh one
         else:
-            return await _relayed(early, f"{bucket}/{key}")
+            return await _relayed(early, f"{bucket}/{key}", _checksums_asked(request))
     method = "HEAD" if head else "GET"
+    sums = _checksums_asked(request)
     url = owner_url(gw, method, bucket, key)
     headers = _owner_headers(gw, request)
     if not head and spliced.offered(request):
@@ -145,21 +184,21 @@ async def get(
         except OSError as e:
             raise _unreachable(f"{bucket}/{key}", e) from None
         if answer is not None:
-            return await _relayed(answer, f"{bucket}/{key}")
+            return await _relayed(answer, f"{bucket}/{key}", sums)
     if duplex is not None:
-        return await _get_duplex(duplex, method, url, headers, f"{bucket}/{key}")
+        return await _get_duplex(duplex, method, url, headers, f"{bucket}/{key}", sums)
     try:
         r = await gw.http.send(gw.http.build_request(method, url, headers=headers), stream=True)
     except httpx.HTTPError as e:
         raise _unreachable(f"{bucket}/{key}", e) from None
-    kept = _kept(r.headers)
+    kept = _kept(r.headers, sums)
     if r.status_code >= 400 or r.status_code == 304 or head:
         body = await r.aread()
         await r.aclose()
         if r.status_code >= 400:
             raise from_target(r, body)
         if r.status_code == 304:
-            kept.pop("content-length", None)
+            _not_modified(kept)
         return Response(status_code=r.status_code, headers=kept, media_type=_media(r.headers))
     if (
         int(r.headers.get("content-length", WHOLE_READ_MAX + 1)) <= WHOLE_READ_MAX
@@ -176,9 +215,9 @@ async def get(
     )
 
 
-async def _relayed(answer: ShareBody, what: str) -> Response:
+async def _relayed(answer: ShareBody, what: str, sums: bool = False) -> Response:
     """A GET's answer from the owner on a raw pooled connection (``spliced.request``)."""
-    status, kept = answer.status, _kept(answer.headers)
+    status, kept = answer.status, _kept(answer.headers, sums)
     if status >= 400:
         body = await answer.read_all(ERROR_MAX)
         raise from_target_parts(status, answer.headers, body)
@@ -191,26 +230,31 @@ async def _relayed(answer: ShareBody, what: str) -> Response:
             answer.close()
             raise _unreachable(what, e) from None
         if status == 304:
-            kept.pop("content-length", None)
+            _not_modified(kept)
         return Response(body, status, headers=kept, media_type=media)
     return spliced.SplicedResponse(answer, status, kept, media, what, READ_TIMEOUT)
 
 
 async def _get_duplex(
-    duplex: DuplexClient, method: str, url: str, headers: dict[str, str], what: str
+    duplex: DuplexClient,
+    method: str,
+    url: str,
+    headers: dict[str, str],
+    what: str,
+    sums: bool = False,
 ) -> Response:
     try:
         r = await duplex.request(method, url, headers=headers, timeout=READ_TIMEOUT)
     except (DuplexError, OSError) as e:
         raise _unreachable(what, e) from None
-    kept = _kept(r.headers)
+    kept = _kept(r.headers, sums)
     length = r.headers.get("content-length", "")
     if r.status_code >= 400 or r.status_code == 304 or method == "HEAD":
         body = await r.read(ERROR_MAX)  # HEAD and 304: empty, read to keep the connection
         if r.status_code >= 400:
             raise from_target_parts(r.status_code, r.headers, bytes(body))
         if r.status_code == 304:
-            kept.pop("content-length", None)
+            _not_modified(kept)
         return Response(status_code=r.status_code, headers=kept, media_type=_media(r.headers))
     if length.isdigit() and int(length) <= WHOLE_READ_MAX:  # one read, no task
         body = await r.read(WHOLE_READ_MAX)
@@ -305,14 +349,29 @@ async def put_stream(
     return answer
 
 
-async def put(gw: Gateway, request: Request, bucket: str, key: str, sha256: str | None) -> Response:
+def upload_body(
+    request: Request, signed: Signed | None
+) -> tuple[AsyncIterator[bytes], chunked.Checked, str | None]:
+    """An upload's body as stored (aws-chunked decoded), checked as it streams
+    (``chunked.body``); the checksum it carried; the stored length."""
+    payload = signed.payload_hash if signed is not None else UNSIGNED
+    checked = chunked.expect(request, payload)
+    signer = signed.signer if signed is not None else None
+    sha = signed.body_sha256 if signed is not None else None
+    body = chunked.body(request, payload, checked, signer, sha)
+    return body, checked, chunked.length_of(request, payload)
+
+
+async def put(
+    gw: Gateway, request: Request, bucket: str, key: str, signed: Signed | None
+) -> Response:
     """PutObject: the body streamed to the owner; ``ETag`` is the MD5 of the bytes stored."""
     if "x-amz-copy-source" in request.headers:
         raise S3Error("NotImplemented", 501, "CopyObject is not supported")
-    body = checked_body(request, sha256, request.headers.get("content-md5"))
-    length, meta = request.headers.get("content-length"), meta_headers_in(request.headers)
+    body, checked, length = upload_body(request, signed)
+    meta = meta_headers_in(request.headers, checked)
     stored = await put_stream(gw, bucket, key, body, length, meta)
-    return Response(headers={"ETag": f'"{stored["etag"]}"'})
+    return Response(headers={"ETag": f'"{stored["etag"]}"', **checked.headers()})
 
 
 async def delete(gw: Gateway, bucket: str, key: str) -> None:

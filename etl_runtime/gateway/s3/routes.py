@@ -283,19 +283,18 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
         signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
         _refuse_unsupported(request)
         multipart.refuse_hidden(key)
-        sha = signed.body_sha256 if signed else None
         if (view := views.view_of(gw, bucket)) is not None:
             if method not in ("GET", "HEAD") or "uploadId" in q or "uploads" in q:
                 raise s3_views.refuse_write(bucket, key, method)
             return await s3_views.get(gw, request, bucket, key, view, head=method == "HEAD")
         if "uploadId" in q or "uploads" in q:
-            return await multipart.dispatch(gw, request, bucket, key, sha)
+            return await multipart.dispatch(gw, request, bucket, key, signed)
         if method in ("GET", "HEAD"):
             if "partNumber" in q:
                 raise S3Error("NotImplemented", 501, "GET by partNumber is not supported")
             return await objects.get(gw, request, bucket, key, method == "HEAD", duplex, early)
         if method == "PUT":
-            return await objects.put(gw, request, bucket, key, sha)
+            return await objects.put(gw, request, bucket, key, signed)
         if method == "DELETE":
             await objects.delete(gw, bucket, key)
             return Response(status_code=204)

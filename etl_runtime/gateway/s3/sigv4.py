@@ -22,7 +22,9 @@ Signatures are compared with ``hmac.compare_digest``.
 
 A hex payload hash is the client's promise about the body: the object data
 path checks it while it streams (``objects.py``), and holds back the last
-chunk until it matches, so a body that does not is never stored.
+chunk until it matches, so a body that does not is never stored. A
+``STREAMING-*`` payload is an aws-chunked body (``chunked.py``): for the signed
+forms, ``Signed.signer`` checks each chunk's signature, chained from this one.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from urllib.parse import quote, unquote
 from fastapi import Request
 
 from etl_runtime.core.errors import S3Error
+from etl_runtime.gateway.s3.chunked import STREAMING, ChunkSigner
 
 ALGORITHM = "AWS4-HMAC-SHA256"
 UNSIGNED = "UNSIGNED-PAYLOAD"
@@ -62,7 +65,8 @@ class Signed:
     """What a verified request carried: the key it was signed with, and its payload hash."""
 
     access_key: str
-    payload_hash: str  # a hex SHA-256 the body must match, or UNSIGNED-PAYLOAD
+    payload_hash: str  # a hex SHA-256 the body must match, UNSIGNED-PAYLOAD, or STREAMING-...
+    signer: ChunkSigner | None = None  # a signed aws-chunked body's chunk signatures
 
     @property
     def body_sha256(self) -> str | None:
@@ -230,17 +234,19 @@ def _verify_header(request: Request, secret_of: SecretLookup, now: float) -> Sig
     payload = request.headers.get("x-amz-content-sha256")
     if not payload:
         raise S3Error("InvalidRequest", 400, "missing x-amz-content-sha256")
-    if payload.startswith("STREAMING-"):
-        raise S3Error(
-            "NotImplemented",
-            501,
-            f"aws-chunked uploads ({payload}) are not supported: send the body as it is",
-        )
+    if payload.startswith("STREAMING-") and payload not in STREAMING:
+        raise S3Error("NotImplemented", 501, f"aws-chunked uploads of {payload} are not supported")
     canonical = canonical_request(request, _signed_headers(fields["SignedHeaders"]), payload, None)
-    expected = signature(_secret(secret_of, access_key), amz_date, scope, canonical)
+    secret = _secret(secret_of, access_key)
+    expected = signature(secret, amz_date, scope, canonical)
     if not hmac.compare_digest(expected, fields["Signature"]):
         raise mismatch()
-    return Signed(access_key, payload)
+    signer = None
+    if payload in STREAMING[1:]:
+        date, region, service, _ = scope.split("/")
+        key = signing_key(secret, date, region, service)
+        signer = ChunkSigner(key, amz_date, scope, expected)
+    return Signed(access_key, payload, signer)
 
 
 def _verify_query(request: Request, secret_of: SecretLookup, now: float) -> Signed:
