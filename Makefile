@@ -31,6 +31,25 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 lock: | $(UV)  # after a change to pyproject.toml's dependencies: re-resolve uv.lock
 	$(UV) lock
 
+# The wire tests (the contract tests of uvicorn's internals among them) against the
+# newest uvicorn, starlette, httptools and fastapi, in a venv of their own: the
+# rest as locked. A failure names the hook that changed (tests/wire/test_contracts.py).
+CANARY := $(CACHE)/canary
+CANARY_TESTS ?= tests/wire
+CANARY_LIBS := uvicorn starlette httptools fastapi
+
+canary: install
+	rm -rf $(CANARY) && mkdir -p $(CACHE)
+	$(UV) venv -q --seed --python $(BIN)/python $(CANARY)
+	$(UV) export -q --frozen --no-hashes --no-emit-project --extra server --extra dev \
+		-o $(CANARY)/locked.txt
+	$(UV) pip install -q --python $(CANARY)/bin/python -r $(CANARY)/locked.txt
+	$(UV) pip install -q --python $(CANARY)/bin/python --upgrade $(CANARY_LIBS:%=--refresh-package %) $(CANARY_LIBS)
+	$(UV) pip install -q --python $(CANARY)/bin/python --no-deps -e .
+	$(CANARY)/bin/python -c 'from importlib.metadata import version as v; \
+		print("canary:", *(f"{p} {v(p)}" for p in ("uvicorn", "starlette", "httptools", "fastapi")))'
+	$(CANARY)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) $(CANARY_TESTS)
+
 demo: install
 	$(BIN)/python examples/demo.py
 
