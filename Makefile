@@ -28,8 +28,13 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 	$(UV) sync -q --frozen --inexact $(EXTRAS)
 	touch $(STAMP)
 
+# The images install the lock's versions too: images/locked/*.txt, exported from it.
+EXPORT = $(UV) export -q --frozen --no-hashes --no-emit-project --no-header --no-annotate
+
 lock: | $(UV)  # after a change to pyproject.toml's dependencies: re-resolve uv.lock
 	$(UV) lock
+	$(EXPORT) --extra server -o images/locked/server.txt
+	$(EXPORT) --extra ais -o images/locked/ais.txt
 
 # The wire tests (the contract tests of uvicorn's internals among them) against the
 # newest uvicorn, starlette, httptools and fastapi, in a venv of their own: the
@@ -55,6 +60,8 @@ demo: install
 
 lint: install
 	$(UV) lock --check  # uv.lock is pyproject.toml's resolution (else: make lock)
+	$(EXPORT) --extra server | diff -u images/locked/server.txt -
+	$(EXPORT) --extra ais | diff -u images/locked/ais.txt -
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check etl_runtime operator tests bench examples
 	$(BIN)/mypy

@@ -20,8 +20,10 @@
 # .dockerignore lets through, and the base image's id; the base's key is the
 # sha256 of its recipe (the mmdebstrap line below + images/base/Containerfile).
 # A run whose keys match the stamps (and whose images are still in the store)
-# builds nothing and takes seconds. Within a build, buildah's layer cache
-# (--layers) reuses the dependency wheels while pyproject.toml is unchanged,
+# builds nothing and takes seconds. The dependencies are the versions of
+# uv.lock, exported to images/locked/*.txt (`make lock`; `make lint` checks
+# them). Within a build, buildah's layer cache (--layers) reuses the
+# dependency wheels while those files are unchanged,
 # and the server and operator images share their dependency layers.
 #
 # Contract for other tools (e.g. `ctr -n k8s.io images import`):
@@ -193,7 +195,7 @@ build_args() {  # build_args NAME -> one --build-arg per line
   [ "$1" != runtime ] || extra=("--build-arg=TORCH=$TORCH")
   # buildah reuses a cached RUN --mount=from=STAGE layer even when STAGE
   # changed (containers/buildah#4522): these two keep the final stage honest.
-  deps=$( (stage_text "$dockerfile" deps; cat "$REPO/pyproject.toml"; printf '%s\n' "${extra[@]}" "$BASE_ID") | sha)
+  deps=$( (stage_text "$dockerfile" deps; cat "$REPO/pyproject.toml" "$REPO"/images/locked/*.txt; printf '%s\n' "${extra[@]}" "$BASE_ID") | sha)
   source=$( (stage_text "$dockerfile" app; printf '%s\n' "$CONTEXT_KEY" "$BASE_ID") | sha)
   printf -- '%s\n' "--build-arg=BASE_IMAGE=$BASE" "${extra[@]}" \
     "--build-arg=DEPS_DIGEST=$deps" "--build-arg=SOURCE_DIGEST=$source"
