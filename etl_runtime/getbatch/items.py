@@ -39,9 +39,11 @@ from etl_runtime.core.access import object_url
 from etl_runtime.core.errors import (
     DuplexError,
     NoTargets,
+    NotATar,
     ObjectNotFound,
     RangeNotSatisfiable,
     SluiceError,
+    UnsafeShard,
 )
 from etl_runtime.getbatch.archive import ShardReader
 from etl_runtime.getbatch.host import BatchHost
@@ -286,33 +288,52 @@ class Slot:
             await response.aclose()
 
     async def _from_shard(self, body: AsyncIterator[bytes | bytearray]) -> None:
+        """The file ``archpath`` out of the shard, read whole before its entry starts:
+        a broken shard (cut short, garbage, a bad header; ``ShardReader``) is then
+        this item's error naming the shard, never an entry broken off."""
         item = self.item
-        reader = ShardReader(body, f"{item.provider or 'ais'}://{item.bucket}/{item.name}")
-        size = await reader.find(item.archpath)
-        err: SluiceError
-        if size is None:
-            err = ObjectNotFound(
-                f"in[{item.index}] {item.cname()}: file {item.archpath!r} is not in shard "
-                f"{item.provider or 'ais'}://{item.bucket}/{item.name}",
-                bucket=item.bucket,
-                object=item.name,
-            )
-            self._fail(Failed(err, per_item=True))
-            return
-        start, n = 0, size
-        if item.ranged:
-            if item.start > size or (item.start == size and item.length != -1):
-                err = RangeNotSatisfiable(
-                    f"in[{item.index}] {item.cname()}: start={item.start} is past the end "
-                    f"of the file ({size} bytes)",
+        shard = f"{item.provider or 'ais'}://{item.bucket}/{item.name}"
+        reader = ShardReader(body, shard)
+        spool = Spool()
+        try:
+            size = await reader.find(item.archpath)
+            if size is None:
+                err: SluiceError = ObjectNotFound(
+                    f"in[{item.index}] {item.cname()}: file {item.archpath!r} is not in shard "
+                    f"{shard}",
                     bucket=item.bucket,
                     object=item.name,
                 )
-                self._fail(Failed(err, per_item=False))
+                spool.close()
+                self._fail(Failed(err, per_item=True))
                 return
-            start = item.start
-            n = size - start if item.length == -1 else min(item.length, size - start)
-        await self._start(n, reader.member(n, start))
+            start, n = 0, size
+            if item.ranged:
+                if item.start > size or (item.start == size and item.length != -1):
+                    err = RangeNotSatisfiable(
+                        f"in[{item.index}] {item.cname()}: start={item.start} is past the end "
+                        f"of the file ({size} bytes)",
+                        bucket=item.bucket,
+                        object=item.name,
+                    )
+                    spool.close()
+                    self._fail(Failed(err, per_item=False))
+                    return
+                start = item.start
+                n = size - start if item.length == -1 else min(item.length, size - start)
+            async for chunk in reader.member(n, start):
+                await spool.write(chunk)
+        except (NotATar, UnsafeShard) as e:
+            spool.close()
+            e.context.setdefault("bucket", item.bucket)
+            e.context.setdefault("object", item.name)
+            e.message = f"in[{item.index}] {item.cname()}: {e.message}"
+            self._fail(Failed(e, per_item=True))
+            return
+        except BaseException:
+            spool.close()
+            raise
+        await self._start(n, spool.chunks())
 
 
 async def _error_of(response: DuplexResponse, item: Item) -> Failed:
