@@ -49,6 +49,7 @@ from etl_runtime.gateway.membership import cluster_view
 from etl_runtime.gateway.smap import smap
 from etl_runtime.jobs.state import ABORTED, FAILED, RUNNING, TERMINAL
 
+TC_KINDS = ("etl-bck", "etl-listrange", "copy-bck", "copy-listrange")  # jobs/transform.py
 AIS_KINDS = {"prefetch": "prefetch-listrange", "evict": "evict-listrange"}
 SLUICE_KINDS = {v: k for k, v in AIS_KINDS.items()}
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -79,7 +80,7 @@ def job_buckets(view: dict[str, Any]) -> tuple[str | None, str | None]:
     spec = view.get("spec") or {}
     if view["kind"] == "dsort":
         return _bucket(spec.get("input_bck")), _bucket(spec.get("output_bck"))
-    if view["kind"] == "etl-bck":
+    if view["kind"] in TC_KINDS:
         return _bucket(spec.get("src")), _bucket(spec.get("dst"))
     return _bucket(spec.get("bucket")), None
 
@@ -111,7 +112,7 @@ def status(view: dict[str, Any]) -> dict[str, Any]:
 def snaps(gw: Gateway, view: dict[str, Any], only: str = "") -> dict[str, dict[str, Any]]:
     """One AIStore ``JobSnap`` per target of ``view`` (of target ``only``, if given)."""
     src, dst = (_model(gw, b) for b in job_buckets(view))
-    workers = (view.get("spec") or {}).get("num_workers") if view["kind"] == "etl-bck" else 0
+    workers = (view.get("spec") or {}).get("num_workers") if view["kind"] in TC_KINDS else 0
     out = {}
     for tid, part in view["targets"].items():
         if only and tid != only:

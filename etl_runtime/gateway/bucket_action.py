@@ -1,12 +1,22 @@
-"""``POST /v1/buckets/{src}`` ``{"action": "etl-bck", ...}``: an offline transform.
+"""``POST /v1/buckets/{src}``: offline transforms and copies, as jobs.
 
-The request is AIStore's, as its SDK's ``Bucket.transform`` sends it: the
-destination in ``?bck_to=ais/@#/dst/`` and ``value`` with ``id`` (the ETL),
-``pipeline``, ``prefix``, ``prepend``, ``ext``, ``num-workers``, ``coer``
-(continue on error), ``dry_run``. Sluice adds ``template``, ``skip_existing``
-and ``etl_args`` (and takes ``to_bucket`` in ``value`` instead of ``bck_to``).
-The answer is the job id: plain text for the aistore SDK (``?provider=``),
-``{"id": ...}`` JSON otherwise.
+The requests are AIStore's, as its SDK sends them:
+
+* ``etl-bck`` (``Bucket.transform``) and ``copy-bck`` (``Bucket.copy``): the
+  destination in ``?bck_to=ais/@#/dst/``, ``value`` with ``prefix``,
+  ``prepend``, ``ext``, ``num-workers``, ``coer`` (continue on error),
+  ``dry_run`` and, for a transform, ``id`` (the ETL), ``pipeline``,
+  ``request_timeout``;
+* ``etl-listrange`` and ``copy-listrange`` (``objects(...).transform`` /
+  ``.copy`` / ``.inspect``): the same ``value`` plus ``objnames`` or
+  ``template`` and the destination in ``tobck`` (``{"name", "provider"}``).
+
+Sluice adds ``template``, ``skip_existing`` and ``etl_args`` (and takes
+``to_bucket`` in ``value`` instead of ``bck_to``). ``force``, ``latest-ver``
+and ``synchronize`` are taken at their defaults only (a 400 naming them
+otherwise); any other field is a 400 naming it. The answer is the job id:
+plain text for the aistore SDK (``?provider=``), ``{"id", "kind"}`` JSON
+otherwise.
 """
 
 from __future__ import annotations
@@ -20,9 +30,12 @@ from etl_runtime.core.errors import InvalidRequest
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.jobs import start_job
+from etl_runtime.jobs.listrange import expand
 
 ACTION = "etl-bck"
-# AIStore fields Sluice takes as they are, and ones it accepts only at their defaults.
+ACTIONS = ("etl-bck", "etl-listrange", "copy-bck", "copy-listrange")
+COPIES = ("copy-bck", "copy-listrange")
+# AIStore fields Sluice accepts only at their defaults (request_timeout: any).
 IGNORED_DEFAULTS = {
     "force": False,
     "latest-ver": False,
@@ -37,7 +50,7 @@ async def is_job_action(request: Request) -> bool:
         body = await read_json(request, "bucket action")
     except InvalidRequest:
         return False
-    return isinstance(body, dict) and body.get("action") == ACTION
+    return isinstance(body, dict) and body.get("action") in ACTIONS
 
 
 def _to_bucket(raw: str) -> str:
@@ -53,27 +66,74 @@ def _to_bucket(raw: str) -> str:
     return raw
 
 
+def _tobck(bucket: str, raw: Any) -> str:
+    """``tobck`` of a list/range action (AIStore's ``BucketModel``) -> its name."""
+    if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+        raise InvalidRequest('\'tobck\' must be a bucket: {"name", "provider"}', bucket=bucket)
+    unknown = sorted(set(raw) - {"name", "provider", "namespace"})
+    ns = raw.get("namespace") or {}
+    if unknown or raw.get("provider", "ais") != "ais" or (ns and any(ns.values())):
+        raise InvalidRequest(
+            f"tobck={raw!r}: the destination must be an 'ais' bucket without a namespace"
+            + (f" (unknown field(s) {', '.join(unknown)})" if unknown else ""),
+            bucket=bucket,
+        )
+    return str(raw["name"])
+
+
+def _selection(bucket: str, value: dict[str, Any]) -> dict[str, Any]:
+    """``objnames`` / ``template`` of a list/range action as the job's fields."""
+    names, template = value.pop("objnames", None), value.pop("template", None)
+    if (names is None) == (template is None):
+        raise InvalidRequest(
+            f"bucket {bucket!r}: a list/range action needs 'objnames' or 'template'", bucket=bucket
+        )
+    if names is not None:
+        return {"objnames": names}
+    if not isinstance(template, str):
+        raise InvalidRequest(f"bucket {bucket!r}: 'template' must be a string", bucket=bucket)
+    listed = expand(bucket, template)
+    return {"prefix": template} if listed is None else {"objnames": listed}
+
+
 async def start_transform(gw: Any, bucket: str, request: Request) -> Response:
     refuse_unknown(request, ("provider", "bck_to"), bucket=bucket)
     body = await read_json(request, f"the body of POST /v1/buckets/{bucket}")
+    action = body["action"]
     value = body.get("value") or {}
     if not isinstance(value, dict):
-        raise InvalidRequest("'value' of an etl-bck action must be a JSON object", bucket=bucket)
+        raise InvalidRequest(f"'value' of a {action} action must be a JSON object", bucket=bucket)
+    unknown = sorted(set(body) - {"action", "name", "value"})
+    if unknown:
+        raise InvalidRequest(
+            f"{action} of bucket {bucket!r}: unknown field(s) {', '.join(unknown)}", bucket=bucket
+        )
     value = dict(value)
     for key, default in IGNORED_DEFAULTS.items():
         got = value.pop(key, default)
         if got not in (default, "", 0) and key not in ("request_timeout", "name"):
-            raise InvalidRequest(f"{key}={got!r} is not supported by Sluice's etl-bck")
-    dst = value.pop("to_bucket", None) or request.query_params.get("bck_to")
+            raise InvalidRequest(f"{key}={got!r} is not supported by Sluice's {action}")
+    listrange = action.endswith("-listrange")
+    if listrange:
+        dst: Any = _tobck(bucket, value.pop("tobck", None))
+        if "bck_to" in request.query_params:
+            raise InvalidRequest(f"{action} names its destination in value.tobck, not bck_to")
+        value.update(_selection(bucket, value))
+    else:
+        dst = value.pop("to_bucket", None) or request.query_params.get("bck_to")
     if not dst:
-        raise InvalidRequest("etl-bck needs the destination: ?bck_to=ais/@#/dst/", bucket=bucket)
+        raise InvalidRequest(f"{action} needs the destination: ?bck_to=ais/@#/dst/", bucket=bucket)
     etl = value.pop("id", None)
     pipeline = value.pop("pipeline", None) or []
-    if isinstance(etl, list):
+    if action in COPIES:
+        if etl or pipeline:
+            raise InvalidRequest(f"{action} copies: it takes no ETL (id, pipeline)", bucket=bucket)
+        chain: list[Any] = []
+    elif isinstance(etl, list):
         chain = etl
     else:
         if not isinstance(etl, str) or not etl:
-            raise InvalidRequest("etl-bck needs the ETL name in value.id", bucket=bucket)
+            raise InvalidRequest(f"{action} needs the ETL name in value.id", bucket=bucket)
         if not isinstance(pipeline, list):
             raise InvalidRequest("value.pipeline must be a list of ETL names", bucket=bucket)
         chain = [etl, *pipeline]
@@ -81,9 +141,9 @@ async def start_transform(gw: Any, bucket: str, request: Request) -> Response:
     spec = {renames.get(k, k): v for k, v in value.items()}
     spec.update(etl=chain, src=bucket, dst=_to_bucket(str(dst)))
     spec.setdefault("continue_on_error", "provider" not in request.query_params)
-    job_id = await start_job(gw, "etl-bck", spec)
+    job_id = await start_job(gw, action, spec)
     if "provider" in request.query_params:
         return PlainTextResponse(job_id)
     return Response(
-        content=f'{{"id": "{job_id}", "kind": "etl-bck"}}', media_type="application/json"
+        content=f'{{"id": "{job_id}", "kind": "{action}"}}', media_type="application/json"
     )

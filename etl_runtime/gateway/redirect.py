@@ -37,8 +37,8 @@ from etl_runtime.core.errors import InvalidName, InvalidRequest, NoTargets
 from etl_runtime.core.names import validate_names
 from etl_runtime.core.params import refuse_unknown_object_params
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
+from etl_runtime.gateway import ais_objects, views
 from etl_runtime.gateway import remote as remote_gateway
-from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
 from etl_runtime.wire.http.fastpath import FastRouter
@@ -160,6 +160,9 @@ def redirect_router(gw: Gateway) -> FastRouter:
         proxy = _should_proxy(request)
         try:
             validate_names(bucket, name)
+            if ais_objects.is_copy(request):  # obj.copy(to_obj): read here, write there
+                gw.require_write(request)
+                return await ais_objects.copy_object(gw, request, bucket, name)
             refuse_unknown_object_params(request, bucket, name)
             if request.method in MUTATING:
                 gw.require_write(request)

@@ -1,4 +1,10 @@
-"""Offline transform, bucket -> bucket: the ``etl-bck`` job kind.
+"""Offline transform or copy, bucket -> bucket: ``etl-bck``, ``etl-listrange``,
+``copy-bck`` and ``copy-listrange``.
+
+The four kinds are one runner: ``etl`` names the ETLs (an empty list for the
+copies: the bytes as stored), and ``objnames`` (the ``-listrange`` kinds, or
+a brace ``template``) picks the objects instead of the whole bucket or
+``prefix``. A name of ``objnames`` that does not exist is an error naming it.
 
 Each target takes the objects of the source bucket it is the primary owner of
 (``prefix``, and the names of a brace ``template`` if given), sends each
@@ -48,6 +54,10 @@ from etl_runtime.jobs.context import JobAborted, JobContext, JobFailed
 from etl_runtime.jobs.kinds import register_kind
 
 KIND = "etl-bck"
+COPY_KINDS = ("copy-bck", "copy-listrange")  # no ETL: the objects as they are
+ETL_KINDS = (KIND, "etl-listrange")
+KINDS = (*ETL_KINDS, *COPY_KINDS)
+READ_CHUNK = 1 << 20
 DEFAULT_WORKERS = 4
 MAX_WORKERS = 64
 MAX_TEMPLATE_NAMES = 1_000_000
@@ -58,6 +68,7 @@ FIELDS: dict[str, Any] = {
     "dst": str,
     "prefix": str,
     "template": str,
+    "objnames": (list, type(None)),
     "prepend": str,
     "ext": dict,
     "skip_existing": bool,
@@ -91,7 +102,16 @@ def template_names(template: str) -> set[str] | None:
 # -- on the gateway -------------------------------------------------------------------
 
 
-async def validate(gw: Any, spec: dict[str, Any]) -> dict[str, Any]:
+def validator(kind: str) -> Any:
+    """``validate`` for ``kind``: a copy names no ETL, a transform at least one."""
+
+    async def check(gw: Any, spec: dict[str, Any]) -> dict[str, Any]:
+        return await validate(gw, spec, copy=kind in COPY_KINDS)
+
+    return check
+
+
+async def validate(gw: Any, spec: dict[str, Any], copy: bool = False) -> dict[str, Any]:
     unknown = sorted(set(spec) - set(FIELDS))
     if unknown:
         raise InvalidRequest(
@@ -102,6 +122,7 @@ async def validate(gw: Any, spec: dict[str, Any]) -> dict[str, Any]:
         "etl_args": None,
         "prefix": "",
         "template": "",
+        "objnames": None,
         "prepend": "",
         "ext": {},
         "skip_existing": False,
@@ -116,10 +137,17 @@ async def validate(gw: Any, spec: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(out[key], typ) or (typ is int and isinstance(out[key], bool)):
             raise InvalidRequest(f"{key!r} of an offline transform has the wrong type")
     chain = out["etl"]
-    if not chain or len(chain) > MAX_STEPS or not all(isinstance(n, str) and n for n in chain):
+    if copy and chain:
+        raise InvalidRequest("a copy names no ETL: transform with etl-bck or etl-listrange")
+    names = out["objnames"]
+    if names is not None and not (names and all(isinstance(n, str) and n for n in names)):
+        raise InvalidRequest("'objnames' must be a non-empty list of object names")
+    if not copy and (
+        not chain or len(chain) > MAX_STEPS or not all(isinstance(n, str) and n for n in chain)
+    ):
         raise InvalidRequest(f"'etl' must name 1..{MAX_STEPS} ETLs")
     src, dst = validate_bucket(out["src"]), validate_bucket(out["dst"])
-    if src == dst:
+    if src == dst and not out["dry_run"]:
         raise InvalidRequest(
             f"source and destination are both bucket {src!r}: transform into another bucket",
             bucket=src,
@@ -130,7 +158,7 @@ async def validate(gw: Any, spec: dict[str, Any]) -> dict[str, Any]:
     if out["num_workers"] > MAX_WORKERS:
         raise InvalidRequest(f"num_workers must be at most {MAX_WORKERS}")
     template_names(out["template"])  # 400 now, not on every target
-    for record in await check_chain_async(gw.backend.get, chain):
+    for record in await check_chain_async(gw.backend.get, chain) if chain else []:
         if record.spec.stopped or record.phase == "Stopped":
             raise EtlStopped(f"ETL {record.name!r} is stopped; start it first", etl=record.name)
     await _check_buckets(gw, src, dst)
@@ -143,7 +171,7 @@ async def _check_buckets(gw: Any, src: str, dst: str) -> None:
         buckets = gw.cmap.get().buckets
         if src not in buckets:
             raise bucket_not_found(src)
-        refuse_view_jobs(buckets, src, dst, "etl-bck")
+        refuse_view_jobs(buckets, src, dst, "etl-bck")  # same rule for copies
         if dst not in buckets:
             gw.cmap.update(lambda m: m.with_bucket(dst, BucketProps(created=time.time())))
     else:
@@ -209,6 +237,8 @@ async def run(ctx: JobContext) -> None:
                 return
 
             async def attempt() -> int:
+                if not chain:
+                    return await ctx.put_object(dst, out, _stored(ctx, src, name))
                 body = await transform_chain(ctx.forwarder, src, name, chain, spec["etl_args"])
                 return await ctx.put_object(dst, out, body)
 
@@ -217,7 +247,11 @@ async def run(ctx: JobContext) -> None:
             size = await ctx.retrying(obj, attempt)
             ctx.progress.add(objects=1, bytes=size)
         except ObjectNotFound:
-            return  # deleted while the job ran
+            if spec["objnames"] is not None:  # asked for by name: the caller should know
+                ctx.error(obj, f"object {obj} does not exist")
+                if not spec["continue_on_error"]:
+                    raise JobFailed(f"{obj}: it does not exist") from None
+            return  # else: deleted while the job ran
         except (JobAborted, JobFailed):
             raise
         except Exception as e:  # one object's failure; the job decides to go on or stop
@@ -227,6 +261,11 @@ async def run(ctx: JobContext) -> None:
                 raise JobFailed(f"{obj}: {message}") from None
 
     async def names() -> Any:
+        if spec["objnames"] is not None:
+            for name in spec["objnames"]:
+                if ctx.owns(src, name):
+                    yield name
+            return
         async for name in ctx.owned_objects(src, spec["prefix"]):
             if wanted is None or name in wanted:
                 yield name
@@ -234,4 +273,15 @@ async def run(ctx: JobContext) -> None:
     await ctx.map(names(), one, spec["num_workers"])
 
 
-register_kind(KIND, run, validate=validate)
+async def _stored(ctx: JobContext, bucket: str, name: str) -> Any:
+    """The stored bytes of ``bucket/name``, read off the event loop."""
+    f, _ = await anyio.to_thread.run_sync(ctx.store.open_object, bucket, name)
+    try:
+        while chunk := await anyio.to_thread.run_sync(f.read, READ_CHUNK):
+            yield chunk
+    finally:
+        f.close()
+
+
+for _kind in KINDS:
+    register_kind(_kind, run, validate=validator(_kind))
