@@ -39,6 +39,14 @@ are printed too: on 2 shared cores, CPU is what the starts of several
 transformers compete for.
 
     .venv/bin/python bench/etl_start.py [--reps 5] [--targets 3] [--cases object,wds]
+
+``--cold`` measures a newcomer's first minute instead: per round, for the
+default zygote and for ``SLUICE_ZYGOTE=off`` side by side, a ``sluice up`` in a
+fresh data dir (a subprocess): the time until it prints ``Sluice is up``, then
+``init_code`` → Running (the SDK's wait) of the first object ETL at once, and
+of ``--next`` more one after another; medians over ``--rounds`` (3) rounds:
+
+    .venv/bin/python bench/etl_start.py --cold [--rounds 3] [--next 2] [--targets 3]
 """
 
 from __future__ import annotations
@@ -281,13 +289,56 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, load average {load}; Python {platform.python_version()}"
 
 
+def cold_round(targets: int, zygote: str, etls: int) -> list[float]:
+    """``[ready, first ETL Running, next ...]`` in seconds, from a fresh data dir."""
+    os.environ["SLUICE_ZYGOTE"] = zygote
+    with tempfile.TemporaryDirectory(prefix="sluice-etl-cold-") as tmp:
+        t0 = time.perf_counter()
+        with LocalCluster(Path(tmp) / "data", targets=targets) as cluster:
+            out = [time.perf_counter() - t0]
+            client = Client(cluster.endpoint)
+            for i in range(etls):
+                t = time.perf_counter()
+                client.etl(f"cold-{i}").init_code(transform=identity)
+                out.append(time.perf_counter() - t)
+        return out
+
+
+def cold_main(args: argparse.Namespace) -> None:
+    print(f"etl_start --cold: {args.targets} targets, {args.rounds} rounds; {machine()}")
+    modes = ("eager", "off")
+    rows: dict[str, list[list[float]]] = {m: [] for m in modes}
+    for r in range(args.rounds):
+        for mode in modes:  # side by side: the same load for both
+            got = cold_round(args.targets, mode, 1 + args.next)
+            rows[mode].append(got)
+            print(f"  round {r} SLUICE_ZYGOTE={mode}: " + " ".join(f"{x:.2f}" for x in got))
+    heads = ["sluice up ready", "first ETL Running"] + [
+        f"ETL {i + 2} Running" for i in range(args.next)
+    ]
+    print(f"\n{'median (max), s':22s}" + "".join(f"{'SLUICE_ZYGOTE=' + m:>24s}" for m in modes))
+    for i, head in enumerate(heads):
+        cells = []
+        for m in modes:
+            vals = [row[i] for row in rows[m]]
+            cells.append(f"{statistics.median(vals):.2f} ({max(vals):.2f})")
+        print(f"{head:22s}" + "".join(f"{c:>24s}" for c in cells))
+    print(f"after: {machine()}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cold", action="store_true", help="a cold sluice up, then ETLs")
+    parser.add_argument("--rounds", type=int, default=3, help="--cold: rounds")
+    parser.add_argument("--next", type=int, default=2, help="--cold: ETLs after the first")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--targets", type=int, default=3)
     parser.add_argument("--cases", default="object,wds")
     parser.add_argument("--settle", type=float, default=1.0, help="quiet seconds between starts")
     args = parser.parse_args()
+    if args.cold:
+        cold_main(args)
+        return
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     if "wds" in cases:
         global torchvision

@@ -53,7 +53,7 @@ from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.core.spec import EtlSpec, validate_name
 from etl_runtime.local import containers, pidfiles, processes, runas, zygote
 from etl_runtime.local.processes import TransformerProcess, restart_backoff
-from etl_runtime.local.zygote import Zygote
+from etl_runtime.local.zygote import Zygotes
 
 log = logging.getLogger(__name__)
 
@@ -112,12 +112,12 @@ class LocalEtlBackend:
         # The zygote forks as this process's user: none when ETL code runs as another.
         own = self.command == TRANSFORMER_COMMAND and self.run_as is None
         self.zygote_mode = zygote_mode if own else "off"
-        self.zygote: Zygote | None = None
+        self.zygote: Zygotes | None = None
         if self.zygote_mode != "off":
             env = processes.transformer_env(dict(os.environ), (), {"PYTHONUNBUFFERED": "1"})
             if preload := os.environ.get("SLUICE_ZYGOTE_PRELOAD"):
                 env["SLUICE_ZYGOTE_PRELOAD"] = preload
-            self.zygote = Zygote(self.state_dir, env, on_ready=self.kick)
+            self.zygote = Zygotes(self.state_dir, env, on_ready=self.kick)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -373,13 +373,13 @@ class LocalEtlBackend:
 
     async def _spawn(self, rec: EtlRecord, target: TargetInfo) -> TransformerProcess | None:
         """Start the transformer of ``rec`` beside ``target``; None: not yet (the
-        zygote is warming up: it kicks a pass when ready)."""
-        z = self.zygote if self.zygote is not None and zygote.fits(rec.spec) else None
-        if z is not None:
-            await z.ensure()
-            if z.warming:
+        lite zygote is warming up: it kicks a pass when ready)."""
+        z = None
+        if self.zygote is not None and zygote.fits(rec.spec):
+            await self.zygote.ensure()
+            if self.zygote.warming:
                 return None
-            z = z if z.ready else None
+            z = self.zygote.forker()
         name = reconcile.transformer_name(rec.name, target.id)
         want = rec.spec.content_hash()
         prev_hash, restarts, last_exit = self._restarts.get((rec.name, target.id), (want, 0, None))

@@ -8,7 +8,16 @@ it dies with the gateway), speaks its JSON-lines protocol over a socketpair,
 and keeps each forked transformer's exit code (``ZygoteChild.returncode``,
 what ``TransformerProcess.poll`` reads, as it reads an asyncio subprocess's).
 
-``SLUICE_ZYGOTE`` (read by the gateway) says when it starts: ``eager`` (the
+There are two (``Zygotes``): a *lite* one that preloads only the server's
+modules (``SLUICE_ZYGOTE_STAGE=lite``: ready in about a second, log
+``zygote-lite.log``) and the full one (torch, torchvision ...: ten seconds of
+CPU, longer on a busy machine; ``zygote.log``). A new transformer is forked
+by the full one once it is ready, else by the lite one; it waits only for the
+lite one's warm-up (short, and a fresh start would import the same modules),
+never for the full one's. A child of the lite zygote that needs torch imports
+it itself, as a fresh start would; later ETLs get the full zygote.
+
+``SLUICE_ZYGOTE`` (read by the gateway) says when they start: ``eager`` (the
 default: with the controller, so the first ETL finds it warm), ``lazy`` (on
 the first transformer: a cluster that never runs an ETL pays nothing) or
 ``off``. A transformer whose spec installs ``dependencies`` (they could shadow
@@ -38,6 +47,7 @@ from etl_runtime.core.spec import EtlSpec
 log = logging.getLogger(__name__)
 
 ENV = "SLUICE_ZYGOTE"
+LITE_STAGE_ENV = "SLUICE_ZYGOTE_STAGE"  # webserver/zygote.py's STAGE_ENV
 MODES = ("eager", "lazy", "off")
 WAIT_FOR_WARMUP = 30.0  # a new transformer waits this long for a warming zygote
 RESTART_BACKOFF = 30.0
@@ -120,11 +130,16 @@ class Zygote:
     """Start, use and stop the zygote; see the module docstring."""
 
     def __init__(
-        self, state_dir: Path, env: dict[str, str], on_ready: Callable[[], None] = lambda: None
+        self,
+        state_dir: Path,
+        env: dict[str, str],
+        on_ready: Callable[[], None] = lambda: None,
+        log_name: str = "zygote.log",
     ) -> None:
         self.state_dir = state_dir
         self.env = env
         self.on_ready = on_ready
+        self.log_name = log_name
         self.pid = 0
         self.ready = False
         self.preloaded: list[str] = []
@@ -174,7 +189,7 @@ class Zygote:
         self.ready = False
         self._started_at = time.monotonic()
         try:
-            with open(logs / "zygote.log", "ab") as out:
+            with open(logs / self.log_name, "ab") as out:
                 self._proc = await asyncio.create_subprocess_exec(
                     *launch.command(os.getpid(), argv),
                     env=self.env,
@@ -288,3 +303,34 @@ class Zygote:
                 await self._reader_task
             self._reader_task = None
         self.ready = False
+
+
+class Zygotes:
+    """The lite zygote and the full one, as the controller uses them (module docstring)."""
+
+    def __init__(
+        self, state_dir: Path, env: dict[str, str], on_ready: Callable[[], None] = lambda: None
+    ) -> None:
+        lite_env = {**env, LITE_STAGE_ENV: "lite"}
+        self.lite = Zygote(state_dir, lite_env, on_ready, log_name="zygote-lite.log")
+        self.full = Zygote(state_dir, env, on_ready)
+
+    async def ensure(self) -> None:
+        await self.lite.ensure()  # first: it is the one the first ETL waits for
+        await self.full.ensure()
+
+    @property
+    def warming(self) -> bool:
+        """Worth waiting for: the full one is not ready and the lite one is warming."""
+        return not self.full.ready and self.lite.warming
+
+    def forker(self) -> Zygote | None:
+        """The zygote to fork a new transformer: the full one if ready, else the lite one."""
+        for z in (self.full, self.lite):
+            if z.ready:
+                return z
+        return None
+
+    async def stop(self) -> None:
+        await self.full.stop()
+        await self.lite.stop()
