@@ -3,8 +3,8 @@
 ``pip install sluice`` is the SDK, the CLI and the PyTorch datasets; the servers
 are ``sluice[server]``. Each venv gets the locked versions (``uv export`` of
 ``uv.lock`` as constraints), offline from uv's cache (what ``make install``
-filled), and runs from a temporary directory, so nothing of the checkout is on
-its path.
+filled; a version missing there is fetched), and runs from a temporary
+directory, so nothing of the checkout is on its path.
 """
 
 from __future__ import annotations
@@ -26,9 +26,11 @@ SERVER_LIBS = ("fastapi", "starlette", "uvicorn", "httptools", "kopf", "kubernet
 
 def _uv(*args: str | Path, cwd: Path) -> str:
     uv = str(UV) if UV.exists() else shutil.which("uv") or "uv"
-    done = subprocess.run(
-        [uv, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=240
-    )
+    argv = [uv, *map(str, args)]
+    done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=240)
+    if done.returncode and "--offline" in argv:  # a locked version uv's cache lacks: fetch it
+        argv.remove("--offline")
+        done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, f"uv {' '.join(map(str, args))}:\n{done.stderr[-3000:]}"
     return done.stdout
 
