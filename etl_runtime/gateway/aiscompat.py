@@ -8,7 +8,13 @@ requests and answers them in kind:
   "value": {"prefix", "pagesize", "continuation_token", "start_after", ...}}``
   and ``Accept: application/msgpack``; the answer is an ``LsoResult``
   (``{"UUID", "ContinuationToken", "Flags", "Entries": [{"n", "s", "cs", ...}]}``)
-  in msgpack (the SDK's JSON path cannot parse it) — ``msgspec`` encodes it;
+  in msgpack (the SDK's JSON path cannot parse it) — ``msgspec`` encodes it.
+  Its ``flags`` (``ListObjectFlag``): ``NAME_ONLY`` / ``NAME_SIZE`` (names,
+  and sizes, only), ``NO_RECURSION`` (the names right under ``prefix``, and
+  each directory there once, as ``dir/`` with AIStore's directory flag);
+  ``CACHED``, ``BCK_PRESENT``, ``DONT_HEAD_REMOTE``, ``DONT_ADD_REMOTE`` and
+  ``NO_DIRS`` change nothing Sluice lists; any other flag (``ARCH_DIR`` among
+  them) and any other field of the message is a 400 naming it;
 * ``cluster().list_buckets()`` is ``GET /v1/buckets`` with ``{"action": "list"}``
   and wants ``[{"name", "provider", "namespace"}]``;
 * the ETL list and details (``GET /v1/etl[/name]``) from a client whose
@@ -36,6 +42,40 @@ AIS_USER_AGENT = "ais/python"
 MAX_PAGE = 10_000
 DEFAULT_PAGE = 1_000
 ENTRY_IS_CACHED = 1 << 6  # LsoEntry flag: a remote object a target holds (apc.EntryIsCached)
+ENTRY_IS_DIR = 1 << 8  # LsoEntry flag: a virtual directory of a non-recursive listing
+# ListObjectFlag bits (the SDK's list_object_flag.py, AIStore's apc.Ls*).
+LIST_FLAGS = {
+    "CACHED": 0,
+    "MISSING": 1,
+    "DELETED": 2,
+    "ARCH_DIR": 3,
+    "NAME_ONLY": 4,
+    "NAME_SIZE": 5,
+    "BCK_PRESENT": 6,
+    "DONT_HEAD_REMOTE": 7,
+    "DONT_ADD_REMOTE": 8,
+    "NOT_CACHED": 9,
+    "ONLY_REMOTE_PROPS": 10,
+    "NO_RECURSION": 11,
+    "DIFF": 12,
+    "NO_DIRS": 13,
+    "IS_S3": 14,
+    "NBI": 15,
+}
+LIST_FLAGS_TAKEN = frozenset(
+    {"CACHED", "NAME_ONLY", "NAME_SIZE", "BCK_PRESENT", "DONT_HEAD_REMOTE", "DONT_ADD_REMOTE"}
+    | {"NO_RECURSION", "NO_DIRS"}
+)
+LIST_FIELDS = (
+    "prefix",
+    "pagesize",
+    "uuid",
+    "props",
+    "continuation_token",
+    "flags",
+    "target",
+    "start_after",
+)
 
 
 def from_ais_sdk(request: Request) -> bool:
@@ -57,7 +97,60 @@ async def list_action(request: Request, bucket: str | None = None) -> dict[str, 
     value = body.get("value") or {}
     if not isinstance(value, dict):
         raise InvalidRequest("'value' of the list action must be an object", bucket=bucket)
+    unknown = sorted(set(value) - set(LIST_FIELDS)) + sorted(
+        set(body) - {"action", "name", "value"}
+    )
+    if unknown:
+        raise InvalidRequest(
+            f"unknown field(s) {', '.join(unknown)} of the list action; known: "
+            f"{', '.join(LIST_FIELDS)}",
+            bucket=bucket,
+        )
+    if value.get("target"):
+        raise InvalidRequest(
+            f"target={value['target']!r}: Sluice lists a bucket across all targets only",
+            bucket=bucket,
+        )
+    list_flags(value, bucket)  # a 400 now for a flag Sluice does not list by
     return value
+
+
+def list_flags(value: dict[str, Any], bucket: str | None) -> frozenset[str]:
+    """The names of the ``flags`` of a list message; a 400 naming those not supported."""
+    raw = value.get("flags") or 0
+    try:
+        bits = int(raw)
+    except (TypeError, ValueError):
+        raise InvalidRequest(
+            f"flags={raw!r} of the list action must be an integer", bucket=bucket
+        ) from None
+    names = {n for n, bit in LIST_FLAGS.items() if bits & (1 << bit)}
+    unknown_bits = bits & ~sum(1 << b for b in LIST_FLAGS.values())
+    refused = sorted(names - LIST_FLAGS_TAKEN)
+    if refused or unknown_bits:
+        named = refused + ([f"bits {unknown_bits:#x}"] if unknown_bits else [])
+        raise InvalidRequest(
+            f"listing flag(s) {', '.join(named)} not supported for bucket {bucket!r}; "
+            f"supported: {', '.join(sorted(LIST_FLAGS_TAKEN))}",
+            bucket=bucket,
+        )
+    return frozenset(names)
+
+
+def shallow(objects: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    """A ``NO_RECURSION`` page: names right under ``prefix``, each directory once."""
+    out: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for o in objects:
+        rest = o["name"][len(prefix) :]
+        if "/" not in rest:
+            out.append(o)
+            continue
+        d = prefix + rest.split("/", 1)[0] + "/"
+        if d not in seen:
+            seen.add(d)
+            out.append({"name": d, "size": 0, "dir": True})
+    return out
 
 
 def page_args(value: dict[str, Any], bucket: str) -> tuple[str, str, int]:
@@ -76,10 +169,14 @@ def page_args(value: dict[str, Any], bucket: str) -> tuple[str, str, int]:
 
 
 def lso_result(
-    objects: list[dict[str, Any]], next_name: str | None, request: Request, uuid: str = ""
+    objects: list[dict[str, Any]],
+    next_name: str | None,
+    request: Request,
+    uuid: str = "",
+    flags: frozenset[str] = frozenset(),
 ) -> Response:
     """An ``LsoResult``; ``UUID`` names the listing (the SDK's iterator stops only with one)."""
-    entries = [
+    entries: list[dict[str, Any]] = [
         {
             "n": o["name"],
             "s": int(o["size"] if o["size"] is not None else o.get("source_size") or 0),
@@ -88,10 +185,13 @@ def lso_result(
             "v": "",
             "t": "",
             "c": 1,
-            "f": ENTRY_IS_CACHED if o.get("cached") else 0,
+            "f": ENTRY_IS_DIR if o.get("dir") else ENTRY_IS_CACHED if o.get("cached") else 0,
         }
         for o in objects
     ]
+    if "NAME_ONLY" in flags or "NAME_SIZE" in flags:
+        keep = ("n", "f") if "NAME_ONLY" in flags and "NAME_SIZE" not in flags else ("n", "s", "f")
+        entries = [{k: e[k] for k in keep} for e in entries]
     result = {
         "UUID": uuid or uuid4().hex,
         "ContinuationToken": next_name or "",

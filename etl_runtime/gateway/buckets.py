@@ -181,7 +181,11 @@ def bucket_router(gw: Gateway) -> APIRouter:
             prefix, start_after, size = aiscompat.page_args(action, bucket)
             page = await list_page(bucket, prefix, start_after, size or aiscompat.DEFAULT_PAGE)
             uuid = str(action.get("uuid") or "")
-            return aiscompat.lso_result(page["objects"], page["next"], request, uuid)
+            flags = aiscompat.list_flags(action, bucket)
+            objects = page["objects"]
+            if "NO_RECURSION" in flags:
+                objects = aiscompat.shallow(objects, prefix)
+            return aiscompat.lso_result(objects, page["next"], request, uuid, flags)
         return await list_page(bucket, prefix, start_after, limit)
 
     async def list_page(bucket: str, prefix: str, start_after: str, limit: int) -> dict[str, Any]:
