@@ -14,8 +14,9 @@ modules (``SLUICE_ZYGOTE_STAGE=lite``: ready in about a second, log
 CPU, longer on a busy machine; ``zygote.log``). A new transformer is forked
 by the full one once it is ready, else by the lite one; it waits only for the
 lite one's warm-up (short, and a fresh start would import the same modules),
-never for the full one's. A child of the lite zygote that needs torch imports
-it itself, as a fresh start would; later ETLs get the full zygote.
+never for the full one's, which starts once the lite one is ready. A child
+of the lite zygote that needs torch imports it itself, as a fresh start
+would; later ETLs get the full zygote.
 
 ``SLUICE_ZYGOTE`` (read by the gateway) says when they start: ``eager`` (the
 default: with the controller, so the first ETL finds it warm), ``lazy`` (on
@@ -312,12 +313,24 @@ class Zygotes:
         self, state_dir: Path, env: dict[str, str], on_ready: Callable[[], None] = lambda: None
     ) -> None:
         lite_env = {**env, LITE_STAGE_ENV: "lite"}
-        self.lite = Zygote(state_dir, lite_env, on_ready, log_name="zygote-lite.log")
+        self.on_ready = on_ready
+        self.lite = Zygote(state_dir, lite_env, self._lite_done, log_name="zygote-lite.log")
         self.full = Zygote(state_dir, env, on_ready)
+        self._full_start: asyncio.Task[None] | None = None
 
     async def ensure(self) -> None:
-        await self.lite.ensure()  # first: it is the one the first ETL waits for
-        await self.full.ensure()
+        """Start the lite one, and the full one once the lite one is ready (or gone):
+        on two cores the full one's imports would slow the lite one's by half."""
+        await self.lite.ensure()
+        if not self.lite.warming:
+            await self.full.ensure()
+
+    def _lite_done(self) -> None:
+        self.on_ready()
+        if not self._stopping and (self._full_start is None or self._full_start.done()):
+            self._full_start = asyncio.get_running_loop().create_task(
+                self.full.ensure(), name="sluice-zygote-full-start"
+            )
 
     @property
     def warming(self) -> bool:
@@ -331,6 +344,13 @@ class Zygotes:
                 return z
         return None
 
+    _stopping = False
+
     async def stop(self) -> None:
+        self._stopping = True
+        if self._full_start is not None:
+            with contextlib.suppress(Exception):
+                await self._full_start
         await self.full.stop()
         await self.lite.stop()
+        self._stopping = False
