@@ -1,7 +1,9 @@
 """Conditional and range requests on an object GET/HEAD (RFC 9110 sections 13 and 14).
 
 ``preconditions`` evaluates ``If-Match`` (412 when the object is another
-version), ``If-None-Match`` (304 when it is the version the client holds) and
+version), ``If-None-Match`` (304 when it is the version the client holds),
+``If-Unmodified-Since`` (412; ignored beside ``If-Match``), ``If-Modified-Since``
+(304; ignored beside ``If-None-Match``, as S3 and RFC 9110 combine them) and
 ``If-Range``; ``byte_range`` turns a ``Range`` header into the one slice to
 serve:
 
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from email.utils import parsedate_to_datetime
 
 from etl_runtime.core.errors import PreconditionFailed, RangeNotSatisfiable
 from etl_runtime.storage.store import ObjectInfo
@@ -37,6 +40,17 @@ READ_CONDITIONS = (
     "if-unmodified-since",
     "if-range",
 )
+
+
+def _http_date(value: str | None) -> float | None:
+    """An HTTP date as a POSIX time (whole seconds); None when absent or not a date,
+    which RFC 9110 says to ignore."""
+    if not value:
+        return None
+    try:
+        return parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
 
 
 def _tags(header: str) -> list[str]:
@@ -62,8 +76,18 @@ def preconditions(
             f'If-Match {if_match!r}: the object is now version "{info.etag}"',
             headers={"ETag": f'"{info.etag}"'},
         )
+    mtime = _http_date(last_modified)
+    since = _http_date(get("if-unmodified-since")) if if_match is None else None
+    if since is not None and mtime is not None and mtime > since:
+        raise PreconditionFailed(
+            f"If-Unmodified-Since: the object was modified at {last_modified}",
+            headers={"ETag": f'"{info.etag}"', "Last-Modified": last_modified},
+        )
     if_none_match = get("if-none-match")
     not_modified = if_none_match is not None and _matches(if_none_match, info.etag)
+    since = _http_date(get("if-modified-since")) if if_none_match is None else None
+    if since is not None and mtime is not None and mtime <= since:
+        not_modified = True
     if_range = get("if-range")
     use_range = True
     if if_range is not None:

@@ -41,7 +41,7 @@ from etl_runtime.core.errors import InvalidName, S3Error
 from etl_runtime.core.names import validate_names
 from etl_runtime.gateway import buckets as native
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.s3 import objects, xml
+from etl_runtime.gateway.s3 import copy, objects, xml
 from etl_runtime.gateway.s3.sigv4 import Signed
 
 HIDDEN = ".s3-multipart/"
@@ -139,9 +139,17 @@ async def upload_part(
     gw: Gateway, request: Request, bucket: str, key: str, upload_id: str, signed: Signed | None
 ) -> Response:
     number = _part_number(request)
-    if "x-amz-copy-source" in request.headers:
-        raise S3Error("NotImplemented", 501, "UploadPartCopy is not supported")
     await _check_upload(gw, bucket, key, upload_id)
+    if "x-amz-copy-source" in request.headers:  # UploadPartCopy
+        await request.body()
+        source = await copy.open_source(gw, request, ranged=True)
+        try:
+            name = _part_name(upload_id, number)
+            stored = await objects.put_stream(gw, bucket, name, source.body, source.length)
+        finally:
+            await source.close()
+        result = xml.copy_result("CopyPartResult", f'"{stored["etag"]}"', time.time())
+        return Response(result, media_type="application/xml")
     body, checked, length = objects.upload_body(request, signed)
     stored = await objects.put_stream(gw, bucket, _part_name(upload_id, number), body, length)
     return Response(headers={"ETag": f'"{stored["etag"]}"', **checked.headers()})
@@ -152,6 +160,7 @@ async def complete(
 ) -> Response:
     root = xml.parse(await checked_xml(request, sha256), "CompleteMultipartUpload")
     record = await _check_upload(gw, bucket, key, upload_id)
+    await objects.check_write(gw, request, bucket, key)
     asked: list[tuple[int, str]] = []
     for p in xml.children(root, "Part"):
         number = (xml.text(p, "PartNumber") or "").strip()

@@ -94,6 +94,7 @@ def _kept(headers: Mapping[str, str], checksums: bool = False) -> dict[str, str]
     """The answer headers passed on to the S3 client, metadata renamed to ``x-amz-meta-*``;
     ``checksums``: with the stored ``x-amz-checksum-*`` (asked by ``x-amz-checksum-mode``)."""
     kept = {k: v for k, v in headers.items() if k in ANSWER_HEADERS}
+    kept["content-type"] = _media(headers)  # as stored: no charset added by the Response
     for k, v in headers.items():
         if k.startswith(NATIVE_META):
             name = k[len(NATIVE_META) :]
@@ -362,12 +363,38 @@ def upload_body(
     return body, checked, chunked.length_of(request, payload)
 
 
+async def check_write(gw: Gateway, request: Request, bucket: str, key: str) -> None:
+    """S3's conditional writes: ``If-None-Match: *`` (412 if the key exists) and
+    ``If-Match: ETAG`` (412 if it is another version, 404 if there is none), checked
+    against the owner just before the write."""
+    if_match, if_none = request.headers.get("if-match"), request.headers.get("if-none-match")
+    if if_match is None and if_none is None:
+        return
+    if if_none is not None and if_none.strip() != "*":
+        raise S3Error("NotImplemented", 501, "If-None-Match on a write takes only '*'")
+    url = owner_url(gw, "HEAD", bucket, key)
+    try:
+        r = await gw.http.head(url, headers=gw.target_headers())
+    except httpx.HTTPError as e:
+        raise _unreachable(f"{bucket}/{key}", e) from None
+    if r.status_code >= 400 and r.status_code != 404:
+        raise from_target(r, b"")
+    exists = r.status_code < 400
+    if if_none is not None and exists:
+        raise S3Error("PreconditionFailed", 412, f"If-None-Match: *: {bucket}/{key} exists")
+    if if_match is not None:
+        if not exists:
+            raise S3Error("NoSuchKey", 404, f"If-Match: {bucket}/{key} does not exist")
+        tags = [t.strip().strip('"') for t in if_match.split(",")]
+        if "*" not in tags and r.headers.get("etag", "").strip('"') not in tags:
+            raise S3Error("PreconditionFailed", 412, f"If-Match: {bucket}/{key} is another version")
+
+
 async def put(
     gw: Gateway, request: Request, bucket: str, key: str, signed: Signed | None
 ) -> Response:
     """PutObject: the body streamed to the owner; ``ETag`` is the MD5 of the bytes stored."""
-    if "x-amz-copy-source" in request.headers:
-        raise S3Error("NotImplemented", 501, "CopyObject is not supported")
+    await check_write(gw, request, bucket, key)
     body, checked, length = upload_body(request, signed)
     meta = meta_headers_in(request.headers, checked)
     stored = await put_stream(gw, bucket, key, body, length, meta)

@@ -30,8 +30,8 @@ from etl_runtime.core.names import validate_bucket
 from etl_runtime.gateway import buckets as native
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway, unreachable
+from etl_runtime.gateway.s3 import copy, multipart, objects, xml
 from etl_runtime.gateway.s3 import early as s3_early
-from etl_runtime.gateway.s3 import multipart, objects, xml
 from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
 from etl_runtime.gateway.s3.errors import S3Route, answered
@@ -293,6 +293,9 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
             if "partNumber" in q:
                 raise S3Error("NotImplemented", 501, "GET by partNumber is not supported")
             return await objects.get(gw, request, bucket, key, method == "HEAD", duplex, early)
+        if method == "PUT" and "x-amz-copy-source" in request.headers:
+            stored = await copy.copy_object(gw, request, bucket, key)
+            return _xml(xml.copy_result("CopyObjectResult", f'"{stored["etag"]}"', time.time()))
         if method == "PUT":
             return await objects.put(gw, request, bucket, key, signed)
         if method == "DELETE":

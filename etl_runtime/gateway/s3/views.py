@@ -13,6 +13,9 @@ beyond, naming the view) and answers the slice with the real total in
 ``Content-Range``. Each range runs the transform again unless the ETL caches
 its output (``cache: true``), which makes every range after the first a
 cache hit; a whole-object GET without ``Range`` is streamed, never held.
+A HeadObject runs the transform and counts its output, so it answers the
+real ``Content-Length``: boto3's ``download_file``, the AWS CLI and pyarrow
+size their reads by HEAD, and pyarrow read an object without one as empty.
 The answer carries the view's ETag (``views.view_etag``: the source's ETag,
 the ETL and its args, hashed; the CRT refuses an answer without one and
 sends it back in ``If-Match`` for the next parts). Conditional headers are
@@ -40,6 +43,34 @@ from etl_runtime.storage.ranges import byte_range
 RANGED_MAX = 256 << 20  # bytes of transformed output a ranged read of a view may hold
 
 
+async def _transformed_size(
+    gw: Gateway, request: Request, bucket: str, key: str, view: dict[str, Any]
+) -> int:
+    """The length of the view's object: the transform is run and its output counted
+    (streamed, not held); an ETL with ``cache: true`` keeps it for the GET that follows."""
+    params = views.source_params(request, bucket, view)
+    src = views.check_source(gw, bucket, view)
+    url = object_url(route(gw, "GET", src, key).url, src, key)
+    try:
+        r = await views.follow(gw, "GET", f"{url}?{urlencode(params)}")
+    except Exception as e:  # httpx errors: the owner or its transformer went away
+        raise NoTargets(
+            f"the owner of {src}/{key} (source of view {bucket!r}) did not answer "
+            f"({type(e).__name__}); retry",
+            bucket=bucket,
+            object=key,
+        ) from None
+    try:
+        if r.status_code >= 400:
+            raise from_target(r, await r.aread())
+        size = 0
+        async for chunk in r.aiter_raw():
+            size += len(chunk)
+        return size
+    finally:
+        await r.aclose()
+
+
 def refuse_write(bucket: str, key: str | None, what: str) -> S3Error:
     where = f"{bucket}/{key}" if key else bucket
     return S3Error(
@@ -56,7 +87,9 @@ async def get(
     """GetObject / HeadObject of a view's key."""
     validate_names(bucket, key)
     if head:
-        return await views.head(gw, bucket, view, key)
+        out = await views.head(gw, bucket, view, key)
+        out.headers["content-length"] = str(await _transformed_size(gw, request, bucket, key, view))
+        return out
     params = views.source_params(request, bucket, view)
     src = views.check_source(gw, bucket, view)
     etag = views.view_etag(

@@ -135,6 +135,11 @@ def complete_upload(location: str, bucket: str, key: str, etag: str) -> bytes:
     )
 
 
+def copy_result(root: str, etag: str, mtime: float) -> bytes:
+    """CopyObjectResult (``root``) or CopyPartResult: the new ETag and its time."""
+    return document(root, [_el("ETag", etag), _el("LastModified", iso(mtime))])
+
+
 def list_parts(bucket: str, key: str, upload_id: str, parts: list[dict[str, Any]]) -> bytes:
     inner = [_el("Bucket", bucket), _el("Key", key), _el("UploadId", upload_id)]
     inner += [_el("IsTruncated", "false"), _el("MaxParts", 10000)]
