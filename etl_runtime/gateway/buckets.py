@@ -35,7 +35,7 @@ from etl_runtime.core.errors import (
 )
 from etl_runtime.core.names import read_bucket_action, validate_bucket
 from etl_runtime.core.params import refuse_repeated, refuse_unknown
-from etl_runtime.gateway import aiscompat, bucket_delete, views
+from etl_runtime.gateway import ais_buckets, aiscompat, bucket_delete, views
 from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.bucket_action import is_job_action as bucket_action_is_job
 from etl_runtime.gateway.bucket_action import start_transform
@@ -131,6 +131,9 @@ def bucket_router(gw: Gateway) -> APIRouter:
     @router.head("/v1/buckets/{bucket}")
     async def head_bucket(bucket: str, request: Request) -> Response:
         validate_bucket(bucket)
+        if ais_buckets.is_info(request):  # bucket.info(): props, then the summary
+            gw.require_read(request)
+            return await ais_buckets.info(gw, list_bucket_page, bucket, request)
         refuse_unknown(request, ("provider",), bucket=bucket)
         gw.require_read(request)
         await remote_gateway.ensure_bucket(gw, request, bucket)
@@ -176,6 +179,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
         refuse_repeated(request, bucket=bucket)
         gw.require_read(request)
         await remote_gateway.ensure_bucket(gw, request, bucket)
+        if (summ := ais_buckets.summary_action(await request.body(), bucket)) is not None:
+            return await ais_buckets.summary(gw, list_bucket_page, bucket, summ)  # bucket.summary()
         action = await aiscompat.list_action(request, bucket)
         if action is not None:  # the aistore SDK's form: an LsoResult, msgpack if asked
             prefix, start_after, size = aiscompat.page_args(action, bucket)
