@@ -1,4 +1,4 @@
-"""One test per private part of uvicorn (and FastAPI) that ``etl_runtime/wire/http/`` relies on.
+"""Each private part of uvicorn (and FastAPI, Starlette, CPython) that ``wire/http/`` uses.
 
 Each names the internal and the module that uses it, and fails with the
 installed versions when the internal is gone or changed shape, so a new
@@ -9,17 +9,21 @@ them is tested with real servers in the rest of ``tests/wire/``.
 
 from __future__ import annotations
 
+import ctypes
 import inspect
 from collections.abc import Callable
 from importlib.metadata import version
 from typing import Any
 
 import fastapi.routing
+import httptools
 import uvicorn
+from starlette.responses import Response
 from uvicorn.protocols.http import flow_control, httptools_impl
 from uvicorn.server import ServerState
 
 from etl_runtime.wire.http import inprotocol
+from etl_runtime.wire.http.wholebody import Whole
 
 VERSIONS = (
     f"uvicorn {uvicorn.__version__}, httptools {version('httptools')}, "
@@ -132,3 +136,35 @@ def test_fastapi_route_regex() -> None:
     assert found and found.groupdict() == {"bucket": "b", "name": "a/b.txt"}, _fail(
         hook, user, f"matches {found}"
     )
+
+
+def test_httptools_parser_should_upgrade() -> None:
+    hook = "httptools.HttpRequestParser.should_upgrade"
+    assert callable(getattr(httptools.HttpRequestParser, "should_upgrade", None)), _fail(
+        hook, "wire/http/wholebody.py", "gone"
+    )
+
+
+def test_starlette_response_parts() -> None:
+    hook = "starlette.responses.Response(content, status_code, headers, media_type, background)"
+    user = "wire/http/zerocopy.py (FileRangeResponse)"
+    _params(
+        hook,
+        user,
+        Response.__init__,
+        ["self", "content", "status_code", "headers", "media_type", "background"],
+    )
+    response = Response(None, 206, {"content-length": "5"}, "text/plain")
+    assert (b"content-length", b"5") in response.raw_headers, _fail(
+        "starlette.responses.Response.raw_headers", user, f"is {response.raw_headers}"
+    )
+    assert response.background is None and response.status_code == 206
+
+
+def test_cpython_bytes_to_fill() -> None:
+    hook = "ctypes.pythonapi.PyBytes_FromStringAndSize(NULL, n) / PyBytes_AsString"
+    whole = Whole(4)
+    whole.add(b"ab")
+    whole.add(b"cd")
+    assert whole.take() == b"abcd", _fail(hook, "wire/http/wholebody.py", "fills no bytes")
+    assert hasattr(ctypes.pythonapi, "PyBytes_FromStringAndSize"), _fail(hook, "wholebody", "gone")
