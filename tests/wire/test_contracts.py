@@ -17,6 +17,7 @@ from typing import Any
 
 import fastapi.routing
 import httptools
+import pytest
 import uvicorn
 from starlette.responses import Response
 from uvicorn.protocols.http import flow_control, httptools_impl
@@ -168,3 +169,18 @@ def test_cpython_bytes_to_fill() -> None:
     whole.add(b"cd")
     assert whole.take() == b"abcd", _fail(hook, "wire/http/wholebody.py", "fills no bytes")
     assert hasattr(ctypes.pythonapi, "PyBytes_FromStringAndSize"), _fail(hook, "wholebody", "gone")
+
+
+def test_a_changed_hook_fails_naming_it_and_the_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    def renamed(self: Any, cycle: Any, app: Any, context: Any = None) -> None: ...
+
+    monkeypatch.setattr(PROTOCOL, "_start_asgi_task", renamed)
+    with pytest.raises(AssertionError) as failed:
+        test_httptools_protocol_start_asgi_task()
+    message = str(failed.value)
+    assert "HttpToolsProtocol._start_asgi_task (used by wire/http/zerocopy.py" in message
+    assert "signature is (self, cycle, app, context)" in message
+    assert f"uvicorn {uvicorn.__version__}" in message
+    monkeypatch.delattr(PROTOCOL, "_start_asgi_task")
+    with pytest.raises(AssertionError, match=r"_start_asgi_task .*: gone in uvicorn"):
+        test_httptools_protocol_start_asgi_task()
