@@ -29,7 +29,10 @@ process, which receives every result frame from its workers) and
 Every server also reports ``sluice_fast_path_enabled{path}`` (1 on, 0 off) for
 each fast path built on uvicorn's internals (``wire/http/hooks.py`` sets
 ``FAST_PATHS`` as the server starts): a new uvicorn that lacks a hook turns its
-path off, and this gauge and one start-up line say so.
+path off, and this gauge and one start-up line say so. Collectors of what a
+process runs beside its app (the Kubernetes watch caches' relists,
+``cluster/kube/watch.py``) add themselves to ``PROCESS_COLLECTORS``; every
+app's ``/metrics`` serves them.
 """
 
 from __future__ import annotations
@@ -181,6 +184,17 @@ class MetricsMiddleware:
 FAST_PATHS: dict[str, bool] = {}
 
 
+# Added to by modules of the process at import; read at every scrape, so also
+# after install_metrics ran.
+PROCESS_COLLECTORS: list[Collector] = []
+
+
+class _ProcessCollectors:
+    def collect(self) -> Iterator[Metric]:
+        for collector in list(PROCESS_COLLECTORS):
+            yield from collector.collect()
+
+
 class FastPathCollector:
     """``sluice_fast_path_enabled{path}``: 1 when the fast path is on in this process."""
 
@@ -208,6 +222,7 @@ def install_metrics(app: FastAPI, role: str, *collectors: Collector) -> Collecto
     registry = CollectorRegistry()
     ProcessCollector(registry=registry)
     registry.register(FastPathCollector())
+    registry.register(_ProcessCollectors())
     for collector in collectors:
         registry.register(collector)
     app.state.http_metrics = HttpMetrics(registry, role)  # also for answers outside ASGI

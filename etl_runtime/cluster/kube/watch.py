@@ -13,8 +13,8 @@ apiserver's host frozen) no error ever arrives, and without this limit the
 cache would stay stale for good. A healthy watch is never that quiet: the
 apiserver sends a bookmark about once a minute to every watch that asks for
 them. Lists and watches use the same limit as the socket's read timeout.
-Each relist is logged and counted by reason (``relists()``;
-``WatchCollector`` serves them as ``sluice_kube_watch_relists_total``).
+Each relist is logged and counted by reason (``relists()``; every server's
+``/metrics`` serves them as ``sluice_kube_watch_relists_total{watch,reason}``).
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from kubernetes import client, watch
 from kubernetes.client.exceptions import ApiException
 from prometheus_client.core import CounterMetricFamily, Metric
 from urllib3.exceptions import ReadTimeoutError
+
+from etl_runtime.core import metrics
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +86,9 @@ class WatchCollector:
         for (what, reason), n in sorted(relists().items()):
             family.add_metric([what, reason], n)
         yield family
+
+
+metrics.PROCESS_COLLECTORS.append(WatchCollector())  # every server's /metrics
 
 
 class WatchCache:

@@ -17,11 +17,14 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+from fastapi import FastAPI
 from kubernetes import client
+from prometheus_client import generate_latest
 
 from etl_runtime.cluster.clustermap import BucketProps
 from etl_runtime.cluster.kube import watch
 from etl_runtime.cluster.kube.clustermap import KubeClusterMap
+from etl_runtime.core.metrics import install_metrics
 from tests.k8s.fixtures import Cluster
 from tests.k8s.waiting import wait_for
 
@@ -129,11 +132,10 @@ def test_a_map_behind_a_frozen_connection_catches_up_within_the_inactivity_timeo
         assert reader.get().buckets["fresh"] == BucketProps(2)
         assert watch.relists()[(what, "inactive")] > before
         assert any("relisting" in r.getMessage() and what in r.getMessage() for r in caplog.records)
-        metric = list(watch.WatchCollector().collect())[0]
-        assert any(
-            s.labels == {"watch": what, "reason": "inactive"} and s.value > before
-            for s in metric.samples
-        )
+        # What Prometheus scrapes from any server of the process.
+        scraped = generate_latest(install_metrics(FastAPI(), "gateway")).decode()
+        line = f'sluice_kube_watch_relists_total{{reason="inactive",watch="{what}"}} '
+        assert float(scraped.split(line, 1)[1].split()[0]) > before, scraped
     finally:
         reader.close()
         writer.close()
