@@ -30,11 +30,15 @@ $(STAMP): pyproject.toml uv.lock | $(UV)
 
 # The images install the lock's versions too: images/locked/*.txt, exported from it.
 EXPORT = $(UV) export -q --frozen --no-hashes --no-emit-project --no-header --no-annotate
+# the runtime image's CPU torch: its dependencies' versions (torch itself: the Dockerfile's ARGs)
+NOT_TORCH := --no-emit-package torch --no-emit-package torchvision
+LOCKED_TORCH = $(EXPORT) --extra torch | sed -n 's/^$(1)==\([^ ;]*\).*/\1/p'
 
 lock: | $(UV)  # after a change to pyproject.toml's dependencies: re-resolve uv.lock
 	$(UV) lock
 	$(EXPORT) --extra server -o images/locked/server.txt
 	$(EXPORT) --extra ais -o images/locked/ais.txt
+	$(EXPORT) --extra torch $(NOT_TORCH) -o images/locked/torch.txt
 
 # The wire tests (the contract tests of uvicorn's internals among them) against the
 # newest uvicorn, starlette, httptools and fastapi, in a venv of their own: the
@@ -62,6 +66,9 @@ lint: install
 	$(UV) lock --check  # uv.lock is pyproject.toml's resolution (else: make lock)
 	$(EXPORT) --extra server | diff -u images/locked/server.txt -
 	$(EXPORT) --extra ais | diff -u images/locked/ais.txt -
+	$(EXPORT) --extra torch $(NOT_TORCH) | diff -u images/locked/torch.txt -
+	grep -qx "ARG TORCH_VERSION=$$($(call LOCKED_TORCH,torch))" images/runtime/Dockerfile
+	grep -qx "ARG TORCHVISION_VERSION=$$($(call LOCKED_TORCH,torchvision))" images/runtime/Dockerfile
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check etl_runtime operator tests bench examples
 	$(BIN)/mypy
