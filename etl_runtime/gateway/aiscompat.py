@@ -258,3 +258,11 @@ def etl_details(record: EtlRecord, last_errors: list[dict[str, Any]]) -> dict[st
             for e in last_errors
         ],
     }
+
+
+def etl_node_logs(logs: dict[str, str]) -> list[dict[str, str]]:
+    """``etl.logs()``'s ``[ETLNodeLogs]``: per target, its logs base64-encoded."""
+    return [
+        {"target_id": t, "logs": base64.b64encode(text.encode()).decode()}
+        for t, text in sorted(logs.items())
+    ]

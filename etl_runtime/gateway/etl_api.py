@@ -24,7 +24,13 @@ from fastapi.responses import PlainTextResponse
 from etl_runtime.cluster.records import EtlRecord
 from etl_runtime.core import auth
 from etl_runtime.core import spec as etl_spec
-from etl_runtime.core.errors import EtlNotFound, InvalidRequest, InvalidSpec, Unauthorized
+from etl_runtime.core.errors import (
+    EtlNotFound,
+    InvalidRequest,
+    InvalidSpec,
+    NotFound,
+    Unauthorized,
+)
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.cacheindex import FIELDS as CACHE_FIELDS
@@ -147,7 +153,7 @@ def refuse_unknown_etl_params(request: Request) -> None:
     """The ETL routes take no query parameters but ``tail`` on logs and ``uuid`` on
     details (the aistore SDK's ``view()`` sends it, empty or the ETL's uid)."""
     name = request.path_params.get("name")
-    if request.url.path.endswith("/logs"):
+    if request.url.path.endswith("/logs") or "target_id" in request.path_params:
         known: tuple[str, ...] = ("tail",)
     elif name and request.method == "GET":
         known = ("uuid", "wait")
@@ -248,10 +254,26 @@ def etl_router(gw: Gateway) -> APIRouter:
             raise _not_found(name) from None
         return {"name": name, "deleted": True}
 
+    @router.get("/v1/etl/{name}/logs/{target_id}")
+    async def target_logs(
+        name: str, target_id: str, request: Request, tail: int = Query(200, ge=1, le=100_000)
+    ) -> Any:
+        """One target's logs (the aistore SDK's ``logs(target_id)``); 404 naming it."""
+        every = await logs(name, request, tail)
+        entries = (
+            every
+            if isinstance(every, list)
+            else [{"target_id": t, "logs": v} for t, v in every["logs"].items()]
+        )
+        mine = [e for e in entries if e["target_id"] == target_id]
+        if not mine:
+            raise NotFound(
+                f"ETL {name!r} runs on no target {target_id!r}", etl=name, target=target_id
+            )
+        return mine if isinstance(every, list) else {"logs": {target_id: mine[0]["logs"]}}
+
     @router.get("/v1/etl/{name}/logs")
-    async def logs(
-        name: str, request: Request, tail: int = Query(200, ge=1, le=100_000)
-    ) -> dict[str, Any]:
+    async def logs(name: str, request: Request, tail: int = Query(200, ge=1, le=100_000)) -> Any:
         # Logs can carry user data (error messages): a token is needed once one is set.
         held = request.headers.get("authorization")
         if not auth.read_ok(held, gw.read_token or gw.token, gw.token):
@@ -271,6 +293,8 @@ def etl_router(gw: Gateway) -> APIRouter:
                     out[t.id] = f"<logs unavailable: {why}>"
                 else:
                     out[t.id] = f"<logs unavailable: target did not answer: {r!r}>"
+        if aiscompat.from_ais_sdk(request):  # [ETLNodeLogs], each base64 as AIStore's
+            return aiscompat.etl_node_logs(out)
         return {"logs": out}
 
     return router

@@ -132,3 +132,14 @@ def test_a_listrange_action_with_an_unknown_field_is_a_400_naming_it(ais: Client
         r = http.post("/v1/buckets/src", json=body)
         assert r.status_code == 400 and "no ETL" in r.json()["error"], r.text
     assert "never" not in [b.name for b in ais.cluster().list_buckets()]
+
+
+def test_etl_logs_per_target(ais: Client) -> None:
+    entries = ais.etl("upper-etl").logs()
+    assert len(entries) == 3 and len({e.target_id for e in entries}) == 3, entries
+    assert all(isinstance(e.logs, str) for e in entries)
+    one = ais.etl("upper-etl").logs(entries[1].target_id)
+    assert [e.target_id for e in one] == [entries[1].target_id]
+    with pytest.raises(AISError) as err:
+        ais.etl("upper-etl").logs("no-such-target")
+    assert err.value.status_code == 404 and "no-such-target" in str(err.value)

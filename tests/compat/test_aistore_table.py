@@ -1,0 +1,174 @@
+"""The AIStore-compatibility table of docs/architecture.md is this module's ``CALLS``.
+
+Each row is (SDK call, status, the test module that drives it, the word that
+module must contain). A row marked ``works`` must name a test module that
+exists and calls it; a refused row says why. The table in the docs is
+compared with ``CALLS`` cell by cell, so neither can change without the other.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "architecture.md"
+HEADING = "### SDK calls, one by one"
+WORKS = "works"
+
+# (call, status, test module under tests/, a word the module contains)
+CALLS: list[tuple[str, str, str, str]] = [
+    (
+        "`bucket.create()`, `bucket.delete()`, `cluster().list_buckets()`",
+        WORKS,
+        "compat/test_aistore_multiobj.py",
+        "list_buckets",
+    ),
+    (
+        "`bucket.list_objects()`, `list_objects_iter()`, `list_all_objects()`",
+        WORKS,
+        "compat/test_aistore_sdk.py",
+        "list_objects_iter",
+    ),
+    (
+        "listing flags `NO_RECURSION`, `NAME_ONLY`, `NAME_SIZE` (`CACHED`, `BCK_PRESENT`, "
+        "`DONT_HEAD_REMOTE`, `DONT_ADD_REMOTE`, `NO_DIRS`: no change)",
+        WORKS,
+        "compat/test_aistore_listing.py",
+        "NO_RECURSION",
+    ),
+    (
+        "listing flags `ARCH_DIR` (`list_archive()`), `MISSING`, `DELETED`, `NOT_CACHED`, "
+        "`ONLY_REMOTE_PROPS`, `DIFF`, `IS_S3`, `NBI`",
+        "refused: a 400 naming the flag (not listed by Sluice yet)",
+        "compat/test_aistore_listing.py",
+        "ARCH_DIR",
+    ),
+    (
+        "`obj.get_writer().put_content()`, `put_file()`",
+        WORKS,
+        "compat/test_aistore_sdk.py",
+        "put_file",
+    ),
+    (
+        "`obj.get_reader().read_all()`, with `ETLConfig(name, args)`",
+        WORKS,
+        "compat/test_aistore_etl.py",
+        "ETLConfig",
+    ),
+    (
+        "`obj.copy(to_obj)`, `obj.copy(to_obj, etl=ETLConfig(...))`",
+        WORKS,
+        "compat/test_aistore_copy.py",
+        "copy",
+    ),
+    (
+        "`bucket.copy(to_bck, prefix_filter, prepend, dry_run)` (`copy-bck`)",
+        WORKS,
+        "compat/test_aistore_copy.py",
+        "prefix_filter",
+    ),
+    (
+        "`bucket.transform(to_bck, etl_name)` (`etl-bck`)",
+        WORKS,
+        "compat/test_aistore_jobs.py",
+        "transform",
+    ),
+    ("`bucket.summary()`, `bucket.info()`", WORKS, "compat/test_aistore_buckets.py", "info"),
+    (
+        "`objects(...).delete()` (`delete-listrange`)",
+        WORKS,
+        "compat/test_aistore_multiobj.py",
+        "delete",
+    ),
+    (
+        "`objects(...).evict()` (`evict-listrange`, an `aws` bucket; an `ais` bucket is a 400)",
+        WORKS,
+        "compat/test_aistore_multiobj.py",
+        "evict-listrange",
+    ),
+    (
+        "`objects(...).copy(to_bck, prepend)` (`copy-listrange`)",
+        WORKS,
+        "compat/test_aistore_copy.py",
+        "copy-listrange",
+    ),
+    (
+        "`objects(...).transform(to_bck, etl_name, ext)`, `objects(...).inspect(etl_name)` "
+        "(`etl-listrange`)",
+        WORKS,
+        "compat/test_aistore_copy.py",
+        "inspect",
+    ),
+    (
+        "`Job.wait()`, `status()`, `get_details()`, `abort()`, `cluster().list_jobs_status()`, "
+        "`list_running_jobs()`",
+        WORKS,
+        "compat/test_aistore_jobs.py",
+        "list_running_jobs",
+    ),
+    ("`dsort().start(spec)`", WORKS, "compat/test_aistore_jobs.py", "dsort"),
+    ("`client.batch(...)` (GetBatch)", WORKS, "batch/test_getbatch.py", "batch"),
+    (
+        "`etl.init_class()`, `etl.init(image=...)`, `view()`, `stop()`, `start()`",
+        WORKS,
+        "compat/test_aistore_etl.py",
+        "init_class",
+    ),
+    ("`etl.init_spec()`", "refused on purpose: a whole pod spec; use `init(image=...)`", "", ""),
+    ("dSort `content` / external key maps", "refused on purpose: a 400 naming the field", "", ""),
+    (
+        "`os_packages` of an ETL run locally",
+        "refused on purpose: packages are not installed on the host",
+        "",
+        "",
+    ),
+    (
+        "`objects(...).prefetch()` (`prefetch-listrange`)",
+        "refused: a 400 naming the action (`prefetch(prefix=...)` of Sluice's own SDK prefetches)",
+        "",
+        "",
+    ),
+    ("`objects(...).archive(...)` (`archive-listrange`)", "refused: 405, nothing changes", "", ""),
+    ("`bucket.rename()` (`move-bck`)", "refused: a 400 naming the action", "", ""),
+    ("`obj.multipart_upload()`", "refused: a 400 naming the parameter", "", ""),
+    (
+        '`get_writer().append_content()`, `as_file(mode="a")`, `flush`',
+        "refused: a 400 naming `append_handle`, `append_type`",
+        "",
+        "",
+    ),
+    ("`obj.set_custom_props()` (`PATCH`)", "refused: a 400 naming the parameter", "", ""),
+    ("`etl.logs()`, `etl.logs(target_id)`", WORKS, "compat/test_aistore_copy.py", "logs"),
+]
+
+
+def table_rows() -> list[tuple[str, str, str]]:
+    text = DOC.read_text()
+    assert HEADING in text, f"{DOC} has no {HEADING!r} section"
+    lines = text.split(HEADING, 1)[1].splitlines()
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("|"))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    rows = lines[start:end]  # the first table after the heading
+    cells = [[c.strip() for c in re.split(r"(?<!\\)\|", ln)[1:-1]] for ln in rows[2:]]
+    return [(c[0].replace("\\|", "|"), c[1], c[2]) for c in cells]
+
+
+def rendered() -> list[tuple[str, str, str]]:
+    return [(call, status, f"`tests/{mod}`" if mod else "") for call, status, mod, _ in CALLS]
+
+
+def test_the_docs_table_is_calls() -> None:
+    assert table_rows() == rendered(), "\n" + "\n".join(
+        f"| {c} | {s} | {t} |" for c, s, t in rendered()
+    )
+
+
+def test_every_call_that_works_is_driven_by_its_test_module() -> None:
+    for call, status, module, word in CALLS:
+        if status == WORKS:
+            path = ROOT / "tests" / module
+            assert path.is_file(), (call, module)
+            assert word in path.read_text(), (call, module, word)
+        else:
+            assert status.startswith("refused"), (call, status)
