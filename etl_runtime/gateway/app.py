@@ -30,6 +30,7 @@ from etl_runtime.gateway.membership import MembershipSource, RebalanceMonitor, j
 from etl_runtime.gateway.redirect import redirect_router
 from etl_runtime.gateway.s3 import KeyStore, s3_router
 from etl_runtime.gateway.s3.early import early_starter
+from etl_runtime.gateway.s3.root import S3AtRoot
 from etl_runtime.gateway.smap import check_ready, daemon_router
 from etl_runtime.gateway.ui import ui_router
 from etl_runtime.wire.clients.duplex import DuplexClient
@@ -112,6 +113,7 @@ def create_gateway_app(
     app.include_router(batch_router(gw, batch_http, batch_assembly))  # GetBatch: GET /v1/ml/moss
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
     app.include_router(s3_router(gw, keys, batch_http))  # /s3/..., /v1/s3/keys
+    app.add_middleware(S3AtRoot)  # S3 at the root too: /BUCKET/KEY as /s3/BUCKET/KEY
     app.include_router(cluster_router(gw))  # /v1/cluster: Sluice's view, AIStore's job queries
     app.include_router(daemon_router(gw))  # /v1/daemon?what=smap: AIStore's cluster map
 

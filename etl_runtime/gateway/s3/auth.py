@@ -1,6 +1,7 @@
 """Who may make an S3 call: a SigV4-signed request with a cluster key, or nobody at all.
 
-* A signed request (header or presigned URL) must verify (``sigv4.verify``)
+* A signed request (header or presigned URL) must verify (``sigv4.verify``;
+  a Signature Version 2 presigned URL: ``sigv2.verify``)
   against a key of ``keys.KeyStore``; a ``read`` key may GET, HEAD and list,
   a ``write`` key may do everything.
 * An unsigned request is anonymous: allowed for reads only, and only where
@@ -18,7 +19,7 @@ from __future__ import annotations
 from fastapi import Request
 
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.s3 import sigv4
+from etl_runtime.gateway.s3 import sigv2, sigv4
 from etl_runtime.gateway.s3.keys import KeyStore
 
 
@@ -27,7 +28,10 @@ async def authorize(
 ) -> sigv4.Signed | None:
     """The verified signature (None: anonymous); raises ``S3Error`` 403 when not allowed."""
     if sigv4.is_signed(request):
-        signed = sigv4.verify(request, keys)  # a few HMACs: cheaper than a thread hop
+        if sigv4.is_v2(request):  # boto3's default presigned URLs
+            signed = sigv2.verify(request, keys)
+        else:
+            signed = sigv4.verify(request, keys)  # a few HMACs: cheaper than a thread hop
         permission = keys.permission(signed.access_key)
         if write and permission != "write":
             raise sigv4.denied(

@@ -90,10 +90,10 @@ def mismatch(message: str = "") -> S3Error:
 def is_signed(request: Request) -> bool:
     auth = request.headers.get("authorization", "")
     q = request.query_params
-    return auth.startswith(ALGORITHM) or "X-Amz-Algorithm" in q or _is_v2(request)
+    return auth.startswith(ALGORITHM) or "X-Amz-Algorithm" in q or is_v2(request)
 
 
-def _is_v2(request: Request) -> bool:
+def is_v2(request: Request) -> bool:
     return request.headers.get("authorization", "").startswith("AWS ") or (
         "AWSAccessKeyId" in request.query_params
     )
@@ -191,7 +191,7 @@ def _signed_headers(value: str) -> list[str]:
 def verify(request: Request, secret_of: SecretLookup, now: float | None = None) -> Signed:
     """Check the request's SigV4 signature (either form); raise ``S3Error`` if it fails."""
     now = time.time() if now is None else now
-    if _is_v2(request):
+    if is_v2(request):
         raise S3Error(
             "InvalidRequest",
             400,
