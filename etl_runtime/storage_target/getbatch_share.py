@@ -235,7 +235,8 @@ class Share:
                 os.close(fd)
             if isinstance(e, OSError):  # the disk failed this item: named, not a bare 500
                 raise SluiceError(
-                    f"target {self.target.id} could not read ais://{bucket}/{name}: {e}",
+                    f"target {self.target.id} could not read ais://{bucket}/{name}: "
+                    f"{e.strerror or e}",  # (str(e) would name the file's path)
                     bucket=bucket,
                     object=name,
                     target=self.target.id,
