@@ -12,7 +12,11 @@ walks the objects it holds:
 * an object it owns in a bucket with ``copies > 1`` is copied to the other
   owners that lack it (repair);
 * a bucket directory that the map no longer lists (deleted while this target
-  was away) is removed.
+  was away) is removed;
+* a copy is checked against its stored checksum before it is sent: a bad one
+  is replaced by a good copy from another owner first, or, without one,
+  counted (``corrupted`` in the status) and never sent. A bad copy on another
+  owner is that owner's to find (its reads, or the ``scrub`` job).
 
 A pass that moved something or hit an error is followed by another (writes
 that were in flight during the change land in the first one's wake); the
@@ -36,6 +40,7 @@ import anyio.to_thread
 
 from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.core.eventloop import cancel_and_wait
+from etl_runtime.storage import integrity
 from etl_runtime.storage.peers import PeerError, Peers
 from etl_runtime.storage.store import ObjectStore
 
@@ -78,6 +83,7 @@ class Rebalancer:
         self._task: asyncio.Task[None] | None = None
         self._done_id: int | None = None
         self._status: dict[str, Any] = {"state": "idle", "rebalance_id": None}
+        self._corrupted: set[tuple[str, str]] = set()  # bad copies here, never sent
 
     def status(self) -> dict[str, Any]:
         return dict(self._status, target=self.self_id)
@@ -121,6 +127,7 @@ class Rebalancer:
             "last_error": None,
         }
         throttle = Throttle(self.rate)
+        self._corrupted = set()
         while True:
             cmap = self.cmap.get()
             if cmap.rebalance_id != rebalance_id:
@@ -161,6 +168,24 @@ class Rebalancer:
             os.rename(self.store.buckets_dir / bucket, trash)
             shutil.rmtree(trash, ignore_errors=True)
 
+    async def _repair(self, cmap: ClusterMap, bucket: str, name: str, owners: list[str]) -> bool:
+        """This target's bad copy replaced by a good one from a target that has one."""
+        for t in dict.fromkeys([*owners, *cmap.previous_owners(bucket, name)]):
+            if t == self.self_id:
+                continue
+            try:
+                found = await self.peers.fetch(t, bucket, name)
+                if found is None:
+                    continue
+                body, meta = found
+                await self.store.write_object(bucket, name, body, meta=meta)
+            except PeerError as e:
+                log.warning("rebalance: repair of %s/%s from %s: %s", bucket, name, t, e)
+                continue
+            integrity.COUNTS.add("read_repairs", self.self_id)
+            return True
+        return False
+
     async def place(self, cmap: ClusterMap, bucket: str, name: str, throttle: Throttle) -> int:
         """Put one object where the map wants it; 1 if anything was sent or removed."""
         owners = cmap.owners(bucket, name)
@@ -174,11 +199,21 @@ class Rebalancer:
             return 0  # deleted meanwhile
         stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
         sent = 0
+        etag: str | None = None
         for t in owners:
             if t == self.self_id or await self.peers.has(t, bucket, name):
                 continue
-            etag = (await anyio.to_thread.run_sync(self.store.stat_object, bucket, name)).etag
             await throttle.spend(st.st_size)
+            if etag is None:  # checked once, before the first send: bad bytes are never copied
+                info, ok = await anyio.to_thread.run_sync(self.store.verify_object, bucket, name)
+                if ok is False:
+                    if await self._repair(cmap, bucket, name, owners):
+                        return 1  # the good bytes are here now: the next pass sends them
+                    self._corrupted.add((bucket, name))  # objects, not sightings per pass
+                    self._status["corrupted"] = len(self._corrupted)
+                    log.error("rebalance: %s/%s here is corrupted, no good copy", bucket, name)
+                    return 0
+                etag = info.etag
             if await self.peers.send(t, bucket, name, path, etag, if_absent=True):
                 sent += 1
                 self._status["bytes_moved"] += st.st_size

@@ -62,6 +62,7 @@ from etl_runtime.core.errors import (
     TransformerFailed,
 )
 from etl_runtime.etl.pipeline import transform_chain
+from etl_runtime.storage import integrity
 from etl_runtime.storage_target.context import Target
 from etl_runtime.wire.clients.duplex import DuplexResponse
 from etl_runtime.wire.formats import bulk
@@ -220,15 +221,27 @@ class EtlShare:
                 if st is None or not stat.S_ISREG(st.st_mode):
                     store.object_file(bucket, name)  # BucketNotFound, ObjectNotFound
                     raise OSError(f"{bucket}/{name} is not a file")  # (cannot happen)
+                cs = integrity.stored(path) if integrity.verify_reads() else None
                 if fqn:
+                    if cs is not None:  # the transformer never reads bad bytes
+                        with open(path, "rb") as f:
+                            if not integrity.file_matches(f.fileno(), cs):
+                                raise self._corrupted(bucket, name)
                     self._ready[(bucket, name)] = path
                 elif st.st_size <= BODY_SEND_MAX:
                     with open(path, "rb") as f:
-                        self._ready[(bucket, name)] = f.read()
+                        data = f.read()
+                    if cs is not None and not cs.matches(data):
+                        raise self._corrupted(bucket, name)
+                    self._ready[(bucket, name)] = data
             except SluiceError as e:
                 self._ready[(bucket, name)] = e
             except OSError as e:
                 self._ready[(bucket, name)] = self._fail(e, bucket, name)
+
+    def _corrupted(self, bucket: str, name: str) -> SluiceError:
+        integrity.found_bad(bucket, name, self._target.id)
+        return integrity.corrupted(bucket, name, self._target.id)
 
     async def run(self) -> None:
         try:
@@ -238,7 +251,8 @@ class EtlShare:
             self.outcomes = [e if mine else ELSEWHERE for mine in self._owned]
             return
         self._to_transformer = direct
-        if (direct is None or direct[2]) and len(self._rows) <= LOOP_ROWS:  # stats, no reads:
+        by_path = direct is not None and direct[2] and not integrity.verify_reads()
+        if (direct is None or by_path) and len(self._rows) <= LOOP_ROWS:  # stats, no reads:
             self._prepare(direct)  # on the loop (as batch.py's LOOP_ITEMS)
         else:
             await anyio.to_thread.run_sync(self._prepare, direct)
