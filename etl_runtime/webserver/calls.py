@@ -38,16 +38,21 @@ def read_fqn(fqn: str) -> bytes:
         try:
             return f.read()
         except OSError as e:
-            raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from None
+            raise BadRequest(f"etl_fqn: cannot read the object's file: {_why(e)}") from None
 
 
 def open_fqn(fqn: str) -> BinaryIO:
     try:
         return open(fqn, "rb")
     except FileNotFoundError:
-        raise ObjectNotFound(f"etl_fqn {fqn!r}: no such file") from None
+        raise ObjectNotFound("etl_fqn: the object's file is gone (no such file)") from None
     except OSError as e:
-        raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from None
+        raise BadRequest(f"etl_fqn: cannot read the object's file: {_why(e)}") from None
+
+
+def _why(e: OSError) -> str:
+    """An OSError's reason without its file name: error bodies never carry a path."""
+    return e.strerror or type(e).__name__
 
 
 class ObjectHandler:

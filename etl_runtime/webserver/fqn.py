@@ -11,9 +11,12 @@ opened, and so is every ``etl_fqn`` when no root was given.
 
 from __future__ import annotations
 
+import logging
 import os
 
 from etl_runtime.core.errors import BadRequest
+
+log = logging.getLogger("sluice.transformer")
 
 DATA_ROOTS_ENV = "SLUICE_DATA_ROOTS"
 
@@ -44,7 +47,8 @@ def confine(fqn: str, roots: tuple[str, ...], dirs: dict[str, str] | None = None
     else:
         real = os.path.realpath(fqn)
     if not any(real == root or real.startswith(_dir(root)) for root in roots):
-        raise BadRequest(f"etl_fqn {fqn!r:.200} lies outside the target's data directory")
+        log.warning("etl_fqn %r refused: outside the data roots %s", fqn[:300], roots)
+        raise BadRequest("etl_fqn refused: the path lies outside the target's data directory")
     return real
 
 

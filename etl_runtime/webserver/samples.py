@@ -10,7 +10,10 @@ default handlers (what ``TarWriter`` uses).
 
 ``tar_members`` lays the encoded sample out as ``TarWriter.write`` does (one
 ``<key>.<ext>`` member per field, sorted, metadata fields dropped), but as
-bytes built here in the worker, so the server only forwards them.
+bytes built here in the worker, so the server only forwards them. A result
+whose member names would be unsafe to extract (absolute, or with a ``..``
+segment: ``targuard.unsafe_name``) is refused as ``BadResult``, as unsafe input
+names are refused before they reach the function.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from etl_runtime.core.errors import (
     TransformError,
     traceback_tail,
 )
+from etl_runtime.wire.formats.targuard import unsafe_name
 
 IMAGE_SPECS = tuple(autodecode.imagespecs)
 
@@ -101,6 +105,12 @@ class SampleTransform:
 def tar_members(sample: dict[str, Any]) -> bytes:
     """Tar members for an encoded sample, laid out as ``webdataset.TarWriter.write``."""
     key = sample["__key__"]
+    if why := unsafe_name(str(key)):
+        raise BadResult(
+            f"sample {str(key)[:300]!r}: the result's __key__ would make member names "
+            f"with {why}; return a relative key without '..'",
+            sample=str(key)[:300],
+        )
     now = time.time()
     parts: list[bytes] = []
     for k in sorted(sample):

@@ -17,6 +17,14 @@ dropped and counted; with ``fail`` the object fails naming the sample: a JSON
 error if nothing was sent yet, otherwise an error marker (``wire/formats/tarbreak.py``:
 a member header promising more than follows) and an aborted connection, so no
 tar reader takes the shorter shard for a whole one.
+
+Before ``tarfile`` sees the shard, ``GuardedTar`` (``wire/formats/targuard.py``)
+inflates it and checks every header as it passes: a member name that is
+absolute, has a ``..`` segment or lies below a symlink member of the shard is
+refused (422 ``UnsafeShard`` naming object and sample), and so is a pax or GNU
+long-name header over 1 MiB, before ``tarfile`` would read it into memory. A
+refusal in the first sample is a JSON 422 before any output; later, the error
+marker.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from etl_runtime.webserver.bodyfile import BodyClosed, RequestBodyFile
 from etl_runtime.webserver.pool import SAMPLE_TASK, Task
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.wire.formats import tarbreak
+from etl_runtime.wire.formats.targuard import GuardedTar
 
 if TYPE_CHECKING:
     from etl_runtime.webserver.transformer import Transformer
@@ -84,7 +93,7 @@ def load_tariterators() -> ModuleType:
     return tariterators
 
 
-def iter_samples(fileobj: IO[bytes], url: str) -> Iterator[dict[str, Any]]:
+def iter_samples(fileobj: IO[bytes] | GuardedTar, url: str) -> Iterator[dict[str, Any]]:
     """Samples of a tar stream, grouped exactly as ``wds.WebDataset`` groups them."""
     tariterators = load_tariterators()
     files = tariterators.tar_file_expander([{"url": url, "stream": fileobj}])
@@ -111,7 +120,8 @@ class ShardParser:
     def _run(self) -> None:
         last_key: str | None = None
         try:
-            for sample in iter_samples(self.fileobj, self.obj):
+            guarded = GuardedTar(self.fileobj, f"object {self.obj!r}")
+            for sample in iter_samples(guarded, self.obj):
                 self.room.acquire()
                 if self.stopped:
                     return
@@ -130,7 +140,10 @@ class ShardParser:
             self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
 
     def _error(self, e: Exception, last_key: str | None) -> SluiceError:
-        reason = f"{type(e).__name__}: {e.args[0] if e.args else e}"
+        if isinstance(e, SluiceError):
+            return e
+        # webdataset appends " @ <the stream>" to a message: the stream is no news
+        reason = f"{type(e).__name__}: {e.args[0] if e.args else e}".split(" @ <shard of ")[0]
         if isinstance(e, tarfile.TarError) and last_key is None:
             return NotATar(
                 f"object {self.obj!r} is not a tar shard ({reason}); wds mode needs a "
@@ -161,9 +174,10 @@ async def transform_shard(
         try:
             fileobj = open(fqn, "rb")  # noqa: SIM115 - closed by the parser thread
         except FileNotFoundError:
-            raise ObjectNotFound(f"etl_fqn {fqn!r}: no such file") from None
-        except OSError as e:
-            raise BadRequest(f"etl_fqn {fqn!r}: cannot read: {e}") from e
+            raise ObjectNotFound(f"object {obj!r}: its file (etl_fqn): no such file") from None
+        except OSError as e:  # its message names the path: only the reason goes out
+            why = e.strerror or type(e).__name__
+            raise BadRequest(f"object {obj!r}: cannot read its file (etl_fqn): {why}") from None
         stats.bytes_in += os.fstat(fileobj.fileno()).st_size
     else:
 

@@ -27,6 +27,14 @@ from etl_runtime.core.errors import InvalidRequest, SluiceError
 log = logging.getLogger(__name__)
 
 
+def reason(exc: BaseException) -> str:
+    """An unexpected exception, for an error body: an OSError without its file names
+    (its ``str`` names the path, and no error body carries a filesystem path)."""
+    if isinstance(exc, OSError):
+        return f"{type(exc).__name__}: {exc.strerror or 'error'}"
+    return repr(exc)
+
+
 def error_response(err: SluiceError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
@@ -59,7 +67,7 @@ class AnswerUnexpected:
             if started:
                 raise
             log.exception("%s %s failed", scope.get("method"), scope.get("path"))
-            err = SluiceError(f"internal error on {self.who}: {exc!r}", **self.context)
+            err = SluiceError(f"internal error on {self.who}: {reason(exc)}", **self.context)
             await error_response(err)(scope, receive, send)
 
 
@@ -90,7 +98,7 @@ def install_error_handlers(app: FastAPI, context: dict[str, Any] | None = None) 
     async def on_unexpected(request: Request, exc: Exception) -> JSONResponse:
         # Only what escapes AnswerUnexpected (a middleware outside it) gets here.
         log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(SluiceError(f"internal error: {exc!r}", **(context or {})))
+        return error_response(SluiceError(f"internal error: {reason(exc)}", **(context or {})))
 
     app.add_exception_handler(SluiceError, on_sluice_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
