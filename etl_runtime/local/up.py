@@ -70,6 +70,7 @@ PASSED_ENV = (
     "SLUICE_LOOP",
     "SLUICE_PODMAN",
     "SLUICE_BATCH_ASSEMBLY",
+    "SLUICE_S3_UPLOAD_TTL",  # storage_target/multipart_sweep.py: abandoned S3 uploads
 )
 
 

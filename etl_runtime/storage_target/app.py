@@ -36,6 +36,7 @@ from etl_runtime.storage_target.getbatch_routes import moss_router
 from etl_runtime.storage_target.getbatch_share import batch_router
 from etl_runtime.storage_target.inprotocol import answerer
 from etl_runtime.storage_target.internal import internal_router
+from etl_runtime.storage_target.multipart_sweep import MultipartSweep
 from etl_runtime.storage_target.objects import object_router
 from etl_runtime.storage_target.remote_routes import remote_router
 from etl_runtime.wire.clients.duplex import DuplexClient
@@ -86,6 +87,7 @@ def create_target_app(
     jobs = install_target_jobs(target, data_dir, cluster_map)
 
     moss_http = DuplexClient()  # a designated target's GETs of items outside shares
+    sweep = MultipartSweep(store)  # abandoned S3 uploads: SLUICE_S3_UPLOAD_TTL (24 h)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -95,9 +97,11 @@ def create_target_app(
         if rebalancer is not None:
             await rebalancer.start()
         await jobs.manager.start()
+        await sweep.start()
         try:
             yield
         finally:
+            await sweep.stop()
             await jobs.manager.stop()
             if rebalancer is not None:
                 await rebalancer.stop()

@@ -19,8 +19,10 @@ from its listings and refuses keys under ``.s3-multipart/``.
   as its ETag (the store keeps one ETag per object);
 * AbortMultipartUpload deletes them; ListParts lists them.
 
-ListMultipartUploads is not supported (501). An abandoned upload stays
-until aborted (no lifecycle rules); deleting the bucket removes it.
+ListMultipartUploads lists the ``upload`` records (key, ID, time). An
+abandoned upload is aborted by the targets' sweep once older than
+``SLUICE_S3_UPLOAD_TTL`` (24 h: ``storage_target/multipart_sweep.py``);
+deleting the bucket removes it too.
 """
 
 from __future__ import annotations
@@ -90,7 +92,9 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def _check_upload(gw: Gateway, bucket: str, key: str, upload_id: str) -> dict[str, Any]:
+async def _check_upload(
+    gw: Gateway, bucket: str, key: str | None, upload_id: str
+) -> dict[str, Any]:
     """The upload's record (``key``, ``created``, ``meta``); NoSuchUpload if it is not ``key``'s."""
     name = _upload_dir(upload_id) + "upload"
     try:
@@ -100,7 +104,7 @@ async def _check_upload(gw: Gateway, bucket: str, key: str, upload_id: str) -> d
             raise _no_upload(upload_id) from None
         raise
     record: dict[str, Any] = json.loads(raw)
-    if record.get("key") != key:
+    if key is not None and record.get("key") != key:
         raise _no_upload(upload_id)
     return record
 
@@ -211,6 +215,40 @@ async def list_parts(gw: Gateway, bucket: str, key: str, upload_id: str) -> Resp
     await _check_upload(gw, bucket, key, upload_id)
     parts = await _parts(gw, bucket, upload_id)
     return Response(xml.list_parts(bucket, key, upload_id, parts), media_type="application/xml")
+
+
+async def list_uploads(gw: Gateway, bucket: str, params: dict[str, str]) -> Response:
+    """ListMultipartUploads: the uploads in progress (their ``upload`` records), by key and
+    upload ID; ``prefix``, ``key-marker``/``upload-id-marker``, ``max-uploads``."""
+    raw = params.get("max-uploads", "1000")
+    if not raw.isdigit():
+        raise S3Error("InvalidArgument", 400, f"max-uploads must be an integer, got {raw!r}")
+    limit = min(int(raw), 1000)
+    params["max-uploads"] = str(limit)
+    prefix = params.get("prefix", "")
+    marker = (params.get("key-marker", ""), params.get("upload-id-marker", ""))
+    found: list[tuple[str, str, float]] = []
+    after = ""
+    while True:
+        page = await native.list_bucket_page(gw, bucket, HIDDEN, after, 1000)
+        for o in page["objects"]:
+            name = o["name"]
+            if not name.endswith("/upload"):
+                continue
+            upload_id = name[len(HIDDEN) :].split("/", 1)[0]
+            try:
+                record = await _check_upload(gw, bucket, None, upload_id)
+            except S3Error:  # completed or aborted meanwhile
+                continue
+            key = str(record.get("key", ""))
+            if key.startswith(prefix) and (key, upload_id) > marker:
+                found.append((key, upload_id, float(record.get("created", 0.0))))
+        if page["next"] is None:
+            break
+        after = page["next"]
+    found.sort()
+    body = xml.list_uploads(bucket, params, found[:limit], len(found) > limit)
+    return Response(body, media_type="application/xml")
 
 
 async def dispatch(

@@ -248,7 +248,9 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
                     raise bucket_not_found(bucket)
                 return _xml(xml.location("us-east-1"))
             if "uploads" in q:
-                raise S3Error("NotImplemented", 501, "ListMultipartUploads is not supported")
+                if not await bucket_exists(gw, bucket):
+                    raise bucket_not_found(bucket)
+                return await multipart.list_uploads(gw, bucket, dict(q))
             return _xml(await list_objects(gw, bucket, dict(q)))
         if method == "PUT":
             await request.body()  # CreateBucketConfiguration: one region here, ignored

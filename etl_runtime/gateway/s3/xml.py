@@ -140,6 +140,29 @@ def copy_result(root: str, etag: str, mtime: float) -> bytes:
     return document(root, [_el("ETag", etag), _el("LastModified", iso(mtime))])
 
 
+def list_uploads(
+    bucket: str, params: dict[str, str], uploads: list[tuple[str, str, float]], truncated: bool
+) -> bytes:
+    """ListMultipartUploadsResult: ``uploads`` as (key, upload id, initiated)."""
+    inner = [_el("Bucket", bucket)]
+    inner += [_el("KeyMarker", params.get("key-marker", ""))]
+    inner += [_el("UploadIdMarker", params.get("upload-id-marker", ""))]
+    if truncated and uploads:
+        inner += [_el("NextKeyMarker", uploads[-1][0]), _el("NextUploadIdMarker", uploads[-1][1])]
+    inner += [_el("Prefix", params.get("prefix", "")), _el("MaxUploads", params["max-uploads"])]
+    inner += [_el("IsTruncated", "true" if truncated else "false")]
+    for key, upload_id, initiated in uploads:
+        inner.append(
+            "<Upload>"
+            + _el("Key", key)
+            + _el("UploadId", upload_id)
+            + _el("StorageClass", "STANDARD")
+            + _el("Initiated", iso(initiated))
+            + "</Upload>"
+        )
+    return document("ListMultipartUploadsResult", inner)
+
+
 def list_parts(bucket: str, key: str, upload_id: str, parts: list[dict[str, Any]]) -> bytes:
     inner = [_el("Bucket", bucket), _el("Key", key), _el("UploadId", upload_id)]
     inner += [_el("IsTruncated", "false"), _el("MaxParts", 10000)]
