@@ -10,10 +10,11 @@ the same inventory computes the same plan:
 2. ``alphanumeric``: a stable sort by key (``decreasing`` reverses it);
    ``shuffle``: ``random.Random(seed).shuffle`` of the canonical order — one
    global permutation over all shards and targets, the same for the same seed;
-3. records are cut into output shards in that order; a shard is closed at the
-   record boundary nearest to ``output_shard_size`` (the tar's size, end
-   blocks included), so each shard is within half a record of the target
-   size, and only the last one may be smaller;
+3. records are cut into output shards in that order, by AIStore's rule: a
+   record goes into the open shard, which is closed once its size (the tar's,
+   end blocks included) reaches ``output_shard_size``; so each shard is at
+   least the target size and less than one record over it, and only the
+   last one may be smaller (1,000 records of 10 KiB in 100 KiB shards: 100);
 4. output shard ``i`` is named by ``output_format`` and built by the HRW
    owner of ``output_bck/name``.
 """
@@ -82,14 +83,8 @@ def cut_shards(ordered: list[Placed], target_size: int) -> list[list[Placed]]:
     current: list[Placed] = []
     size = len(END_OF_ARCHIVE)
     for p in ordered:
-        r = p.record.size
-        if current and size + r > target_size:
-            # close before or after this record, whichever lands nearer the target
-            if size + r - target_size > target_size - size:
-                shards.append(current)
-                current, size = [], len(END_OF_ARCHIVE)
         current.append(p)
-        size += r
+        size += p.record.size
         if size >= target_size:
             shards.append(current)
             current, size = [], len(END_OF_ARCHIVE)

@@ -12,7 +12,7 @@ Accepted keys (AIStore's names; the older ``bck``/``extension`` and the newer
                         "decreasing": false}
     output_bck         defaults to the input bucket
     description        free text
-    missing_shards     "abort" (default) | "warn" | "ignore"
+    missing_shards     "ignore" (default, as AIStore's) | "warn" | "abort"
 
 ``extract_concurrency_max_limit`` and ``create_concurrency_max_limit`` bound
 the shards each target indexes and the output shards it sends or publishes at
@@ -91,7 +91,7 @@ class DsortSpec:
     extension: str = ".tar"
     algorithm: Algorithm = field(default_factory=Algorithm)
     description: str = ""
-    missing_shards: str = "abort"
+    missing_shards: str = "ignore"
     extract_concurrency: int = 0  # 0: the job's default
     create_concurrency: int = 0
 
@@ -188,7 +188,7 @@ def _parse(raw: Any) -> DsortSpec:
         extension=ext,
         algorithm=_algorithm(raw.get("algorithm")),
         description=_string(raw, "description"),
-        missing_shards=_choice(raw, "missing_shards", MISSING_SHARDS, "abort"),
+        missing_shards=_choice(raw, "missing_shards", MISSING_SHARDS, "ignore"),
         extract_concurrency=_limit(raw, "extract_concurrency_max_limit"),
         create_concurrency=_limit(raw, "create_concurrency_max_limit"),
     )

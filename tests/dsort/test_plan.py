@@ -9,7 +9,7 @@ import pytest
 import webdataset as wds
 
 from etl_runtime.core.errors import DsortFailed, InvalidDsortSpec
-from etl_runtime.dsort.plan import make_plan
+from etl_runtime.dsort.plan import Placed, cut_shards, make_plan
 from etl_runtime.dsort.records import END_OF_ARCHIVE, Record, index_shard
 from etl_runtime.dsort.spec import DsortSpec
 from tests.dsort.shards import read_samples, write_shards
@@ -138,12 +138,13 @@ def test_shuffle_plan(shard_dir: tuple[Path, dict]) -> None:
     every = [k for name in sorted(samples) for k in samples[name]]
     assert sorted(keys) == every and len(set(keys)) == len(every)  # each record once
     assert keys != every
-    for shard in plan[:-1]:  # within 5% of 40 KB, the last one excepted
-        assert abs(shard.size - 40_000) <= 2_000, shard.size
+    for shard in plan[:-1]:  # at least 40 KB, less than a record over, the last excepted
+        assert 40_000 <= shard.size <= 40_000 + max(p.record.size for p in shard.records)
     assert plan[-1].size <= 42_000
     # a global shuffle: some output shard mixes records of 3+ input shards and 2 targets
     assert max(len({p.shard for p in s.records}) for s in plan) >= 3
-    assert all(len({p.target for p in s.records}) == 2 for s in plan[:-1])
+    mixed = [len({p.target for p in s.records}) == 2 for s in plan[:-1]]
+    assert sum(mixed) >= len(mixed) - 1, mixed  # 5-6 records each: one may be one target's
     # the same seed gives the same plan, another seed another one
     assert flat(make_plan(spec(), inv, owner)) == keys
     other = flat(make_plan(spec(algorithm={"kind": "shuffle", "seed": "43"}), inv, owner))
@@ -212,3 +213,10 @@ def test_a_shard_replaced_after_indexing_is_refused_by_name(
     os.replace(replaced, shard)  # as the store publishes a new version
     with pytest.raises(DsortFailed, match="images/shard-000000.tar changed during the job"):
         asyncio.run(drain())
+
+
+def test_shards_close_once_they_reach_the_size_as_in_aistore() -> None:
+    records = [Placed("t0", "in.tar", Record(f"r{i:04d}", 0, 10 * 1024 + 512)) for i in range(1000)]
+    shards = cut_shards(records, 100 * 1024)
+    assert len(shards) == 100  # an output_format of {000..100} (101 names) is enough
+    assert all(len(s) == 10 for s in shards)
