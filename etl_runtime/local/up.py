@@ -71,6 +71,8 @@ PASSED_ENV = (
     "SLUICE_PODMAN",
     "SLUICE_BATCH_ASSEMBLY",
     "SLUICE_S3_UPLOAD_TTL",  # storage_target/multipart_sweep.py: abandoned S3 uploads
+    "SLUICE_VERIFY_READS",  # storage/integrity.py: reads' checksum checks (on unless 0)
+    "SLUICE_SCRUB_MBPS",  # jobs/scrub.py: the scrub's read rate per target
 )
 
 
@@ -176,9 +178,9 @@ class Supervisor:
 
     def env(self, key: str) -> dict[str, str]:
         # AWS_* (remote buckets' endpoint and keys) pass through like the rest;
-        # of SLUICE_*, only the remote-bucket settings (etl_runtime/providers/), the
-        # ETL output cache's budget (etl_runtime/etl/cacheindex.py) and the zygote's
-        # settings (etl_runtime/local/zygote.py).
+        # of SLUICE_*, only those of PASSED_ENV: the remote-bucket settings
+        # (etl_runtime/providers/), the ETL output cache's budget, the zygote's, the
+        # read checks' and the scrub's.
         env = {
             k: v
             for k, v in os.environ.items()

@@ -22,6 +22,8 @@ import boto3
 import httpx
 import pytest
 from botocore.config import Config
+from botocore.exceptions import ClientError, IncompleteReadError, ResponseStreamingError
+from urllib3.exceptions import ReadTimeoutError
 
 from etl_runtime import Client
 from etl_runtime.local import LocalCluster
@@ -119,6 +121,22 @@ def test_flipped_single_copy_fails_loudly(up: LocalCluster, http: httpx.Client, 
     if size <= 1 << 20:
         r = http.get(f"/v1/objects/{bucket}/o.bin")
         assert r.status_code == 503 and "retry-after" not in r.headers  # nothing to wait for
+    assert corrupted_reads(http, r_target(up, path)) >= 2
+
+
+def r_target(up: LocalCluster, path: Path) -> str:
+    """The id of the target whose data dir holds ``path`` (``targets/<id>/...``)."""
+    return path.relative_to(up.data_dir / "targets").parts[0]
+
+
+def corrupted_reads(http: httpx.Client, target: str) -> float:
+    """``sluice_integrity_corrupted_reads_total`` on that target's ``/metrics``."""
+    urls = {t["id"]: t["url"] for t in http.get("/v1/cluster").json()["targets"]}
+    text = httpx.get(f"{urls[target].rstrip('/')}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("sluice_integrity_corrupted_reads_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sluice_integrity_corrupted_reads_total on {target}")
 
 
 def test_truncated_object_is_never_served_as_complete(up: LocalCluster, http: httpx.Client) -> None:
@@ -134,22 +152,29 @@ def test_truncated_object_is_never_served_as_complete(up: LocalCluster, http: ht
 
 def test_s3_get_of_a_flipped_object_is_not_a_200(up: LocalCluster, http: httpx.Client) -> None:
     make(http, "s3rot")
-    data = payload(SMALL, 3)
-    put(http, "s3rot", "k.bin", data)
-    [path] = files_of(up, "s3rot", "k.bin")
-    flip(path)
+    r = http.post("/v1/s3/keys", json={"permission": "read"})
+    assert r.status_code == 200, r.text
+    key = r.json()
     s3 = boto3.client(
         "s3",
         endpoint_url=f"{up.endpoint}/s3",
-        aws_access_key_id="x",
-        aws_secret_access_key="x",
+        aws_access_key_id=key["access_key"],
+        aws_secret_access_key=key["secret_key"],
         region_name="us-east-1",
         config=Config(retries={"max_attempts": 1}, s3={"addressing_style": "path"}),
     )
-    with pytest.raises(Exception) as err:
-        body = s3.get_object(Bucket="s3rot", Key="k.bin")["Body"].read()
-        assert body == data  # a short or bad body must not pass either
-    assert "flipped" not in str(err.value)
+    for name, size in (("small.bin", SMALL), ("big.bin", BIG)):
+        put(http, "s3rot", name, payload(size, 3))
+        flip(files_of(up, "s3rot", name)[0], at=size - 100)
+        try:
+            body = s3.get_object(Bucket="s3rot", Key=name)["Body"].read()
+        except ClientError as e:  # checked before the first byte
+            assert size <= 1 << 20
+            assert e.response["ResponseMetadata"]["HTTPStatusCode"] == 503, e.response
+        except (IncompleteReadError, ResponseStreamingError, ReadTimeoutError):
+            assert size > 1 << 20  # checked as it streamed: cut short
+        else:
+            pytest.fail(f"S3 GET of {name} answered {len(body)} bytes with a 200")
 
 
 def test_copies_serve_the_good_copy_and_repair_the_bad_one(
