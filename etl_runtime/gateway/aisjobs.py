@@ -29,7 +29,10 @@ Sluice job kinds are AIStore's ``etl-bck`` and ``dsort``, and
 ``Finished`` -> ``end-time`` set, ``is_idle``; ``Failed`` and ``Aborted`` ->
 also ``aborted`` with ``abort-err`` (the reason); ``Running`` -> ``end-time``
 Go's zero time. ``stats`` carries the target's progress (``loc-objs``,
-``loc-bytes``), and ``glob.id`` the workers of an ``etl-bck`` job.
+``loc-bytes``), and ``glob.id`` the workers of an ``etl-bck`` job. A job that
+finished with per-object errors (``coer``) answers ``err`` / ``abort-err`` as
+``"N object(s) failed: obj: why"``, not aborted, so ``Job.wait()`` reports it
+unsuccessful with the count, as AIStore's does.
 """
 
 from __future__ import annotations
@@ -97,13 +100,23 @@ def _ended(view: dict[str, Any]) -> bool:
     return view["state"] in TERMINAL
 
 
+def errors_err(count: int, errors: list[dict[str, Any]]) -> str:
+    """A job that ended with per-object errors, as AIStore's ``err``: the count and the first."""
+    if not count:
+        return ""
+    first = errors[0] if errors else {}
+    named = f": {first.get('object')}: {first.get('error')}" if first else ""
+    return f"{count} object(s) failed{named}"
+
+
 def status(view: dict[str, Any]) -> dict[str, Any]:
     """AIStore's ``nl.Status`` of a job."""
     failed = view["state"] in (FAILED, ABORTED)
+    counted = errors_err(int(view.get("error_count") or 0), view.get("errors") or [])
     return {
         "uuid": view["id"],
         "kind": ais_kind(view["kind"]),
-        "err": (view.get("reason") or view["state"].lower()) if failed else "",
+        "err": (view.get("reason") or view["state"].lower()) if failed else counted,
         "end_time": round((view.get("ended") or 0) * 1e6) * 1000 if _ended(view) else 0,  # ns
         "aborted": failed,
     }
@@ -141,7 +154,16 @@ def snaps(gw: Gateway, view: dict[str, Any], only: str = "") -> dict[str, dict[s
             },
             "aborted": failed,
             "is_idle": state in TERMINAL,
-            "abort-err": (reason or view.get("reason") or state.lower()) if failed else "",
+            "abort-err": (
+                (reason or view.get("reason") or state.lower())
+                if failed
+                else errors_err(
+                    int(part.get("error_count") or 0),
+                    [e for e in view.get("errors") or [] if e.get("target") == tid],
+                )
+                if state in TERMINAL
+                else ""
+            ),
             "glob.id": str((int(workers or 0) & 0x3FF) << WORKER_COUNT_SHIFT),
         }
     return out

@@ -143,3 +143,26 @@ def test_etl_logs_per_target(ais: Client) -> None:
     with pytest.raises(AISError) as err:
         ais.etl("upper-etl").logs("no-such-target")
     assert err.value.status_code == 404 and "no-such-target" in str(err.value)
+
+
+def test_a_job_whose_objects_fail_ends_with_its_error_count(ais: Client) -> None:
+    mixed = ais.bucket("mixed")
+    mixed.create(exist_ok=True)
+    mixed.object("good.txt").get_writer().put_content(b"good")
+    mixed.object("bad.txt").get_writer().put_content(b"bad one")
+    made(ais, "mixed-out")
+    group = mixed.objects(obj_names=["good.txt", "bad.txt"])
+    job = group.transform(ais.bucket("mixed-out"), "upper-etl", continue_on_error=True)
+    result = ais.job(job).wait(timeout=60, verbose=False)
+    assert not result.success and "1 object(s) failed" in str(result.error), result
+    assert "mixed/bad.txt" in str(result.error), result
+    assert listing(ais, "mixed-out") == {"good.txt": b"GOOD"}
+    job = group.transform(ais.bucket("mixed-out"), "upper-etl", prepend="again-")
+    result = ais.job(job).wait(timeout=60, verbose=False)  # no coer: the job fails
+    assert not result.success and "mixed/bad.txt" in str(result.error), result
+    (job,) = mixed.objects(obj_names=["good.txt", "gone.txt"]).copy(
+        ais.bucket("mixed-out"), prepend="c-", continue_on_error=True
+    )
+    result = ais.job(job).wait(timeout=60, verbose=False)
+    assert not result.success and "mixed/gone.txt does not exist" in str(result.error), result
+    assert listing(ais, "mixed-out")["c-good.txt"] == b"good"
