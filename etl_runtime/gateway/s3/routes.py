@@ -36,6 +36,7 @@ from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
 from etl_runtime.gateway.s3.errors import S3Route, answered
 from etl_runtime.gateway.s3.keys import KeyStore
+from etl_runtime.gateway.s3.names import check_s3_bucket
 from etl_runtime.getbatch.exchange import ShareBody
 from etl_runtime.wire.clients.duplex import DuplexClient
 from etl_runtime.wire.http.fastpath import FastRouter
@@ -120,10 +121,13 @@ async def list_objects(gw: Gateway, bucket: str, params: dict[str, str]) -> byte
         cursor = _cursor(params["continuation-token"])
     else:
         cursor = params.get("start-after", "")
+    if v1 and delimiter and cursor.startswith(prefix) and cursor.endswith(delimiter):
+        cursor += LAST  # resuming after a common prefix (V1's NextMarker): skip under it
     contents: list[dict[str, Any]] = []
     prefixes: list[str] = []
     truncated = False
-    while not truncated:
+    last = ""  # the last key or common prefix answered: V1's NextMarker
+    while not truncated and max_keys > 0:
         page = await native.list_bucket_page(gw, bucket, prefix, cursor, MAX_KEYS)
         for o in page["objects"]:
             name = o["name"]
@@ -139,15 +143,15 @@ async def list_objects(gw: Gateway, bucket: str, params: dict[str, str]) -> byte
                 break
             if item is not None:
                 prefixes.append(item)
-                cursor = item + LAST
+                cursor, last = item + LAST, item
             else:
                 contents.append(o)
-                cursor = name
+                cursor = last = name
         if page["next"] is None:
             break
     encode = (lambda s: quote(s, safe="/")) if params.get("encoding-type") == "url" else str
     if v1:
-        return xml.list_objects_v1(bucket, params, contents, prefixes, truncated, cursor, encode)
+        return xml.list_objects_v1(bucket, params, contents, prefixes, truncated, last, encode)
     token = _token(cursor) if truncated else None
     return xml.list_objects_v2(bucket, params, contents, prefixes, token, encode)
 
@@ -237,6 +241,8 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
         method, q = request.method, request.query_params
         signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
         _refuse_unsupported(request)
+        if method == "PUT":
+            check_s3_bucket(bucket)  # S3's rules for a new bucket, each named
         validate_bucket(bucket)
         if method == "HEAD":
             if not await bucket_exists(gw, bucket):
