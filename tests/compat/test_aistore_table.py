@@ -107,7 +107,20 @@ CALLS: list[tuple[str, str, str, str]] = [
         "compat/test_aistore_jobs.py",
         "list_running_jobs",
     ),
-    ("`dsort().start(spec)`", WORKS, "compat/test_aistore_jobs.py", "dsort"),
+    (
+        "a job whose objects fail: `Job.wait()` unsuccessful with `N object(s) failed: obj: why` "
+        "(with `continue_on_error`), failed at the first error without it",
+        WORKS,
+        "compat/test_aistore_copy.py",
+        "object(s) failed",
+    ),
+    (
+        "`dsort().start(spec)` (`missing_shards` by default `ignore`, shards cut by AIStore's "
+        "size rule)",
+        WORKS,
+        "compat/test_aistore_jobs.py",
+        "dsort",
+    ),
     ("`client.batch(...)` (GetBatch)", WORKS, "batch/test_getbatch.py", "batch"),
     (
         "`etl.init_class()`, `etl.init(image=...)`, `view()`, `stop()`, `start()`",
