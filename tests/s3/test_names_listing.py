@@ -80,3 +80,21 @@ def test_v1_next_marker_and_max_keys_zero(s3: Any) -> None:
     for call in (s3.list_objects, s3.list_objects_v2):
         zero = call(Bucket="listing-edges", MaxKeys=0)
         assert zero["IsTruncated"] is False and "Contents" not in zero
+
+
+def test_folder_marker_keys(s3: Any) -> None:
+    s3.create_bucket(Bucket="folder-markers")
+    s3.put_object(Bucket="folder-markers", Key="asdf/", Body=b"")
+    s3.put_object(Bucket="folder-markers", Key="asdf/inside", Body=b"in")
+    assert s3.head_object(Bucket="folder-markers", Key="asdf/")["ContentLength"] == 0
+    assert s3.get_object(Bucket="folder-markers", Key="asdf/inside")["Body"].read() == b"in"
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="folder-markers")["Contents"]]
+    assert sorted(keys) == ["asdf/", "asdf/inside"]
+    listed = s3.list_objects_v2(Bucket="folder-markers", Delimiter="/")
+    assert [p["Prefix"] for p in listed["CommonPrefixes"]] == ["asdf/"]
+    s3.copy_object(Bucket="folder-markers", Key="copied/", CopySource="folder-markers/asdf/")
+    s3.delete_object(Bucket="folder-markers", Key="asdf/")
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="folder-markers")["Contents"]]
+    assert sorted(keys) == ["asdf/inside", "copied/"]
+    with pytest.raises(ClientError):
+        s3.put_object(Bucket="folder-markers", Key="x/.s3-folder", Body=b"")

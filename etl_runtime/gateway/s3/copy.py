@@ -35,6 +35,7 @@ from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
 from etl_runtime.gateway.s3 import objects
 from etl_runtime.gateway.s3.errors import from_target
+from etl_runtime.gateway.s3.names import stored
 
 _RANGE = re.compile(r"^bytes=(\d+)-(\d+)$")
 RANGED_MAX = 256 << 20  # bytes of a view's output a ranged copy may hold
@@ -61,6 +62,7 @@ def parse_source(request: Request) -> tuple[str, str]:
     bucket, _, key = raw.partition("/")
     if not bucket or not key:
         raise S3Error("InvalidArgument", 400, f"x-amz-copy-source must be BUCKET/KEY, got {raw!r}")
+    key = stored(key)
     validate_names(bucket, key)
     return bucket, key
 

@@ -44,6 +44,7 @@ from etl_runtime.core.names import validate_names
 from etl_runtime.gateway import buckets as native
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.s3 import copy, objects, xml
+from etl_runtime.gateway.s3.names import FOLDER
 from etl_runtime.gateway.s3.sigv4 import Signed
 
 HIDDEN = ".s3-multipart/"
@@ -59,6 +60,8 @@ def is_hidden(key: str) -> bool:
 def refuse_hidden(key: str) -> None:
     if is_hidden(key):
         raise InvalidName(f"keys under {HIDDEN!r} are reserved for multipart uploads", object=key)
+    if key == FOLDER or key.endswith("/" + FOLDER):
+        raise InvalidName(f"{FOLDER!r} is reserved for folder markers", object=key)
 
 
 async def checked_xml(request: Request, sha256: str | None) -> bytes:

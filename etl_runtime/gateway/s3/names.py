@@ -1,4 +1,4 @@
-"""S3's bucket-name rules, for buckets made through the S3 API (CreateBucket).
+"""S3's bucket-name rules (CreateBucket), and the stored names of folder-marker keys.
 
 The native API keeps its own, looser rule (``core.names.validate_bucket``:
 1-63 letters, digits, ``.``, ``_``, ``-``); a bucket made through S3 follows
@@ -41,3 +41,17 @@ def check_s3_bucket(bucket: str) -> None:
                 f"bucket name {bucket!r}: a bucket name {rule}",
                 bucket=bucket,
             )
+
+
+FOLDER = ".s3-folder"  # the stored name of a folder marker's last segment (``stored``)
+
+
+def stored(key: str) -> str:
+    """The stored name of an S3 key: a folder marker ``dir/`` (a key ending in ``/``,
+    which the store cannot hold as a file beside ``dir/x``) is ``dir/.s3-folder``."""
+    return key + FOLDER if key.endswith("/") else key
+
+
+def shown(name: str) -> str:
+    """The S3 key of a stored name (``stored`` undone)."""
+    return name[: -len(FOLDER)] if name.endswith("/" + FOLDER) else name

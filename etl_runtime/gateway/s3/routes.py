@@ -37,6 +37,8 @@ from etl_runtime.gateway.s3.auth import authorize
 from etl_runtime.gateway.s3.errors import S3Route, answered
 from etl_runtime.gateway.s3.keys import KeyStore
 from etl_runtime.gateway.s3.names import check_s3_bucket
+from etl_runtime.gateway.s3.names import shown as shown_name
+from etl_runtime.gateway.s3.names import stored as stored_name
 from etl_runtime.getbatch.exchange import ShareBody
 from etl_runtime.wire.clients.duplex import DuplexClient
 from etl_runtime.wire.http.fastpath import FastRouter
@@ -145,8 +147,9 @@ async def list_objects(gw: Gateway, bucket: str, params: dict[str, str]) -> byte
                 prefixes.append(item)
                 cursor, last = item + LAST, item
             else:
-                contents.append(o)
-                cursor = last = name
+                shown = shown_name(name)
+                contents.append(o if shown == name else {**o, "name": shown})
+                cursor, last = name, shown
         if page["next"] is None:
             break
     encode = (lambda s: quote(s, safe="/")) if params.get("encoding-type") == "url" else str
@@ -210,7 +213,7 @@ async def delete_objects(gw: Gateway, request: Request, bucket: str, sha256: str
     for key in keys:  # sequential: small calls on pooled connections, in key order
         try:
             multipart.refuse_hidden(key)
-            await objects.delete(gw, bucket, key)
+            await objects.delete(gw, bucket, stored_name(key))
             deleted.append(key)
         except S3Error as e:
             failed.append((key, e.code, e.message))
@@ -291,6 +294,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
         signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
         _refuse_unsupported(request)
         multipart.refuse_hidden(key)
+        key = stored_name(key)
         if (view := views.view_of(gw, bucket)) is not None:
             if method not in ("GET", "HEAD") or "uploadId" in q or "uploads" in q:
                 raise s3_views.refuse_write(bucket, key, method)
