@@ -11,7 +11,10 @@ blocks that end a tar.
 
 A member with no extension (``README``) is a record of its own, keyed by its
 full name, so it is carried over rather than lost; directories are dropped
-(a tar of samples needs none, and their headers carry no data).
+(a tar of samples needs none, and their headers carry no data). Since the
+bytes go out as they are, a shard with a member name that is unsafe to
+extract (absolute, ``..``, below a symlink member) or a pax/long-name header
+over 1 MiB fails the job naming shard and member (``wire/formats/targuard.py``).
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from etl_runtime.core.errors import DsortFailed
+from etl_runtime.core.errors import DsortFailed, UnsafeShard
+from etl_runtime.wire.formats.targuard import BoundedTarInfo, normalized, unsafe_name
 
 END_OF_ARCHIVE = tarfile.NUL * (2 * tarfile.BLOCKSIZE)
 
@@ -68,8 +72,14 @@ def index_shard(path: Path, shard: str) -> list[Record]:
     key: str | None = None
     start = end = 0
     try:
-        with tarfile.open(path, mode="r:") as tar:
+        links: set[str] = set()
+        with tarfile.open(path, mode="r:", tarinfo=BoundedTarInfo) as tar:
             for ti in tar:
+                if why := unsafe_name(ti.name, links):  # its bytes go out as they are
+                    name = ti.name[:300]
+                    raise DsortFailed(f"shard {shard!r}: member {name!r} is refused: {why}")
+                if ti.issym() or ti.islnk():
+                    links.add(normalized(ti.name))
                 if ti.isdir():
                     if key is not None:
                         records.append(Record(key, start, end - start))
@@ -91,6 +101,8 @@ def index_shard(path: Path, shard: str) -> list[Record]:
                 end = member_end
     except tarfile.TarError as e:
         raise DsortFailed(f"shard {shard!r} is not a valid tar file: {e}") from None
+    except UnsafeShard as e:
+        raise DsortFailed(f"shard {shard!r}: {e.message}") from None
     if key is not None:
         records.append(Record(key, start, end - start))
     return records

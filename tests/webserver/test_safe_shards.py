@@ -358,3 +358,27 @@ def test_error_bodies_carry_no_filesystem_path(cluster: tuple[str, Path]) -> Non
             assert name in text, (what, text[:300])  # the object is named
     finally:
         folder.rmdir()
+
+
+# ---- dSort moves records' bytes verbatim: it refuses such shards too ------------
+
+
+@pytest.mark.parametrize("case", [*HOSTILE, "huge-pax"])
+def test_dsort_refuses_a_hostile_shard(tmp_path: Path, case: str) -> None:
+    from etl_runtime.core.errors import DsortFailed
+    from etl_runtime.dsort.records import index_shard
+
+    if case == "huge-pax":
+        data, want = huge_pax_shard(), "pax header of 67108"
+    else:
+        members, _, why, fmt = HOSTILE[case]
+        data, want = shard(members, at=LATE, fmt=fmt), why
+    path = tmp_path / "in.tar"
+    path.write_bytes(data)
+    rss_before = psutil.Process().memory_info().rss
+    with pytest.raises(DsortFailed) as e:
+        index_shard(path, "ais://b/in.tar")
+    assert "'ais://b/in.tar'" in str(e.value) and want in str(e.value), str(e.value)
+    assert psutil.Process().memory_info().rss - rss_before < 32 << 20
+    path.write_bytes(shard(fmt=tarfile.PAX_FORMAT))
+    assert len(index_shard(path, "ais://b/in.tar")) == N  # a whole shard still indexes

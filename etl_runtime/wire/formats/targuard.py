@@ -19,7 +19,9 @@ data in memory, and ``tarfile`` passes any member name on as it is. So:
 
 ``GuardedTar`` is a file object for ``tarfile``: it decompresses the shard
 itself (so the headers can be seen) and hands on plain tar bytes only after
-the headers among them passed the checks.
+the headers among them passed the checks. ``BoundedTarInfo`` is the bound for
+a ``tarfile`` that reads a seekable file itself (``tarfile.open(...,
+tarinfo=BoundedTarInfo)``, dSort's indexing).
 """
 
 from __future__ import annotations
@@ -265,6 +267,19 @@ def pax_records(data: bytes) -> dict[str, str]:
         found[key.decode("utf-8", "surrogateescape")] = value.decode("utf-8", "surrogateescape")
         pos += length
     return found
+
+
+class BoundedTarInfo(tarfile.TarInfo):
+    """A ``TarInfo`` that refuses an extended header over ``HEADER_MAX`` before
+    ``tarfile`` reads its data (``UnsafeShard``; the caller names the shard)."""
+
+    def _proc_member(self, tarfile: tarfile.TarFile) -> tarfile.TarInfo:  # type: ignore[override]
+        if self.type in _EXTENDED and self.size > HEADER_MAX:
+            raise UnsafeShard(
+                f"a {'pax' if self.type in _PAX else 'GNU long-name'} header of {self.size} "
+                f"bytes is over the {HEADER_MAX >> 20} MiB limit on tar extended headers"
+            )
+        return super()._proc_member(tarfile)  # type: ignore[misc]
 
 
 class GuardedTar:
