@@ -3,7 +3,7 @@
 ``storage/integrity.py`` says what is checked and when. Here: an object of at
 most ``integrity.WHOLE_MAX`` is read whole (on the loop up to ``LOOP_READ``,
 as ``open_if_tagged`` opens it there; bigger in a thread) and answered from
-memory once it matched; a bigger one streams through ``checked_blocks`` (no
+memory once it matched; a bigger one streams through ``CheckedFileResponse`` (no
 ``sendfile``: the bytes must pass through the hash), and a range of one is
 answered after the whole object matched. A mismatch found before the first
 byte is repaired from a good copy when the bucket keeps copies, then the
@@ -23,6 +23,7 @@ from typing import IO
 import anyio.to_thread
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from etl_runtime.storage import integrity
 from etl_runtime.storage.ranges import byte_range, preconditions
@@ -171,18 +172,52 @@ async def serve_local(target: Target, request: Request, bucket: str, name: str) 
                 body = data if span is None else data[start:end]
                 return Response(body, status, headers=headers, media_type=OCTETS)
         elif cs.size == info.size and span is None:
-            blocks = integrity.checked_blocks(
-                _file_iter(f, info.size), cs, _repair_later(target, bucket, name)
-            )
-            return StreamingResponse(
-                blocks, status, headers=headers, media_type="application/octet-stream"
-            )
+            bad = _repair_later(target, bucket, name)
+            return CheckedFileResponse(f, info.size, cs, headers, bad)
         elif cs.size == info.size:  # a range of a big object: all of it checked first
             if await anyio.to_thread.run_sync(integrity.file_matches, f.fileno(), cs):
                 return await _unchecked(request, f, start, end, status, headers)
         f.close()
         integrity.found_bad(bucket, name, target.id)
         await repair_or_fail(target, bucket, name)  # raises, or the good copy is here now
+
+
+class CheckedFileResponse(Response):
+    """A big object streamed through the hash: its last block is sent only once the
+    hash matched; a mismatch raises after the head went out (the connection drops
+    before the last byte). The file is closed however the answer ends."""
+
+    def __init__(
+        self,
+        f: IO[bytes],
+        size: int,
+        cs: integrity.Checksum,
+        headers: dict[str, str],
+        bad: integrity.BadRead,
+    ) -> None:
+        super().__init__(None, 200, headers=headers, media_type=OCTETS)
+        self.f, self.size, self.cs, self.bad = f, size, cs, bad
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            fd, offset, h = self.f.fileno(), 0, integrity.new_hash()
+            held: bytes | None = None
+            while offset < self.size:
+                n = min(self.size - offset, integrity.BLOCK)
+                block = await anyio.to_thread.run_sync(os.pread, fd, n, offset)
+                if not block:
+                    break
+                h.update(block)
+                offset += len(block)
+                if held is not None:
+                    await send({"type": "http.response.body", "body": held, "more_body": True})
+                held = block
+            if offset != self.cs.size or h.hexdigest() != self.cs.digest:
+                raise self.bad()
+            await send({"type": "http.response.body", "body": held or b""})
+        finally:
+            self.f.close()
 
 
 async def _unchecked(

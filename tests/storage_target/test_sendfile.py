@@ -44,8 +44,11 @@ SMALL = b"a small object"
 
 
 @pytest.fixture
-def zc_target(target_on_loop: RunningTarget) -> RunningTarget:
-    """The shared target (zero-copy protocol, on ``loop_name``) holding ``big`` and ``small``."""
+def zc_target(target_on_loop: RunningTarget, monkeypatch: pytest.MonkeyPatch) -> RunningTarget:
+    """The shared target (zero-copy protocol, on ``loop_name``) holding ``big`` and ``small``,
+    its reads unchecked: a checked read passes the bytes through the hash, never sendfile
+    (storage/integrity.py; tests/storage/ covers checked reads)."""
+    monkeypatch.setenv("SLUICE_VERIFY_READS", "0")
     c = target_on_loop.client
     c.post("/v1/buckets/b", json={"action": "create-bck"}).raise_for_status()
     c.put("/v1/objects/b/big", content=BIG).raise_for_status()
@@ -175,7 +178,14 @@ def _open_fds_on(path: Path) -> list[str]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="needs /proc to see open files")
-def test_client_gone_mid_body(zc_target: RunningTarget, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("checked", ["0", "1"])  # "1": a checked read (no sendfile), the same
+def test_client_gone_mid_body(
+    zc_target: RunningTarget,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+    checked: str,
+) -> None:
+    monkeypatch.setenv("SLUICE_VERIFY_READS", checked)
     host, port = zc_target.url.removeprefix("http://").split(":")
     caplog.set_level(logging.WARNING)
     for _ in range(3):
@@ -322,7 +332,7 @@ def test_target_process_sends_by_sendfile(tmp_path: Path) -> None:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     args = ["-m", "etl_runtime.storage_target", "--data-dir", str(tmp_path / "data")]
-    env = {"SLUICE_HOST": "127.0.0.1", "SLUICE_PORT": str(port)}
+    env = {"SLUICE_HOST": "127.0.0.1", "SLUICE_PORT": str(port), "SLUICE_VERIFY_READS": "0"}
     with serve_process(args, f"{url}/v1/health", env=env), httpx.Client(base_url=url) as c:
         c.post("/v1/buckets/b", json={"action": "create-bck"}).raise_for_status()
         c.put("/v1/objects/b/o", content=BIG).raise_for_status()
