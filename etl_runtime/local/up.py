@@ -70,7 +70,7 @@ PASSED_ENV = (
     "SLUICE_LOOP",
     "SLUICE_PODMAN",
     "SLUICE_BATCH_ASSEMBLY",
-    "SLUICE_S3_UPLOAD_TTL",  # storage_target/multipart_sweep.py: abandoned S3 uploads
+    "SLUICE_S3_",  # the S3 API: SLUICE_S3_UPLOAD_TTL (targets), SLUICE_S3_DOMAIN (gateway)
     "SLUICE_VERIFY_READS",  # storage/integrity.py: reads' checksum checks (on unless 0)
     "SLUICE_SCRUB_MBPS",  # jobs/scrub.py: the scrub's read rate per target
 )

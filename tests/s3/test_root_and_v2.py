@@ -4,17 +4,26 @@ without ``/s3``) beside the native API, and boto3's default presigned URLs
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import time
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import boto3
 import httpx
 import pytest
+from botocore.auth import SigV4Auth
+from botocore.awsrequest import AWSRequest
 from botocore.config import Config
+from botocore.credentials import Credentials
 from minio import Minio
 from minio.error import S3Error as MinioError
+
+from etl_runtime.local import LocalCluster
+from tests.s3.conftest import make_key
 
 
 def test_minio_py_at_the_root(endpoint: str, writer: dict[str, Any]) -> None:
@@ -97,3 +106,47 @@ def test_v2_presigned_urls(s3: Any, endpoint: str, writer: dict[str, Any]) -> No
         "get_object", Params={"Bucket": "presign-v2", "Key": "a b.txt"}, ExpiresIn=30 * 86400
     )
     assert httpx.get(far).status_code == 400
+
+
+def test_virtual_host_style(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SLUICE_S3_DOMAIN", "s3.test")
+    with LocalCluster(tmp_path / "data", targets=1) as c:
+        endpoint = c.endpoint.rstrip("/")
+        port = urlsplit(endpoint).port
+        key = make_key(endpoint, "write")
+        creds = Credentials(key["access_key"], key["secret_key"])
+
+        def send(method: str, path: str, body: bytes = b"") -> httpx.Response:
+            url = f"http://vhost-bucket.s3.test:{port}{path}"
+            headers = {"x-amz-content-sha256": hashlib.sha256(body).hexdigest()}
+            request = AWSRequest(method=method, url=url, data=body, headers=headers)
+            SigV4Auth(creds, "s3", "us-east-1").add_auth(request)
+            return httpx.request(
+                method,
+                f"{endpoint}{path}",
+                content=body,
+                headers={**dict(request.headers.items()), "Host": f"vhost-bucket.s3.test:{port}"},
+            )
+
+        assert send("PUT", "/").status_code == 200
+        assert send("PUT", "/dir/k.txt", b"virtual host").status_code == 200
+        got = send("GET", "/dir/k.txt")
+        assert got.status_code == 200 and got.content == b"virtual host"
+        assert b"<Key>dir/k.txt</Key>" in send("GET", "/?list-type=2").content
+        virtual = boto3.client(
+            "s3",
+            endpoint_url=f"http://s3.test:{port}",
+            aws_access_key_id=key["access_key"],
+            aws_secret_access_key=key["secret_key"],
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "virtual"}),
+        )
+        url = virtual.generate_presigned_url(
+            "get_object", Params={"Bucket": "vhost-bucket", "Key": "dir/k.txt"}, ExpiresIn=60
+        )
+        parts = urlsplit(url)
+        assert parts.hostname == "vhost-bucket.s3.test"
+        r = httpx.get(f"{endpoint}{parts.path}?{parts.query}", headers={"Host": parts.netloc})
+        assert r.status_code == 200 and r.content == b"virtual host"
+        # Without the domain's Host, the same path is the root's path-style S3.
+        assert httpx.get(f"{endpoint}/vhost-bucket/dir/k.txt").content == b"virtual host"

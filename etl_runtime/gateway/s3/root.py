@@ -12,13 +12,22 @@ from the native API's and hands them to the ``/s3`` routes:
 * an unsigned one is S3 unless its first segment is one of the gateway's own
   pages (``NATIVE``: ``/ui``, ``/metrics``, the OpenAPI pages).
 
+With ``SLUICE_S3_DOMAIN=s3.example.com`` (and a wildcard DNS name for it), a
+request for ``Host: BUCKET.s3.example.com`` is virtual-host style: its path
+is the key, and it is routed as ``/s3/BUCKET/KEY``.
+
 Only the routing path changes (``scope["path"]``, prefixed with ``/s3``): the
 signature is checked over ``raw_path``, the path the client signed.
 """
 
 from __future__ import annotations
 
+import os
+
 from starlette.types import ASGIApp, Receive, Scope, Send
+
+DOMAIN_ENV = "SLUICE_S3_DOMAIN"
+VHOST_KEY = "sluice.s3.vhost"  # the scope's bucket of a virtual-host-style request
 
 NATIVE = frozenset({"v1", "s3", "ui", "metrics", "docs", "redoc", "openapi.json", "favicon.ico"})
 _SIGNED_QUERY = (b"X-Amz-Algorithm=", b"AWSAccessKeyId=")
@@ -42,16 +51,39 @@ def is_root_s3(scope: Scope) -> bool:
     return _signed(scope) or first not in NATIVE
 
 
-class S3AtRoot:
-    """ASGI middleware: S3 requests at the root are routed as ``/s3/...``."""
+def vhost_bucket(scope: Scope, domain: str) -> str | None:
+    """The bucket of a virtual-host-style request (``Host: BUCKET.DOMAIN``), or None."""
+    for name, value in scope["headers"]:
+        if name == b"host":
+            host = value.decode("latin-1").rsplit(":", 1)[0].lower()
+            if host.endswith("." + domain) and len(host) > len(domain) + 1:
+                return host[: -len(domain) - 1]
+            return None
+    return None
 
-    def __init__(self, app: ASGIApp) -> None:
+
+class S3AtRoot:
+    """ASGI middleware: S3 requests at the root are routed as ``/s3/...``; with a
+    ``domain`` (``SLUICE_S3_DOMAIN``), ``Host: BUCKET.DOMAIN`` requests as
+    ``/s3/BUCKET/...`` (virtual-host style; a wildcard DNS name points at the gateway)."""
+
+    def __init__(self, app: ASGIApp, domain: str | None = None) -> None:
         self.app = app
+        given = os.environ.get(DOMAIN_ENV, "") if domain is None else domain
+        self.domain = given.strip().lower().strip(".")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and is_root_s3(scope):
-            path: str = scope["path"]
-            scope = dict(scope)
-            scope["raw_path"] = scope.get("raw_path") or path.encode()
-            scope["path"] = "/s3" + path if path != "/" else "/s3"
+        if scope["type"] == "http":
+            bucket = vhost_bucket(scope, self.domain) if self.domain else None
+            if bucket is not None:
+                path: str = scope["path"]
+                scope = dict(scope)
+                scope["raw_path"] = scope.get("raw_path") or path.encode()
+                scope["path"] = f"/s3/{bucket}{path}"
+                scope[VHOST_KEY] = bucket
+            elif is_root_s3(scope):
+                path = scope["path"]
+                scope = dict(scope)
+                scope["raw_path"] = scope.get("raw_path") or path.encode()
+                scope["path"] = "/s3" + path if path != "/" else "/s3"
         await self.app(scope, receive, send)

@@ -28,6 +28,7 @@ from urllib.parse import unquote
 from fastapi import Request
 
 from etl_runtime.core.errors import S3Error
+from etl_runtime.gateway.s3.root import VHOST_KEY
 from etl_runtime.gateway.s3.sigv4 import MAX_EXPIRES_SECONDS, UNSIGNED, SecretLookup, Signed, denied
 
 SUBRESOURCES = frozenset(
@@ -66,7 +67,10 @@ def string_to_sign(request: Request, expires: str, prefix: bool = False) -> str:
     lines += [f"{k}:{','.join(v)}" for k, v in sorted(amz.items())]
     path = (request.scope.get("raw_path") or request.url.path.encode()).decode("latin-1")
     resource = path.split("?", 1)[0]
-    if not prefix and (resource == "/s3" or resource.startswith("/s3/")):
+    vhost = request.scope.get(VHOST_KEY)
+    if vhost is not None:  # signed as S3 signs it: the bucket, then the path
+        resource = f"/{vhost}{resource}"
+    elif not prefix and (resource == "/s3" or resource.startswith("/s3/")):
         resource = resource[3:] or "/"
     subs = sorted(
         (p[0], unquote(p[1]) if len(p) > 1 else None) for p in pairs if p[0] in SUBRESOURCES
