@@ -194,7 +194,8 @@ def test_unsigned_trailer_verified(endpoint: str, writer: dict[str, Any], s3d: A
     r, _ = _send(endpoint, writer, "trailed", payload, good, **common)
     assert r.status_code == 200, r.text
     assert r.headers["x-amz-checksum-crc32"] == _crc32(whole)
-    assert s3d.get_object(Bucket=BUCKET, Key="trailed")["Body"].read() == whole
+    got = s3d.get_object(Bucket=BUCKET, Key="trailed", ChecksumMode="ENABLED")
+    assert got["Body"].read() == whole and got["ChecksumCRC32"] == _crc32(whole)
     bad = _framed(data, f"x-amz-checksum-crc32:{_crc32(b'other')}")
     r, _ = _send(endpoint, writer, "trailed-bad", payload, bad, **common)
     assert r.status_code == 400 and "<Code>BadDigest</Code>" in r.text

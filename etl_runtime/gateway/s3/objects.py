@@ -83,7 +83,7 @@ def meta_headers_in(headers: Any, checked: chunked.Checked | None = None) -> dic
             value = ",".join(e for e in value.split(",") if e.strip() != "aws-chunked").strip()
         if value:
             out[NATIVE_META + SYSTEM_MARK + name] = value
-    if checked is not None and not checked.trailer:
+    if checked is not None and checked.value is not None:
         out.update({NATIVE_META + SYSTEM_MARK + k: v for k, v in checked.headers().items()})
     if "content-type" in headers:
         out["content-type"] = headers["content-type"]
@@ -396,9 +396,17 @@ async def put(
     """PutObject: the body streamed to the owner; ``ETag`` is the MD5 of the bytes stored."""
     await check_write(gw, request, bucket, key)
     body, checked, length = upload_body(request, signed)
+    if checked.trailer and length is not None and length.isdigit():
+        if int(length) <= WHOLE_READ_MAX:  # read first: the trailer's checksum is stored
+            data = b"".join([chunk async for chunk in body])
+            body = _whole(data)
     meta = meta_headers_in(request.headers, checked)
     stored = await put_stream(gw, bucket, key, body, length, meta)
     return Response(headers={"ETag": f'"{stored["etag"]}"', **checked.headers()})
+
+
+async def _whole(data: bytes) -> AsyncIterator[bytes]:
+    yield data
 
 
 async def delete(gw: Gateway, bucket: str, key: str) -> None:
