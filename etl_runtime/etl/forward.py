@@ -14,7 +14,7 @@ error marker passes through, a break on a member boundary gets one from here.
 
 When the transformer reads the object's file itself (``etl_fqn``), the client's
 GET is answered with a 307 to the transformer, signed for that one object
-(``webserver/direct.py``; docs/architecture.md, "Transformer data path").
+(``webserver/direct.py``; docs/transformer.md, "Transformer data path").
 ``SLUICE_ETL_REDIRECT_BYTES=N`` relays objects under N bytes, ``off`` all. An
 ETL with ``cache: true`` goes to ``self.cache`` (``outcache.py``) instead.
 

@@ -5,7 +5,7 @@ local ETL controller (transformers as child processes, state in
 ``--state-dir``). Kubernetes mode (``--kubernetes``): target pods by label and
 ETL custom resources; with ``--cluster-map kubernetes`` the map lives in a
 ConfigMap and its members follow the StatefulSet ``--target-statefulset``.
-Flags and env vars as in docs/architecture.md.
+Flags and env vars as in docs/processes.md.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ same internal path on every live target at once.
 
 Without a cluster map (a gateway started without ``--cluster-map``)
 placement and bucket existence follow the live targets, as before the map
-existed; see docs/architecture.md "Placement and membership".
+existed; see docs/placement.md.
 """
 
 from __future__ import annotations

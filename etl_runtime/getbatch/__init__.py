@@ -12,5 +12,5 @@ process, ``storage_target/getbatch_local.py``), ``items.py`` fetches any other
 item (``archpath`` without an ETL, remote bucket) with a GET to the target
 that owns it, ``archive.py`` writes the answer's TAR and reads files out of
 shards, ``assemble.py`` merges both in request order with bounded memory.
-docs/architecture.md, "AIStore compatibility", has the API.
+docs/getbatch.md has the API.
 """

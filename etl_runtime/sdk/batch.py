@@ -6,7 +6,7 @@
     for got in client.get_batch(items, etl_name="resize"):
         got.bucket, got.name, got.data
 
-One ``GET /v1/ml/moss`` (AIStore's GetBatch, docs/architecture.md) whose
+One ``GET /v1/ml/moss`` (AIStore's GetBatch, docs/getbatch.md) whose
 answer, a TAR stream, is read as it arrives: each item is handed on as soon
 as its bytes are in, and the items are checked against the request, name by
 name, so a stream that breaks off or goes astray raises ``StreamError``

@@ -183,7 +183,7 @@ class Client:
 
         ``{"version", "members", "away", "buckets", "rebalance": {"id", "state",
         ...}, "targets": [{"id","url","node","alive","member","rebalance"}]}``
-        (docs/architecture.md, "Placement and membership").
+        (docs/placement.md).
         """
         return self.request_json("GET", "/v1/cluster")
 

@@ -1,6 +1,6 @@
 """The target's object store: buckets and objects as files on local disk.
 
-Layout (see docs/architecture.md): ``DATA/buckets/<bucket>/<object path>``,
+Layout (see docs/processes.md): ``DATA/buckets/<bucket>/<object path>``,
 temp files in ``DATA/.tmp/`` on the same filesystem. A write streams into a
 temp file while hashing it, fsyncs, stores the MD5 in an extended attribute
 of the temp file, renames it into place and fsyncs the directory, so a reader

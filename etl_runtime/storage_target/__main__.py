@@ -1,6 +1,6 @@
 """``sluice-target`` / ``python -m etl_runtime.storage_target``: run one storage target.
 
-Flags and environment variables are those of docs/architecture.md; flags win.
+Flags and environment variables are those of docs/processes.md; flags win.
 The registry (where this target learns its transformers' addresses) is
 ``file:DIR`` for the local cluster or ``kubernetes`` for ETL custom resources.
 """

@@ -1,6 +1,6 @@
 """``sluice-transformer`` / ``python -m etl_runtime.webserver``: serve one ETL.
 
-Flags win over environment variables (see docs/architecture.md, "Transformer").
+Flags win over environment variables (see docs/transformer.md).
 A permanent configuration error ends the process with exit code 2 and, as the
 last line on stderr, ``sluice: ETL '<name>': <reason>`` (the pod's termination
 message on Kubernetes).
@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="object mode: run the code in the server processes' threads (--inline), or in "
         "worker processes (--no-inline); default $SLUICE_INLINE, else inline for object mode "
-        "(see docs/architecture.md, 'Transformer: the default shape')",
+        "(see docs/transformer.md, 'The default shape')",
     )
     p.add_argument(
         "--servers",
@@ -59,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="server processes sharing the port, each with ceil(workers / servers) of the "
         "workers or threads (default $SLUICE_SERVERS, else the usable CPUs when inline, 1 "
-        "otherwise; see docs/architecture.md)",
+        "otherwise; see docs/transformer.md)",
     )
     p.add_argument(
         "--spec-file", default=None, help="ETL spec JSON file (default: $SLUICE_ETL_SPEC text)"

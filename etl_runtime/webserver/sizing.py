@@ -1,7 +1,7 @@
 """How a transformer sizes itself when the user set nothing: servers, inline, workers.
 
-What a user gets without flags (issue 23, docs/architecture.md "Transformer:
-the default shape"). Measured on 2 cores against AIStore's own
+What a user gets without flags (docs/transformer.md,
+"The default shape"). Measured on 2 cores against AIStore's own
 ``FastAPIServer`` (``bench/anchor_transformer.py``), one server process relaying
 every byte to worker processes lost on every byte-heavy row (identity 1 MiB
 0.29-0.52 of AIStore's rate, about 3x its CPU per request): each object

@@ -31,7 +31,7 @@ N = 120  # more than one batched request per target
 BIG = {17: 3 << 20, 40: 200 << 10}  # outputs past a target's 1 MiB per item, past 64 KiB
 WORKERS = {"SLUICE_INLINE": "0"}
 # One inline server: each of several servers counts its own sluice_http_* series and
-# a scrape is answered by one of them (docs/architecture.md, metrics), so the count
+# a scrape is answered by one of them (docs/metrics.md), so the count
 # of batched requests that batch_requests reads is whole only with one.
 ONE_SERVER = {"SLUICE_SERVERS": "1"}
 

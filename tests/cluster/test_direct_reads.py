@@ -2,8 +2,8 @@
 
 The official aistore SDK places a direct read itself, with AIStore's HRW over
 the Smap (``GET /v1/daemon?what=smap``), not Sluice's: the target that gets a
-read it does not own answers 307 to the owner, once (docs/architecture.md,
-"AIStore compatibility"). Real servers on loopback sharing one cluster map.
+read it does not own answers 307 to the owner, once (docs/aistore.md,
+"Cluster map and direct reads"). Real servers on loopback sharing one cluster map.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """An AIStore user creates ETLs with the official ``aistore`` SDK (2.0.x) against a
 real ``sluice up``: ``init_class`` runs their ``ETLServer`` subclass in Sluice's
-runtime (docs/architecture.md, "AIStore compatibility")."""
+runtime (docs/aistore.md)."""
 
 from __future__ import annotations
 

@@ -3,8 +3,7 @@
 ``Job.wait()``/``status()``/``get_details()`` of offline transforms and dSort
 jobs, running and finished; ``Cluster.is_ready()`` and the Smap; direct reads
 (the SDK places objects itself, with AIStore's HRW, and the target that gets a
-read it does not own redirects to the owner). docs/architecture.md, "AIStore
-compatibility".
+read it does not own redirects to the owner). docs/aistore.md.
 """
 
 from __future__ import annotations

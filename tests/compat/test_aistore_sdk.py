@@ -1,7 +1,7 @@
 """The official ``aistore`` SDK (2.0.x) and ``aistore.pytorch`` against a real ``sluice up``.
 
 The seeds' training code uses these calls unchanged; each must work with the
-right data (docs/architecture.md, "AIStore compatibility").
+right data (docs/aistore.md).
 """
 
 from __future__ import annotations

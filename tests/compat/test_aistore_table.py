@@ -1,4 +1,4 @@
-"""The AIStore-compatibility table of docs/architecture.md is this module's ``CALLS``.
+"""The AIStore-compatibility table of docs/aistore.md is this module's ``CALLS``.
 
 Each row is (SDK call, status, the test module that drives it, the word that
 module must contain). A row marked ``works`` must name a test module that
@@ -12,8 +12,8 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "docs" / "architecture.md"
-HEADING = "### SDK calls, one by one"
+DOC = ROOT / "docs" / "aistore.md"
+HEADING = "## SDK calls, one by one"
 WORKS = "works"
 
 # (call, status, test module under tests/, a word the module contains)

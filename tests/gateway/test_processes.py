@@ -1,6 +1,6 @@
 """The real entry points: ``python -m etl_runtime.storage_target`` / ``.gateway`` as processes.
 
-Flags and environment per docs/architecture.md, a token and a cluster key,
+Flags and environment per docs/processes.md, a token and a cluster key,
 objects written and read through the gateway, a transformed read through an
 ETL record the targets find in their ``file:`` registry.
 """

@@ -1,6 +1,6 @@
 """A tiny gateway + target pair (real FastAPI apps) that speak the documented HTTP API.
 
-Just enough of ``docs/architecture.md`` to pin down what the SDK puts on the
+Just enough of ``docs/http-api.md`` to pin down what the SDK puts on the
 wire: the 307 dance, token handling, pagination, error bodies, ETL polling.
 The real servers are exercised by ``tests/e2e``.
 """

@@ -5,7 +5,7 @@
 ``objects`` (the object data path, proxied to the owner: why, in its
 docstring), ``multipart``, ``auth`` and ``sigv4`` (who may call),
 ``keys`` (the S3 keys and ``/v1/s3/keys``), ``xml`` and ``errors``.
-See docs/architecture.md, "S3 API".
+See docs/s3-api.md.
 """
 
 from __future__ import annotations
