@@ -196,6 +196,8 @@ class Share:
             size = st.st_size
             cs = integrity.stored(fd) if integrity.verify_reads() else None
             if cs is not None and cs.size != size:  # cut short (or grown): never sent
+                owned = False
+                os.close(fd)
                 return self._corrupted(bucket, name)
             offset, n = 0, size
             if start or length:
