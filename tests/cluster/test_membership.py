@@ -10,6 +10,7 @@ its owner and nowhere else; targets that leave hand everything over first.
 from __future__ import annotations
 
 import hashlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -31,19 +32,45 @@ def kind(i: int) -> str:
     return f"application/x-kind-{i % 3}"
 
 
+class ThreadClients:
+    """One httpx.Client per pool thread: httpx does not promise that one client's
+    connection pool is safe to share between threads (shared, it once raised
+    EBADF here in the middle of a rebalance)."""
+
+    def __init__(self) -> None:
+        self._local = threading.local()
+        self._all: list[httpx.Client] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> httpx.Client:
+        c = getattr(self._local, "client", None)
+        if c is None:
+            c = self._local.client = httpx.Client(timeout=60, follow_redirects=True)
+            with self._lock:
+                self._all.append(c)
+        return c
+
+    def __enter__(self) -> ThreadClients:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for c in self._all:
+            c.close()
+
+
 def read_all(ep: str) -> list[str]:
     """Names whose read failed or returned the wrong bytes."""
-    c = httpx.Client(timeout=60, follow_redirects=True, limits=httpx.Limits(max_connections=8))
+    clients = ThreadClients()
 
     def one(i: int) -> str | None:
-        r = c.get(f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}")
+        r = clients.get().get(f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}")
         ok = r.status_code == 200 and r.content == body(i)
         kept = r.headers.get("content-type") == kind(i) and r.headers.get("x-sluice-meta-n") == str(
             i
         )
         return None if ok and kept else f"{i}:{r.status_code}:{kept}"
 
-    with c, ThreadPoolExecutor(8) as pool:
+    with clients, ThreadPoolExecutor(8) as pool:
         return [bad for bad in pool.map(one, range(OBJECTS)) if bad]
 
 
@@ -80,16 +107,20 @@ def test_three_four_two_targets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     with LocalCluster(data, targets=3) as cluster:
         ep = cluster.endpoint
         assert httpx.post(f"{ep}/v1/buckets/data", json={"action": "create-bck"}).is_success
-        c = httpx.Client(timeout=60, follow_redirects=True, limits=httpx.Limits(max_connections=8))
+        clients = ThreadClients()
 
         def put(i: int) -> int:
-            return c.put(
-                f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}",
-                content=body(i),
-                headers={"Content-Type": kind(i), "X-Sluice-Meta-N": str(i)},
-            ).status_code
+            return (
+                clients.get()
+                .put(
+                    f"{ep}/v1/objects/data/dir{i % 7}/obj-{i}",
+                    content=body(i),
+                    headers={"Content-Type": kind(i), "X-Sluice-Meta-N": str(i)},
+                )
+                .status_code
+            )
 
-        with c, ThreadPoolExecutor(8) as pool:
+        with clients, ThreadPoolExecutor(8) as pool:
             assert set(pool.map(put, range(OBJECTS))) == {200}
         check_placement(data, ["t0", "t1", "t2"])
 
