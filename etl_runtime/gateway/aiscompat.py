@@ -42,6 +42,7 @@ AIS_USER_AGENT = "ais/python"
 MAX_PAGE = 10_000
 DEFAULT_PAGE = 1_000
 ENTRY_IS_CACHED = 1 << 6  # LsoEntry flag: a remote object a target holds (apc.EntryIsCached)
+IN_PROGRESS = ".s3-multipart/"  # gateway/s3/multipart.HIDDEN: parts not yet an object
 ENTRY_IS_DIR = 1 << 8  # LsoEntry flag: a virtual directory of a non-recursive listing
 # ListObjectFlag bits (the SDK's list_object_flag.py, AIStore's apc.Ls*).
 LIST_FLAGS = {
@@ -135,6 +136,11 @@ def list_flags(value: dict[str, Any], bucket: str | None) -> frozenset[str]:
             bucket=bucket,
         )
     return frozenset(names)
+
+
+def finished(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A page without the parts of uploads and appends in progress (``ais_writes.py``)."""
+    return [o for o in objects if not o["name"].startswith(IN_PROGRESS)]
 
 
 def shallow(objects: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:

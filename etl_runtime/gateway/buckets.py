@@ -187,7 +187,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
             page = await list_page(bucket, prefix, start_after, size or aiscompat.DEFAULT_PAGE)
             uuid = str(action.get("uuid") or "")
             flags = aiscompat.list_flags(action, bucket)
-            objects = page["objects"]
+            objects = aiscompat.finished(page["objects"])
             if "NO_RECURSION" in flags:
                 objects = aiscompat.shallow(objects, prefix)
             return aiscompat.lso_result(objects, page["next"], request, uuid, flags)
