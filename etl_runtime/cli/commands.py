@@ -23,6 +23,7 @@ from etl_runtime.cli.errors import CliError
 from etl_runtime.cli.etl import cmd_etl
 from etl_runtime.cli.jobs import register as register_jobs
 from etl_runtime.cli.remote import parse_ref
+from etl_runtime.core.providers import AIS
 from etl_runtime.sdk import Client, SluiceError
 from etl_runtime.sdk.client import DEFAULT_ENDPOINT
 
@@ -144,8 +145,8 @@ def _copy(reader: Any, out: BinaryIO) -> None:
 
 def cmd_ls(client: Client, args: argparse.Namespace) -> None:
     provider, bucket = parse_ref(args.bucket)
-    if provider == "aws":
-        return cli_remote.ls(client, bucket.rstrip("/"), args.prefix)
+    if provider != AIS:
+        return cli_remote.ls(client, bucket.rstrip("/"), args.prefix, provider)
     for info in client.bucket(bucket).list_objects(prefix=args.prefix):
         print(f"{info.size:>12}  {info.etag or '-':<32}  {info.name}")
 

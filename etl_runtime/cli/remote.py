@@ -1,8 +1,9 @@
-"""``sluice`` commands for remote buckets: ``prefetch``, ``evict``, ``props``; ``s3://`` refs.
+"""``sluice`` commands for remote buckets: ``prefetch``, ``evict``, ``props``; ``gs://`` refs.
 
 A bucket reference may carry its provider as AIStore writes it: ``s3://b``
-and ``aws://b`` are the S3-compatible bucket ``b`` (provider ``aws``),
-``ais://b`` or a bare ``b`` a Sluice bucket. ``parse_ref`` is what ``get``,
+or ``aws://b``, ``gs://b`` or ``gcp://b``, ``az://b`` or ``azure://b`` (any
+provider or alias of ``etl_runtime.core.providers``), ``ais://b`` or a bare
+``b`` a Sluice bucket. ``parse_ref`` is what ``get``,
 ``put`` and ``ls`` in ``etl_runtime.cli.commands`` call; ``register`` adds this
 module's subcommands to the parser.
 """
@@ -16,34 +17,32 @@ from typing import Any
 from tqdm import tqdm
 
 from etl_runtime.cli.errors import CliError
+from etl_runtime.core import providers
 from etl_runtime.sdk import Client
 from etl_runtime.sdk.remote import RemoteBucket
 
-SCHEMES = {"s3://": "aws", "aws://": "aws", "ais://": "ais"}
-
 
 def parse_ref(ref: str) -> tuple[str, str]:
-    """``s3://b/o`` -> (``aws``, ``b/o``); ``b/o`` -> (``ais``, ``b/o``)."""
-    for scheme, provider in SCHEMES.items():
-        if ref.startswith(scheme):
-            return provider, ref[len(scheme) :]
-    return "ais", ref
+    """``gs://b/o`` -> (``gcp``, ``b/o``); ``b/o`` -> (``ais``, ``b/o``)."""
+    return providers.split_uri(ref)
 
 
 def remote_bucket(client: Client, ref: str) -> RemoteBucket:
 
     provider, name = parse_ref(ref)
     name = name.rstrip("/")
-    if provider != "aws" or not name or "/" in name:
-        raise CliError(f"expected a remote bucket as s3://BUCKET (or aws://BUCKET), got {ref!r}")
-    bucket = client.bucket(name, provider="aws")
+    if not providers.is_remote(provider) or not name or "/" in name:
+        raise CliError(
+            f"expected a remote bucket as s3://BUCKET, gs://BUCKET or az://BUCKET, got {ref!r}"
+        )
+    bucket = client.bucket(name, provider=provider)
     assert isinstance(bucket, RemoteBucket)
     return bucket
 
 
-def ls(client: Client, bucket: str, prefix: str) -> None:
-    """``sluice ls s3://b``: the backend's objects, with a cached column."""
-    remote = client.bucket(bucket, provider="aws")
+def ls(client: Client, bucket: str, prefix: str, provider: str = "aws") -> None:
+    """``sluice ls gs://b``: the backend's objects, with a cached column."""
+    remote = client.bucket(bucket, provider=provider)
     assert isinstance(remote, RemoteBucket)
     for o in remote.list_entries(prefix=prefix):
         cached = "cached" if o.get("cached") else "-"
@@ -63,7 +62,7 @@ def cmd_prefetch(client: Client, args: argparse.Namespace) -> None:
                 total=total.get("bytes"),
                 unit="B",
                 unit_scale=True,
-                desc=f"prefetch s3://{bucket.name}/{args.prefix}",
+                desc=f"prefetch {bucket.provider}://{bucket.name}/{args.prefix}",
                 disable=args.quiet,
             )
         bar.update(p["bytes"] - bar.n)
@@ -76,7 +75,7 @@ def cmd_prefetch(client: Client, args: argparse.Namespace) -> None:
             bar.close()
     p = job["progress"]
     print(
-        f"prefetched {p['objects']} object(s), {p['bytes']} bytes of s3://{bucket.name}/"
+        f"prefetched {p['objects']} object(s), {p['bytes']} bytes of {bucket.provider}://{bucket.name}/"
         f"{args.prefix} ({p['skipped']} cached already; job {job['id']})"
     )
     if job.get("error_count"):
@@ -90,7 +89,9 @@ def cmd_evict(client: Client, args: argparse.Namespace) -> None:
     bucket = remote_bucket(client, args.bucket)
     job = bucket.evict(prefix=args.prefix)
     p = job["progress"]
-    print(f"evicted {p['objects']} cached object(s), {p['bytes']} bytes of s3://{bucket.name}")
+    print(
+        f"evicted {p['objects']} cached object(s), {p['bytes']} bytes of {bucket.provider}://{bucket.name}"
+    )
 
 
 def _bool(text: str) -> bool:
@@ -131,7 +132,7 @@ def register(sub: Any) -> None:
         formatter_class=fmt,
         epilog="example:\n  sluice prefetch s3://imagenet --prefix train/shard-00\n",
     )
-    pf.add_argument("bucket", metavar="s3://BUCKET")
+    pf.add_argument("bucket", metavar="s3://BUCKET|gs://BUCKET|az://BUCKET")
     pf.add_argument("--prefix", default="", help="only objects whose names start with it")
     pf.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     pf.set_defaults(func=cmd_prefetch)
@@ -142,7 +143,7 @@ def register(sub: Any) -> None:
         formatter_class=fmt,
         epilog="example:\n  sluice evict s3://imagenet --prefix train/\n",
     )
-    ev.add_argument("bucket", metavar="s3://BUCKET")
+    ev.add_argument("bucket", metavar="s3://BUCKET|gs://BUCKET|az://BUCKET")
     ev.add_argument("--prefix", default="", help="only objects whose names start with it")
     ev.set_defaults(func=cmd_evict)
 

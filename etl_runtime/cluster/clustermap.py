@@ -37,6 +37,8 @@ from typing import Any, Protocol
 
 from etl_runtime.core.durable import write_atomic
 from etl_runtime.core.errors import InvalidRequest, ViewReadOnly
+from etl_runtime.core.providers import AIS
+from etl_runtime.core.providers import BACKEND_KEYS as BACKEND_KEYS  # every provider's props
 
 MAX_COPIES = 3
 
@@ -84,18 +86,13 @@ def hrw_order(ids: Sequence[str], key: str) -> list[str]:
     return sorted(ids, key=lambda t: (hrw_digest(t, k), t), reverse=True)
 
 
-PROVIDERS = ("ais", "aws")
-# Backend props of an ``aws`` bucket (see etl_runtime/providers/props.py for their meaning).
-BACKEND_KEYS = ("endpoint", "region", "secret", "validate_warm_get", "validate_interval")
-
-
 @dataclass(frozen=True)
 class BucketProps:
     """Per-bucket properties, cluster-wide (part of the map).
 
-    ``provider`` is ``ais`` (stored by Sluice) or ``aws`` (an S3-compatible
-    backend, cached on the targets); ``backend`` holds an ``aws`` bucket's
-    overrides of the targets' AWS environment (``BACKEND_KEYS``). ``view``
+    ``provider`` is ``ais`` (stored by Sluice) or a remote provider of
+    ``etl_runtime.core.providers`` (a backend bucket, cached on the targets);
+    ``backend`` holds a remote bucket's backend props (``BACKEND_KEYS``). ``view``
     makes the bucket an ETL view (``etl_runtime.gateway.views``): ``{"of":
     source bucket, "etl": ETL name, "args": etl_args or absent}``; a view
     holds no objects of its own.
@@ -103,13 +100,13 @@ class BucketProps:
 
     copies: int = 1
     created: float = 0.0
-    provider: str = "ais"
+    provider: str = AIS
     backend: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
     view: dict[str, Any] = field(default_factory=dict, hash=False, compare=True)
 
     @property
     def remote(self) -> bool:
-        return self.provider != "ais"
+        return self.provider != AIS
 
     @property
     def is_view(self) -> bool:

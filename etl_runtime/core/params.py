@@ -30,6 +30,7 @@ from typing import Any
 
 from fastapi import Request
 
+from etl_runtime.core import providers
 from etl_runtime.core.access import REDIRECTED_FROM, SIGNATURE_PARAMS
 from etl_runtime.core.errors import InvalidRequest
 
@@ -85,10 +86,10 @@ def refuse_unknown(request: Request, known: Iterable[str], **context: Any) -> No
     if not unknown:
         refuse_repeated(request, **context)
         _refuse_orphan_args(request, **context)
-        if request.query_params.get("provider", "ais") not in ("ais", "aws", ""):
+        if request.query_params.get("provider", "ais") not in (*providers.spellings(), ""):
             raise InvalidRequest(
                 f"provider {request.query_params['provider']!r} is not supported: a bucket "
-                "is 'ais' (stored by Sluice) or 'aws' (an S3-compatible backend)",
+                f"is {providers.described()}",
                 **context,
             )
         return

@@ -61,7 +61,7 @@ def bucket_props(
     bucket: str, body: dict[str, Any], old: BucketProps | None, request: Request | None = None
 ) -> BucketProps:
     """``props`` of a create-bck / set-bprops body (``{"copies": 1..3}``; for a
-    ``provider=aws`` bucket also the backend props of ``etl_runtime.providers.props``)."""
+    remote bucket also the backend props of ``etl_runtime.providers.props``)."""
     props = body.get("props") or {}
     if not isinstance(props, dict):
         raise InvalidRequest(f"'props' of bucket {bucket!r} must be an object", bucket=bucket)
@@ -214,7 +214,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
         if body["action"] == "create-bck" and old is not None and "props" not in body:
             props = old
         if props.remote and old is None:  # the backend must show it, with these props
-            await remote_gateway.backend(bucket, props.backend).check_bucket()
+            await remote_gateway.backend(bucket, props.backend, props.provider).check_bucket()
         gw.cmap.update(lambda m: m.with_bucket(bucket, props))
         # Tell the live targets now; one that is away creates it on first use.
         await gw.fanout("POST", f"/v1/buckets/{bucket}", json={"action": "create-bck"})

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import parse_qsl
 
+from etl_runtime.core import providers
 from etl_runtime.core.access import SIGNATURE_PARAMS
 from etl_runtime.core.errors import SluiceError
 from etl_runtime.core.metrics import HttpMetrics
@@ -41,7 +42,7 @@ from etl_runtime.wire.http.inprotocol import Answer, WithBody, may_read
 PATH = "/v1/ml/moss"
 ETL_PARAMS = frozenset({"etl_name", "etl_pipeline", "etl_args"})
 KNOWN = frozenset(QUERY) - ETL_PARAMS | frozenset(SIGNATURE_PARAMS)
-PROVIDERS = ("ais", "aws", "")  # ``core/params.py``'s ``refuse_unknown``
+PROVIDERS = (*providers.spellings(), "")  # ``core/params.py``'s ``refuse_unknown``
 
 
 class _Route:

@@ -1,10 +1,11 @@
 """The gateway's part of remote buckets: joining the map, props, and listing.
 
-* ``ensure_bucket`` — a call with ``?provider=aws`` for a bucket the cluster
-  map does not list adds it as an ``aws`` bucket once the backend shows it
-  exists (AIStore's way: a remote bucket needs no create); ``provider=aws`` for
-  an ``ais`` bucket, or ``provider=ais`` for an ``aws`` one, is a 400 naming it.
-* ``create_props`` — the props of ``create-bck``/``set-bprops`` for an ``aws`` bucket.
+* ``ensure_bucket`` — a call with ``?provider=gcp`` (any remote provider of
+  ``etl_runtime.core.providers``, or its alias) for a bucket the cluster map
+  does not list adds it as a bucket of that provider once the backend shows it
+  exists (AIStore's way: a remote bucket needs no create); another provider
+  than the bucket's is a 400 naming it.
+* ``create_props`` — the props of ``create-bck``/``set-bprops`` for a remote bucket.
 * ``list_page`` — a listing of a remote bucket is the backend's listing (its
   pagination: ``start_after``/``next``), each object with ``cached``: whether
   a target holds it now (asked of every reachable target; one that does not
@@ -22,6 +23,7 @@ import httpx
 from fastapi import Request
 
 from etl_runtime.cluster.clustermap import BucketProps
+from etl_runtime.core import providers as registry
 from etl_runtime.core.errors import InvalidRequest
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.providers.backend import Backend, backend_class
@@ -31,7 +33,7 @@ from etl_runtime.providers.props import check_backend_props
 _backends: dict[tuple[str, str, str], Backend] = {}
 
 
-def backend(bucket: str, props: Mapping[str, Any], provider: str = "aws") -> Backend:
+def backend(bucket: str, props: Mapping[str, Any], provider: str) -> Backend:
     key = (provider, bucket, json.dumps(dict(props), sort_keys=True))
     found = _backends.get(key)
     if found is None:
@@ -44,13 +46,15 @@ def remote_props(gw: Gateway, bucket: str) -> BucketProps | None:
 
 
 async def ensure_bucket(gw: Gateway, request: Request, bucket: str) -> None:
-    provider = request.query_params.get("provider") or ""
-    if provider not in ("aws", "ais"):
+    spelled = request.query_params.get("provider") or ""
+    provider = registry.canonical(spelled)
+    if not spelled or provider is None:
         return  # absent; an unknown one is refused by refuse_unknown
     if gw.cmap is None:
-        if provider == "aws":
+        if provider != registry.AIS:
             raise InvalidRequest(
-                "remote (provider=aws) buckets need a cluster map: run the gateway and the "
+                f"remote (provider={provider}) buckets need a cluster map: run the gateway and "
+                "the "
                 "targets with --cluster-map (sluice up and the chart do)",
                 bucket=bucket,
             )
@@ -64,15 +68,15 @@ async def ensure_bucket(gw: Gateway, request: Request, bucket: str) -> None:
                 bucket=bucket,
             )
         return
-    if provider == "ais":
+    if provider == registry.AIS:
         return  # the ordinary 404 follows
-    await add_bucket(gw, bucket, BucketProps(created=time.time(), provider="aws"))
+    await add_bucket(gw, bucket, BucketProps(created=time.time(), provider=provider))
 
 
 async def add_bucket(gw: Gateway, bucket: str, props: BucketProps) -> bool:
     """Add ``bucket`` as a remote bucket once its backend shows it; True if new."""
     assert gw.cmap is not None
-    await backend(bucket, props.backend).check_bucket()
+    await backend(bucket, props.backend, props.provider).check_bucket()
     old = gw.cmap.get().buckets.get(bucket)
     gw.cmap.update(lambda m: m.with_bucket(bucket, props))
     await gw.fanout("POST", f"/v1/buckets/{bucket}", json={"action": "create-bck"})
@@ -83,38 +87,41 @@ def create_props(
     bucket: str, request: Request, body_props: Mapping[str, Any], old: BucketProps | None
 ) -> tuple[str, dict[str, Any]] | None:
     """(provider, backend props) of a create/set-bprops call, or None for an ``ais`` bucket."""
-    provider = request.query_params.get("provider") or body_props.get("provider")
+    spelled = request.query_params.get("provider") or body_props.get("provider")
+    provider = registry.canonical(spelled) if spelled and isinstance(spelled, str) else None
+    if spelled and provider is None:
+        raise InvalidRequest(
+            f"provider {spelled!r} of bucket {bucket!r} is not supported: {registry.described()}",
+            bucket=bucket,
+        )
     if old is not None and provider and provider != old.provider:
         raise InvalidRequest(
             f"bucket {bucket!r} is a {old.provider!r} bucket; its provider cannot change",
             bucket=bucket,
         )
-    provider = provider or (old.provider if old else "ais")
-    if provider not in ("ais", "aws"):
-        raise InvalidRequest(
-            f"provider {provider!r} of bucket {bucket!r} is not supported: 'ais' or 'aws'",
-            bucket=bucket,
-        )
+    provider = provider or (old.provider if old else registry.AIS)
     keys = set(body_props) - {"copies", "provider"}
-    if provider == "ais":
+    if provider == registry.AIS:
         if keys:
             raise InvalidRequest(
-                f"bucket props {sorted(keys)} are for provider=aws buckets; {bucket!r} is 'ais'",
+                f"bucket props {sorted(keys)} are for remote buckets; {bucket!r} is 'ais'",
                 bucket=bucket,
             )
         return None
     if body_props.get("copies", 1) != 1:
         raise InvalidRequest(
-            f"copies of aws bucket {bucket!r} must be 1: its backend keeps the data safe",
+            f"copies of {provider} bucket {bucket!r} must be 1: its backend keeps the data safe",
             bucket=bucket,
         )
-    return provider, check_backend_props(bucket, body_props, old.backend if old else {})
+    return provider, check_backend_props(bucket, body_props, old.backend if old else {}, provider)
 
 
 async def list_page(
     gw: Gateway, bucket: str, props: BucketProps, prefix: str, start_after: str, limit: int
 ) -> dict[str, Any]:
-    page, nxt = await backend(bucket, props.backend).list_page(prefix, start_after, limit)
+    page, nxt = await backend(bucket, props.backend, props.provider).list_page(
+        prefix, start_after, limit
+    )
     names = [m.name for m in page]
     cached: set[str] = set()
     if names:

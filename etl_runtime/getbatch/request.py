@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from etl_runtime.cluster.clustermap import ClusterMap
+from etl_runtime.core import providers
 from etl_runtime.core.errors import InvalidRequest, bucket_not_found
 from etl_runtime.core.names import validate_bucket, validate_object
 from etl_runtime.etl.pipeline import parse_chain
@@ -38,14 +39,14 @@ FORMATS = {
     ".tar.gz": (".tgz", "application/gzip"),
 }
 FORMATS.update({k[1:]: v for k, v in list(FORMATS.items()) if k})
-PROVIDERS = {"": "", "ais": "ais", "aws": "aws", "s3": "aws"}
+PROVIDERS = {"": "", **{s: str(providers.canonical(s)) for s in providers.spellings()}}
 
 
 @dataclass(slots=True, eq=False)  # made per item of every batch: frozen cost 3x the __init__
 class Item:
     index: int
     bucket: str
-    provider: str  # "" (ais) or "aws"
+    provider: str  # "" (ais) or a remote provider's name (core/providers.py)
     name: str
     archpath: str = ""
     start: int = 0
@@ -54,7 +55,7 @@ class Item:
     etl: tuple[str, ...] = ()  # the ETL chain every byte goes through: the batch's or a view's
     etl_args: str | None = None
     source: str = ""  # the bucket read, when ``bucket`` is a view of it
-    source_provider: str = ""  # and its provider ("" or "aws")
+    source_provider: str = ""  # and its provider ("" or a remote provider's name)
 
     @property
     def read_bucket(self) -> str:
@@ -171,7 +172,8 @@ def _item(
     provider = PROVIDERS.get(provider_raw)
     if provider is None:
         raise InvalidRequest(
-            f"in[{i}].provider {provider_raw!r} is not supported: 'ais' or 'aws'", bucket=bucket
+            f"in[{i}].provider {provider_raw!r} is not supported: {providers.described()}",
+            bucket=bucket,
         )
     if checked is None or (bucket, provider) not in checked:
         validate_bucket(bucket)
@@ -216,7 +218,7 @@ def _item(
         src_props = cmap.buckets.get(source)
         if src_props is None:  # deleting a source that views read is refused: a race
             raise bucket_not_found(source)
-        source_provider = "aws" if src_props.provider == "aws" else ""
+        source_provider = src_props.provider if src_props.remote else ""
     if etl and (start or length):
         raise InvalidRequest(
             f"in[{i}]: a byte range (start/length) cannot be combined with "
@@ -229,7 +231,7 @@ def _item(
     return Item(
         index=i,
         bucket=bucket,
-        provider=provider if provider == "aws" else "",
+        provider=provider if providers.is_remote(provider) else "",
         name=name,
         archpath=_archpath(_string(raw, "archpath", i), i),
         start=start,

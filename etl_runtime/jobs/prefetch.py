@@ -47,10 +47,10 @@ async def _validate(gw: Any, spec: dict[str, Any], count: bool) -> dict[str, Any
     if props is None:
         known = gw.cmap is not None and bucket in gw.cmap.get().buckets
         if known:
-            raise InvalidRequest(f"bucket {bucket!r} is not a remote (aws) bucket", bucket=bucket)
+            raise InvalidRequest(f"bucket {bucket!r} is not a remote bucket", bucket=bucket)
         raise BucketNotFound(
-            f"bucket {bucket!r} is not known: read it once with ?provider=aws, or create it "
-            "with provider=aws",
+            f"bucket {bucket!r} is not known: read it once with ?provider=PROVIDER (aws, gcp, "
+            "azure), or create it with that provider",
             bucket=bucket,
         )
     out: dict[str, Any] = {"bucket": bucket, "prefix": prefix}

@@ -1,50 +1,50 @@
-"""``S3Backend``: the S3 calls of one remote bucket, through obstore.
+"""``aws``: S3-compatible buckets (AWS S3, MinIO, Ceph...) through obstore's ``S3Store``.
 
-obstore (Rust ``object_store`` under a thin Python layer) was chosen over
-boto3/aiobotocore by ``bench/remote.py`` (figures in docs/remote.md): it is
-async on any asyncio loop (uvloop included), streams a GET in chunks we pick,
-and spends a fraction of the CPU per MiB. Every obstore exception is mapped
-here to one Sluice error (``etl_runtime.core.errors``) whose message names the bucket, the
-object and the backend; nothing else in Sluice sees obstore's exceptions.
+A bucket's props may override the standard AWS environment of the targets
+(and of the gateway, which lists the backend):
+
+``endpoint``  S3 endpoint URL (else ``AWS_ENDPOINT_URL_S3``/``AWS_ENDPOINT_URL``,
+              else the profile's ``endpoint_url``, else AWS itself)
+``region``    region (else ``AWS_REGION``/``AWS_DEFAULT_REGION``/profile, else us-east-1)
+``secret``    where the keys come from: ``profile:NAME`` (an AWS profile of
+              ``~/.aws/credentials``), ``anonymous`` (unsigned requests), or
+              ``NAME``: a directory ``$SLUICE_SECRETS_DIR/NAME`` (default
+              ``/etc/sluice/secrets``) with files ``AWS_ACCESS_KEY_ID``,
+              ``AWS_SECRET_ACCESS_KEY`` [, ``AWS_SESSION_TOKEN``] — a
+              Kubernetes Secret mounted by the chart (``remote.bucketSecrets``)
+
+Without ``secret`` the keys come from ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY``
+[/``AWS_SESSION_TOKEN``], else from the profile ``AWS_PROFILE`` (default ``default``).
+The calls and the error mapping are ``etl_runtime.providers.objstore``'s; S3's
+words for a missing bucket and bad keys are below.
 """
 
 from __future__ import annotations
 
-import datetime as dt
-from collections.abc import AsyncIterator, Mapping
+import configparser
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import obstore
-from obstore import exceptions as obx
 from obstore.store import S3Store
 
-from etl_runtime.core.errors import (
-    BackendError,
-    BackendForbidden,
-    BackendUnauthorized,
-    BackendUnavailable,
-    ObjectNotFound,
-    SluiceError,
-)
-from etl_runtime.providers.backend import RemoteMeta
-from etl_runtime.providers.props import S3Settings, resolve
+from etl_runtime.providers.objstore import RETRY_CONFIG, ObstoreBackend, client_options
+from etl_runtime.providers.props import secret_dir
 
-STREAM_CHUNK = 1 << 20  # small enough that the first byte does not wait for much
-CONNECT_TIMEOUT = "3s"
-REQUEST_TIMEOUT = "600s"  # a whole GET of a big shard; reads stall-check below
-RETRIES = 2
-RETRY_TIMEOUT = dt.timedelta(seconds=6)
-# obstore raises Python's FileNotFoundError for a missing object (and NotFoundError
-# in some versions).
-NOT_FOUND = (obx.NotFoundError, FileNotFoundError)
+DEFAULT_REGION = "us-east-1"
+SECRET_FILES = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
 
 
-class S3Backend:
+class S3Backend(ObstoreBackend):
+    provider = "aws"
+    no_bucket = ("NoSuchBucket",)
+    bad_credentials = ("InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken")
+    denied = ("AccessDenied",)
+
     def __init__(self, settings: S3Settings) -> None:
         self.settings = settings
-        self.bucket = settings.bucket
-        self.where = settings.where
         config: dict[str, Any] = {"region": settings.region}
         if settings.endpoint:
             config["endpoint"] = settings.endpoint
@@ -58,16 +58,13 @@ class S3Backend:
         self._has_credentials = bool(
             settings.anonymous or "access_key_id" in config or _ambient_credentials()
         )
-        self.store = S3Store(
+        store = S3Store(
             settings.bucket,
             config=config,  # type: ignore[arg-type]
-            client_options={
-                "allow_http": bool(settings.endpoint and settings.endpoint.startswith("http:")),
-                "connect_timeout": CONNECT_TIMEOUT,
-                "timeout": REQUEST_TIMEOUT,
-            },
-            retry_config={"max_retries": RETRIES, "retry_timeout": RETRY_TIMEOUT},
+            client_options=client_options(settings.endpoint),  # type: ignore[arg-type]
+            retry_config=RETRY_CONFIG,  # type: ignore[arg-type]
         )
+        super().__init__(settings.bucket, settings.where, store, settings.credentials_from)
 
     @classmethod
     def for_bucket(
@@ -75,153 +72,17 @@ class S3Backend:
     ) -> S3Backend:
         return cls(resolve(bucket, backend, env))
 
-    # -- errors ----------------------------------------------------------------------
-
-    def _check_credentials(self, name: str | None) -> None:
-        if not self._has_credentials:
-            raise BackendUnauthorized(
-                f"no credentials for aws://{self.bucket} on backend {self.where}: set "
-                "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) on the targets, or "
-                "the bucket's 'secret' prop",
-                bucket=self.bucket,
-                object=name,
-                backend=self.where,
-            )
-
-    def error(self, e: Exception, name: str | None, op: str) -> SluiceError:
-        """The Sluice error for obstore's ``e`` during ``op`` of ``name`` (or the bucket)."""
-        what = f"aws://{self.bucket}/{name}" if name else f"aws://{self.bucket}"
-        reason = _reason(e)
-        ctx: dict[str, Any] = {"bucket": self.bucket, "object": name, "backend": self.where}
-        if isinstance(e, NOT_FOUND) or "NoSuchBucket" in reason:
-            if "NoSuchBucket" in reason:
-                return ObjectNotFound(
-                    f"backend {self.where} has no bucket {self.bucket!r} ({op} {what})", **ctx
-                )
-            return ObjectNotFound(f"object {what} does not exist on backend {self.where}", **ctx)
-        if isinstance(e, obx.UnauthenticatedError) or _any(
-            reason, "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken"
-        ):
-            return BackendUnauthorized(
-                f"backend {self.where} rejected the credentials ({self.settings.credentials_from})"
-                f" for {op} {what}: {reason}",
-                **ctx,
-            )
-        if isinstance(e, obx.PermissionDeniedError | PermissionError) or "AccessDenied" in reason:
-            return BackendForbidden(
-                f"backend {self.where} denied {op} {what} with the credentials from "
-                f"{self.settings.credentials_from}: {reason}",
-                **ctx,
-            )
-        if _any(reason, *UNREACHABLE) or ("Server returned" in reason and " 50" in reason):
-            return BackendUnavailable(
-                f"backend {self.where} of aws://{self.bucket} is not reachable ({op} {what}): "
-                f"{reason}; retry in a few seconds",
-                **ctx,
-            )
-        return BackendError(f"backend {self.where} failed {op} {what}: {reason}", **ctx)
-
-    # -- calls -----------------------------------------------------------------------
-
-    async def head(self, name: str) -> RemoteMeta | None:
-        """The object's meta, or None if the backend has no such object."""
-        self._check_credentials(name)
-        try:
-            return RemoteMeta.of(await obstore.head_async(self.store, name))
-        except NOT_FOUND:
+    def missing_credentials(self) -> str | None:
+        if self._has_credentials:
             return None
-        except Exception as e:
-            raise self.error(e, name, "HEAD") from None
-
-    async def open(self, name: str) -> tuple[RemoteMeta, AsyncIterator[bytes]]:
-        """Start a GET: the meta now, the bytes as they come (errors mapped)."""
-        self._check_credentials(name)
-        try:
-            result = await obstore.get_async(self.store, name)
-        except Exception as e:
-            raise self.error(e, name, "GET") from None
-        meta = RemoteMeta.of(result.meta)
-        return meta, self._chunks(result.stream(min_chunk_size=STREAM_CHUNK), name)
-
-    async def _chunks(self, stream: Any, name: str) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in stream:
-                yield chunk
-        except Exception as e:
-            raise self.error(e, name, "GET") from None
-
-    async def put_file(self, name: str, path: Path) -> RemoteMeta:
-        self._check_credentials(name)
-        try:
-            with open(path, "rb") as f:
-                await obstore.put_async(self.store, name, f)  # type: ignore[arg-type]
-            return RemoteMeta.of(await obstore.head_async(self.store, name))
-        except Exception as e:
-            raise self.error(e, name, "PUT") from None
-
-    async def delete(self, name: str) -> None:
-        self._check_credentials(name)
-        try:
-            await obstore.delete_async(self.store, name)
-        except Exception as e:
-            raise self.error(e, name, "DELETE") from None
-
-    async def list_page(
-        self, prefix: str, start_after: str, limit: int
-    ) -> tuple[list[RemoteMeta], str | None]:
-        """Up to ``limit`` objects after ``start_after`` whose names start with ``prefix``.
-
-        S3 lists by string prefix but obstore by path segments, so we ask for the
-        prefix's directory and filter; S3 answers in name order.
-        """
-        self._check_credentials(None)
-        folder = prefix.rsplit("/", 1)[0] if "/" in prefix else None
-        page: list[RemoteMeta] = []
-        try:
-            stream = obstore.list(
-                self.store, folder, offset=start_after or None, chunk_size=limit + 1
-            )
-            async for chunk in stream:
-                for meta in chunk:
-                    m = RemoteMeta.of(meta)
-                    if m.name.startswith(prefix) and m.name > start_after:
-                        page.append(m)
-                    elif prefix and m.name > prefix:  # past the prefix's names (sorted)
-                        return _page(page, limit)
-                    if len(page) > limit:
-                        return _page(page, limit)
-        except Exception as e:
-            raise self.error(e, None, "LIST") from None
-        return _page(page, limit)
-
-    async def check_bucket(self) -> None:
-        """Raise the mapped error unless the backend bucket can be listed."""
-        await self.list_page("", "", 1)
-
-
-def _page(page: list[RemoteMeta], limit: int) -> tuple[list[RemoteMeta], str | None]:
-    page.sort(key=lambda m: m.name)
-    if len(page) > limit:
-        return page[:limit], page[limit - 1].name
-    return page, None
-
-
-UNREACHABLE = ("error sending request", "connect", "timed out", "Timeout", "dns", "refused")
-
-
-def _reason(e: Exception) -> str:
-    text = " ".join(str(e).split()).split(" Debug source:")[0]
-    return text[:400]
-
-
-def _any(text: str, *needles: str) -> bool:
-    return any(n in text for n in needles)
+        return (
+            "set AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) on the targets, or "
+            "the bucket's 'secret' prop"
+        )
 
 
 def _ambient_credentials() -> bool:
     """Credentials obstore finds itself (web identity on EKS, container credentials)."""
-    import os
-
     return any(
         os.environ.get(k)
         for k in (
@@ -229,6 +90,101 @@ def _ambient_credentials() -> bool:
             "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
             "AWS_CONTAINER_CREDENTIALS_FULL_URI",
         )
+    )
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """What an ``S3Backend`` connects with (never logged: it holds keys)."""
+
+    bucket: str
+    endpoint: str | None
+    region: str
+    access_key_id: str | None = None
+    secret_access_key: str | None = None
+    session_token: str | None = None
+    anonymous: bool = False
+    credentials_from: str = "environment"
+
+    @property
+    def where(self) -> str:
+        return self.endpoint or f"AWS S3 ({self.region})"
+
+
+def _profile(env: Mapping[str, str], name: str) -> tuple[dict[str, str], dict[str, str]]:
+    """(credentials, config) sections of AWS profile ``name``, empty if absent."""
+    home = Path(env.get("HOME", "~")).expanduser()
+    creds_file = env.get("AWS_SHARED_CREDENTIALS_FILE") or str(home / ".aws" / "credentials")
+    config_file = env.get("AWS_CONFIG_FILE") or str(home / ".aws" / "config")
+    creds, config = configparser.ConfigParser(), configparser.ConfigParser()
+    creds.read(creds_file)
+    config.read(config_file)
+    section = name if name == "default" else f"profile {name}"
+    return (
+        dict(creds[name]) if creds.has_section(name) else {},
+        dict(config[section]) if config.has_section(section) else {},
+    )
+
+
+def _secret_dir(env: Mapping[str, str], bucket: str, name: str) -> dict[str, str]:
+    return secret_dir(env, f"aws://{bucket}", bucket, name, SECRET_FILES)
+
+
+def resolve(
+    bucket: str, backend: Mapping[str, Any], env: Mapping[str, str] | None = None
+) -> S3Settings:
+    """The S3 settings of ``bucket``: its props over the environment over the profile."""
+    env = os.environ if env is None else env
+    secret = backend.get("secret")
+    profile_name = env.get("AWS_PROFILE") or "default"
+    if isinstance(secret, str) and secret.startswith("profile:"):
+        profile_name = secret[len("profile:") :]
+    p_creds, p_config = _profile(env, profile_name)
+    endpoint = (
+        backend.get("endpoint")
+        or env.get("AWS_ENDPOINT_URL_S3")
+        or env.get("AWS_ENDPOINT_URL")
+        or p_config.get("endpoint_url")
+    )
+    region = (
+        backend.get("region")
+        or env.get("AWS_REGION")
+        or env.get("AWS_DEFAULT_REGION")
+        or p_config.get("region")
+        or DEFAULT_REGION
+    )
+    base = S3Settings(bucket=bucket, endpoint=endpoint, region=region)
+    if secret == "anonymous":
+        return _with(base, anonymous=True, credentials_from="anonymous")
+    if isinstance(secret, str) and not secret.startswith("profile:"):
+        keys = _secret_dir(env, bucket, secret)
+        return _with(base, keys=keys, credentials_from=f"secret {secret!r}")
+    if secret is None and env.get("AWS_ACCESS_KEY_ID"):
+        return _with(base, keys=env, credentials_from="environment (AWS_ACCESS_KEY_ID)")
+    keys = {
+        "AWS_ACCESS_KEY_ID": p_creds.get("aws_access_key_id", ""),
+        "AWS_SECRET_ACCESS_KEY": p_creds.get("aws_secret_access_key", ""),
+        "AWS_SESSION_TOKEN": p_creds.get("aws_session_token", ""),
+    }
+    return _with(base, keys=keys, credentials_from=f"profile {profile_name!r}")
+
+
+def _with(
+    base: S3Settings,
+    keys: Mapping[str, str] | None = None,
+    anonymous: bool = False,
+    credentials_from: str = "",
+) -> S3Settings:
+    keys = keys or {}
+    return S3Settings(
+        bucket=base.bucket,
+        endpoint=base.endpoint,
+        region=base.region,
+        access_key_id=keys.get("AWS_ACCESS_KEY_ID") or None,
+        secret_access_key=keys.get("AWS_SECRET_ACCESS_KEY") or None,
+        session_token=keys.get("AWS_SESSION_TOKEN") or None,
+        anonymous=anonymous,
+        credentials_from=credentials_from,
     )
 
 

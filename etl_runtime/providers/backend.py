@@ -1,10 +1,11 @@
 """The seam of remote providers: one small protocol, one module per provider, found by name.
 
-A provider is a module ``etl_runtime.providers.<name>`` (``aws`` today) whose
-``BACKEND`` class implements ``Backend`` and has ``for_bucket(bucket, props,
-env=None)``. ``backend_class(name)`` imports it on first use, the way
-``etl_runtime.jobs.kinds`` finds job kinds, so adding GCS or Azure is one module
-plus one line in ``PROVIDERS``. Everything above this layer (the cache, the
+A provider is a module of ``etl_runtime.providers`` (``aws``, ``gcp``,
+``azure``) named by the one list of providers, ``etl_runtime.core.providers``;
+its ``BACKEND`` class implements ``Backend`` and has ``for_bucket(bucket,
+props, env=None)``. ``backend_class(name)`` imports it on first use, the way
+``etl_runtime.jobs.kinds`` finds job kinds, so adding a provider is one module
+plus one line in that list. Everything above this layer (the cache, the
 gateway's listing, the prefetch job) talks to a ``Backend`` and never to a
 provider's client library.
 """
@@ -18,15 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from etl_runtime.core import providers as registry
 from etl_runtime.core.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from etl_runtime.cluster.clustermap import BucketProps, ClusterMapStore
-
-# Provider name -> the module that implements it (one line per provider).
-PROVIDERS: dict[str, str] = {
-    "aws": "etl_runtime.providers.aws",
-}
 
 
 @dataclass(frozen=True)
@@ -53,6 +50,9 @@ class Backend(Protocol):
     """The calls a remote bucket's cache, listing and prefetch make of its backend."""
 
     where: str  # the backend's endpoint, for messages
+    provider: str  # its provider's name (aws, gcp, azure)
+
+    def uri(self, name: str | None = None) -> str: ...  # gcp://bucket/name, for messages
 
     async def head(self, name: str) -> RemoteMeta | None: ...
 
@@ -71,13 +71,13 @@ class Backend(Protocol):
 
 def backend_class(provider: str) -> Any:
     """The backend class of ``provider`` (its module's ``BACKEND``); 400 if unknown."""
-    module = PROVIDERS.get(provider)
-    if module is None:
+    found = registry.find(provider)
+    if found is None:
         raise InvalidRequest(
-            f"unknown provider {provider!r}; known: {', '.join(sorted(PROVIDERS))}",
+            f"unknown provider {provider!r}; known: {', '.join(registry.names())}",
             provider=provider,
         )
-    return importlib.import_module(module).BACKEND
+    return importlib.import_module(found.module).BACKEND
 
 
 def remote_props(cmap: ClusterMapStore | None, bucket: str) -> BucketProps | None:

@@ -1,4 +1,4 @@
-"""``RemoteCache``: a target's cache of the remote (``aws``) buckets it owns objects of.
+"""``RemoteCache``: a target's cache of the remote buckets (any provider) it owns objects of.
 
 Cold GET. The first GET of an object that is not here starts one *fill*: a
 backend GET whose bytes go into a temp file as they arrive. Every GET of that
@@ -132,7 +132,7 @@ class RemoteCache:
         self.env = dict(os.environ if env is None else env)
         self.counters = Counters()
         self._fills: dict[tuple[str, str], Fill] = {}
-        self._backends: dict[tuple[str, str], Backend] = {}
+        self._backends: dict[tuple[str, str, str], Backend] = {}
         self._validated: dict[tuple[str, str], float] = {}
         self._lru: collections.OrderedDict[tuple[str, str], int] | None = None
         self.capacity = int(self.env.get("SLUICE_REMOTE_CACHE_BYTES") or 0)
@@ -152,7 +152,7 @@ class RemoteCache:
         props = props or self.props(bucket)
         if props is None:
             raise InvalidRequest(f"bucket {bucket!r} is not a remote bucket", bucket=bucket)
-        key = (bucket, json.dumps(props.backend, sort_keys=True))
+        key = (props.provider, bucket, json.dumps(props.backend, sort_keys=True))
         backend = self._backends.get(key)
         if backend is None:  # new bucket, or its props changed
             backend = self._backends[key] = backend_class(props.provider).for_bucket(
@@ -207,7 +207,7 @@ class RemoteCache:
         self._drop(bucket, name)
         if meta is None:
             raise ObjectNotFound(
-                f"object aws://{bucket}/{name} no longer exists on backend "
+                f"object {props.provider}://{bucket}/{name} no longer exists on backend "
                 f"{self.backend(bucket, props).where} (dropped from the cache)",
                 bucket=bucket,
                 object=name,
@@ -244,7 +244,7 @@ class RemoteCache:
             if fill.written != meta.size:
                 raise BackendError(
                     f"backend {backend.where} sent {fill.written} of {meta.size} bytes of "
-                    f"aws://{fill.bucket}/{fill.name}",
+                    f"{backend.uri(fill.name)}",
                     bucket=fill.bucket,
                     object=fill.name,
                     backend=backend.where,
@@ -256,7 +256,9 @@ class RemoteCache:
             self._validated[key] = time.monotonic()
         except BaseException as e:
             self.counters.backend_fetch_errors += 1
-            fill.error = self.store.no_space(e, fill.bucket, fill.name, "aws") or e  # 507: full
+            fill.error = (
+                self.store.no_space(e, fill.bucket, fill.name, backend.provider) or e
+            )  # 507: full
             if not isinstance(e, SluiceError | asyncio.CancelledError):
                 log.exception("fill of %s/%s failed", fill.bucket, fill.name)
             if f is not None:
@@ -354,7 +356,7 @@ class RemoteCache:
         cached = self.is_cached(bucket, name)
         if not cached and await backend.head(name) is None:
             raise ObjectNotFound(
-                f"object aws://{bucket}/{name} does not exist on backend {backend.where}",
+                f"object {backend.uri(name)} does not exist on backend {backend.where}",
                 bucket=bucket,
                 object=name,
                 backend=backend.where,

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
+from etl_runtime.core import tls
 from etl_runtime.sdk import errors
 from etl_runtime.sdk.errors import SluiceError
 from etl_runtime.sdk.retry import RETRY_STATUSES, RETRY_TRANSPORT_ERRORS, Attempts, RetryPolicy
@@ -94,7 +95,9 @@ class Client:
     each read, not a whole transfer. ``retries`` is how many more times a call
     answered 503/429, or whose connection failed, is tried (0: never), waiting
     ``Retry-After`` or an exponential back-off; a ``RetryPolicy`` sets the
-    back-off too. Use it as a context manager, or ``close()``.
+    back-off too. ``ca`` is the CA file (PEM) an ``https://`` cluster's
+    certificates are verified with (default ``$SLUICE_CA``, else the system's
+    CAs; ``sluice up --tls`` prints its own). Use it as a context manager, or ``close()``.
     """
 
     def __init__(
@@ -103,6 +106,7 @@ class Client:
         token: str | None = None,
         timeout: float = 60.0,
         retries: int | RetryPolicy = 5,
+        ca: str | os.PathLike[str] | None = None,
     ) -> None:
         endpoint = endpoint or os.environ.get("SLUICE_ENDPOINT") or DEFAULT_ENDPOINT
         if "://" not in endpoint:
@@ -114,20 +118,24 @@ class Client:
         headers = {"User-Agent": "sluice-sdk"}
         if self.token:
             headers["Authorization"] = f"Bearer {self.token}"
-        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout))
+        self.ca = os.fspath(ca) if ca is not None else tls.ca_file()
+        verify = tls.client_context(self.ca) if self.ca else True
+        self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout), verify=verify)
 
     # -- handles ---------------------------------------------------------------
 
     def bucket(self, name: str, provider: str = "ais") -> Bucket:
-        """``provider="aws"``: an S3-compatible bucket cached by Sluice (``RemoteBucket``)."""
+        """``provider="aws"``/``"gcp"``/``"azure"`` (or ``s3``/``gs``/``az``): a remote
+        bucket cached by Sluice (``RemoteBucket``)."""
+        from etl_runtime.core import providers
         from etl_runtime.sdk.bucket import Bucket
 
-        if provider in ("aws", "s3"):
+        if providers.is_remote(provider):
             from etl_runtime.sdk.remote import RemoteBucket
 
-            return RemoteBucket(self, name)
-        if provider != "ais":
-            raise ValueError(f"provider {provider!r} is not supported: 'ais' or 'aws'")
+            return RemoteBucket(self, name, provider)
+        if provider != providers.AIS:
+            raise ValueError(f"provider {provider!r} is not supported: {providers.described()}")
         return Bucket(self, name)
 
     def etl(self, name: str) -> Etl:

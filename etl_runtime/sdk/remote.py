@@ -1,6 +1,7 @@
-"""``RemoteBucket``: a bucket of provider ``aws`` — an S3-compatible bucket cached by Sluice.
+"""``RemoteBucket``: a bucket of a remote provider (``aws``, ``gcp``, ``azure``) cached by Sluice.
 
-``client.bucket("name", provider="aws")`` returns one. It is a ``Bucket``
+``client.bucket("name", provider="gcp")`` returns one (any provider or alias of
+``etl_runtime.core.providers``). It is a ``Bucket``
 (objects, listings, ``object_urls`` for webdataset) whose first call adds the
 bucket to the cluster if needed (``?provider=aws``, as AIStore does for a
 remote bucket on first touch), plus what only remote buckets have: backend
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from etl_runtime.core import providers
 from etl_runtime.sdk.bucket import Bucket
 from etl_runtime.sdk.client import quote_path
 from etl_runtime.sdk.errors import SluiceError
@@ -21,25 +23,28 @@ from etl_runtime.sdk.object import Object, ObjectInfo
 if TYPE_CHECKING:
     from etl_runtime.sdk.client import Client
 
-PROVIDER = "aws"
-
 
 class JobError(SluiceError):
     """A prefetch or evict job ended Failed or Aborted."""
 
 
 class RemoteBucket(Bucket):
-    provider = PROVIDER
-
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, client: Client, name: str, provider: str = "aws") -> None:
         super().__init__(client, name)
+        found = providers.canonical(provider)
+        if found is None or found == providers.AIS:
+            raise ValueError(f"{provider!r} is not a remote provider: {providers.described()}")
+        self.provider = found
         self._known = False
 
     def _ensure(self) -> None:
         """Add the bucket to the cluster map on first use (a HEAD with provider=aws)."""
         if not self._known:
             self.client.request(
-                "HEAD", self._path, params={"provider": PROVIDER}, context={"bucket": self.name}
+                "HEAD",
+                self._path,
+                params={"provider": self.provider},
+                context={"bucket": self.name},
             )
             self._known = True
 
@@ -51,18 +56,23 @@ class RemoteBucket(Bucket):
         secret: str | None = None,
         validate_warm_get: bool | None = None,
         validate_interval: float | None = None,
+        project: str | None = None,
+        account: str | None = None,
     ) -> RemoteBucket:
-        """Add the backend bucket to Sluice, with props overriding the targets' AWS env.
+        """Add the backend bucket to Sluice, with props overriding the targets' environment.
 
-        ``secret``: ``profile:NAME``, ``anonymous``, or the name of a secret
-        mounted on the targets (see docs/remote.md). The backend must have the bucket.
+        ``region`` is an ``aws`` prop, ``project`` a ``gcp`` one, ``account`` an
+        ``azure`` one. ``secret``: ``anonymous``, the name of a secret mounted on
+        the targets, or for ``aws`` ``profile:NAME`` (see docs/remote.md). The
+        backend must have the bucket.
         """
         props = _props(endpoint, region, secret, validate_warm_get, validate_interval)
+        props.update(_props(project=project, account=account))
         body: dict[str, Any] = {"action": "create-bck", "props": props}
         self.client.request_json(
             "POST",
             self._path,
-            params={"provider": PROVIDER},
+            params={"provider": self.provider},
             json_body=body,
             context={"bucket": self.name},
         )
@@ -76,10 +86,13 @@ class RemoteBucket(Bucket):
         secret: str | None = None,
         validate_warm_get: bool | None = None,
         validate_interval: float | None = None,
+        project: str | None = None,
+        account: str | None = None,
     ) -> dict[str, Any]:
         """Change backend props (only those given)."""
         self._ensure()
         props = _props(endpoint, region, secret, validate_warm_get, validate_interval)
+        props.update(_props(project=project, account=account))
         data = self.client.request_json(
             "POST",
             self._path,
@@ -163,15 +176,16 @@ class RemoteBucket(Bucket):
         return job
 
     def __repr__(self) -> str:
-        return f"RemoteBucket({self.name!r})"
+        return f"RemoteBucket({self.name!r}, provider={self.provider!r})"
 
 
 def _props(
-    endpoint: str | None,
-    region: str | None,
-    secret: str | None,
-    validate_warm_get: bool | None,
-    validate_interval: float | None,
+    endpoint: str | None = None,
+    region: str | None = None,
+    secret: str | None = None,
+    validate_warm_get: bool | None = None,
+    validate_interval: float | None = None,
+    **more: str | None,
 ) -> dict[str, Any]:
     given = {
         "endpoint": endpoint,
@@ -179,5 +193,6 @@ def _props(
         "secret": secret,
         "validate_warm_get": validate_warm_get,
         "validate_interval": validate_interval,
+        **more,
     }
     return {k: v for k, v in given.items() if v is not None}

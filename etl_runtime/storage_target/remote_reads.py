@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
+from etl_runtime.core import providers
 from etl_runtime.core.errors import InvalidRequest, ObjectNotFound
 from etl_runtime.etl.forward import EtlForwarder
 from etl_runtime.providers.cache import RemoteCache
@@ -91,7 +92,7 @@ async def head(cache: RemoteCache | None, bucket: str, name: str) -> Response | 
     meta = await backend.head(name)
     if meta is None:
         raise ObjectNotFound(
-            f"object aws://{bucket}/{name} does not exist on backend {backend.where}",
+            f"object {backend.uri(name)} does not exist on backend {backend.where}",
             bucket=bucket,
             object=name,
             backend=backend.where,
@@ -129,8 +130,8 @@ async def delete(cache: RemoteCache | None, bucket: str, name: str) -> dict[str,
 
 
 def refuse_without_map(cache: RemoteCache | None, request: Request, bucket: str) -> None:
-    if request.query_params.get("provider") == "aws" and cache is None:
+    if providers.is_remote(request.query_params.get("provider")) and cache is None:
         raise InvalidRequest(
-            "remote (provider=aws) buckets need a cluster map: run targets with --cluster-map",
+            "remote buckets need a cluster map: run targets with --cluster-map",
             bucket=bucket,
         )

@@ -31,9 +31,7 @@ def remote_router(target: Target) -> APIRouter:
         validate_bucket(bucket)
         cache = target.remote
         if cache is None or cache.props(bucket) is None:
-            raise InvalidRequest(
-                f"bucket {bucket!r} is not a remote (provider=aws) bucket", bucket=bucket
-            )
+            raise InvalidRequest(f"bucket {bucket!r} is not a remote bucket", bucket=bucket)
         return cache
 
     @router.post("/v1/_remote/{bucket}/cached")

@@ -156,7 +156,7 @@ def test_the_inline_redirect_is_the_routes(served: Served, url: str) -> None:
     [
         "/v1/ml/moss/b?bogus=1",  # the route's 400 names it
         "/v1/ml/moss/b?provider=ais&provider=ais",
-        "/v1/ml/moss/b?provider=gcp",
+        "/v1/ml/moss/b?provider=oci",  # a provider Sluice does not serve
         "/v1/ml/moss/b?sluice_map=1",  # only the gateway adds it
         "/v1/ml/moss/b?etl_name=nope",  # the ETL is looked up: no such ETL
         "/v1/ml/moss/b?etl_args=x",  # no ETL to pass them to
