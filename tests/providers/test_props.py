@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from etl_runtime.core.errors import InvalidRequest
-from etl_runtime.providers.props import check_backend_props, resolve
+from etl_runtime.providers.aws import resolve
+from etl_runtime.providers.props import check_backend_props
 
 
 def write_profiles(home: Path) -> None:
