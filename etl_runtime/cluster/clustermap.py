@@ -154,6 +154,8 @@ class ClusterMap:
     previous: tuple[str, ...] | None = None  # members before a change, until rebalanced
     rebalance_id: int = 0  # bumped on every change that moves or copies objects
     urls: dict[str, str] = field(default_factory=dict)
+    # access tokens' records, by token id: scope, expiry, revoked (core/tokens.py)
+    tokens: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     # -- placement ---------------------------------------------------------------
 
@@ -189,6 +191,7 @@ class ClusterMap:
             "previous": list(self.previous) if self.previous is not None else None,
             "rebalance_id": self.rebalance_id,
             "urls": dict(sorted(self.urls.items())),
+            "tokens": dict(sorted(self.tokens.items())),
         }
 
     @classmethod
@@ -201,6 +204,7 @@ class ClusterMap:
             previous=tuple(prev) if prev is not None else None,
             rebalance_id=int(d.get("rebalance_id", 0)),
             urls=dict(d.get("urls") or {}),
+            tokens=dict(d.get("tokens") or {}),
         )
 
     # -- changes (each returns a new map; the store bumps the version) -----------

@@ -1,26 +1,66 @@
-"""Who may change data on a target.
+"""Who may do what, on the gateway and on every target: one check, ``check``.
 
-With a user token configured, a mutating call must carry ``Authorization:
-Bearer <token>`` — or, for object calls redirected by the gateway, the
-``sluice_exp``/``sluice_sig`` query parameters the gateway signed with the
-cluster key (HTTP clients drop ``Authorization`` when a redirect changes the
-port, so the signature travels in the URL). With a read token configured,
-reads need the read token or the user token, or a signed redirect likewise.
+Credentials, in ``Authorization: Bearer ...``:
+
+* the user token (``SLUICE_TOKEN``): everything; with none configured, writes
+  are open (reads likewise without ``SLUICE_READ_TOKEN``);
+* the read token (``SLUICE_READ_TOKEN``): every read;
+* a signed token (``core/tokens.py``, ``sluice token create``): reads, or
+  reads and writes, of the buckets it names, until it expires or is revoked;
+* for object calls redirected by the gateway, the ``sluice_exp``/``sluice_sig``
+  query parameters it signed with the cluster key after its own check (HTTP
+  clients drop ``Authorization`` when a redirect changes the port).
+
+Every route calls ``check`` (through ``Gateway.require_read/require_write`` or
+the target's ``require_read/require_write``) with the buckets it touches — the
+object's bucket, a view's source, every bucket of a GetBatch, a job's source
+and destination. A call that names no bucket is cluster-wide: a signed token
+may not make it (403), so a route that forgets its buckets fails closed, and
+managing ETLs and tokens stays with the user token and the cluster key.
+``tests/auth/test_routes.py`` checks that every route of every app calls it.
+
+401: no usable credentials (none, wrong, expired, revoked); 403 ``Forbidden``:
+a valid token whose scope does not cover the call, naming the bucket.
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, Protocol
 from urllib.parse import quote
 
 from fastapi import Request
 
-from etl_runtime.core import auth
-from etl_runtime.core.errors import Unauthorized
+from etl_runtime.core import auth, tokens
+from etl_runtime.core.errors import Forbidden, Unauthorized
 
 SIGNATURE_PARAMS = ("sluice_exp", "sluice_sig")
 # Set by a target that redirects a read it does not own to the owner (once: see
 # storage/copies.py, Placement.read_owner).
 REDIRECTED_FROM = "sluice_from"
+READ_HINT = "send 'Authorization: Bearer <SLUICE_READ_TOKEN or SLUICE_TOKEN or a token>'"
+
+
+class InBody:
+    """A route whose buckets are in its body (a job's spec): ``check`` with ``IN_BODY``
+    checks the credentials now, and the route checks the buckets once it has read them."""
+
+    def __repr__(self) -> str:
+        return "IN_BODY"
+
+
+IN_BODY = InBody()
+
+
+class Holder(Protocol):
+    """What a server knows to check a call: its secrets and the tokens' records."""
+
+    token: str | None
+    read_token: str | None
+    cluster_key: str | None
+
+    def token_records(self) -> Mapping[str, Any]: ...
 
 
 def object_path(bucket: str, name: str) -> str:
@@ -32,6 +72,13 @@ def object_url(base: str, bucket: str, name: str) -> str:
     return f"{base.rstrip('/')}/v1/objects/{quote(bucket, safe='')}/{quote(name, safe='/')}"
 
 
+def bearer(request: Request) -> str | None:
+    header = request.headers.get("authorization")
+    if not header or not header.startswith("Bearer "):
+        return None
+    return header[len("Bearer ") :].strip() or None
+
+
 def _signed(request: Request, cluster_key: str | None, signed_path: str | None) -> bool:
     if not (cluster_key and signed_path is not None):
         return False
@@ -41,21 +88,92 @@ def _signed(request: Request, cluster_key: str | None, signed_path: str | None) 
     )
 
 
+def scoped_claims(holder: Holder, request: Request) -> tokens.Claims | None:
+    """The claims of the signed token the call carries (None: it carries none);
+    ``Unauthorized`` for one that does not verify, has expired or was revoked."""
+    held = bearer(request)
+    if not held or not tokens.looks_like_token(held) or not holder.cluster_key:
+        return None
+    try:
+        return tokens.verify(holder.cluster_key, held, holder.token_records())
+    except tokens.TokenError as e:
+        raise Unauthorized(f"{e}: ask for a new one (`sluice token create`)") from None
+
+
+def check(
+    holder: Holder,
+    request: Request,
+    need: str,
+    buckets: Iterable[str | InBody] | None = None,
+    signed_path: str | None = None,
+) -> None:
+    """Raise unless the call may ``need`` (``read``/``write``) ``buckets``.
+
+    ``buckets`` None or empty: a cluster-wide call (listing every bucket,
+    ETLs, tokens, keys), which a signed token may not make. ``IN_BODY``: only
+    the credentials and the permission now; the caller checks the buckets later.
+    """
+    header = request.headers.get("authorization")
+    if auth.bearer_ok(header, holder.token) and (holder.token or need == "write"):
+        return  # the user token; or no user token and a write (open cluster)
+    if need == "read" and auth.read_ok(header, holder.read_token, holder.token):
+        return
+    if _signed(request, holder.cluster_key, signed_path):
+        return
+    claims = scoped_claims(holder, request)
+    if claims is None:
+        if need == "read":
+            raise Unauthorized(f"this call reads data: {READ_HINT}")
+        raise Unauthorized()
+    given = list(buckets or ())
+    wanted = sorted({b for b in given if isinstance(b, str)})
+    if not wanted and IN_BODY in given:
+        if need == "write" and claims.permission != "write":
+            raise Forbidden(f"token {claims.id} may only read", token=claims.id)
+        return
+    if not wanted:
+        raise Forbidden(
+            f"token {claims.id} is scoped to bucket(s) {', '.join(claims.buckets)}: "
+            "this call is not about one bucket and needs SLUICE_TOKEN"
+            + ("" if need == "write" else " or SLUICE_READ_TOKEN"),
+            token=claims.id,
+        )
+    for bucket in wanted:
+        if bucket not in claims.buckets:
+            raise Forbidden(
+                f"token {claims.id} may not {need} bucket {bucket!r} "
+                f"(its buckets: {', '.join(claims.buckets)})",
+                bucket=bucket,
+                token=claims.id,
+            )
+        if not claims.may(need, bucket):
+            raise Forbidden(
+                f"token {claims.id} may only read bucket {bucket!r}, not write it",
+                bucket=bucket,
+                token=claims.id,
+            )
+
+
+class _Secrets:
+    def __init__(self, token: str | None, read_token: str | None, cluster_key: str | None):
+        self.token, self.read_token, self.cluster_key = token, read_token, cluster_key
+
+    def token_records(self) -> Mapping[str, Any]:
+        return {}
+
+
 def require_read(
     request: Request,
     read_token: str | None,
     token: str | None,
     cluster_key: str | None,
     signed_path: str | None = None,
+    *,
+    buckets: Iterable[str] | None = None,
+    holder: Holder | None = None,
 ) -> None:
-    """Raise ``Unauthorized`` unless the caller may read; no-op without a read token."""
-    if auth.read_ok(request.headers.get("authorization"), read_token, token):
-        return
-    if _signed(request, cluster_key, signed_path):
-        return
-    raise Unauthorized(
-        "this call reads data: send 'Authorization: Bearer <SLUICE_READ_TOKEN or SLUICE_TOKEN>'"
-    )
+    """Raise unless the caller may read ``buckets``; no-op without a read token."""
+    check(holder or _Secrets(token, read_token, cluster_key), request, "read", buckets, signed_path)
 
 
 def require_write(
@@ -63,14 +181,33 @@ def require_write(
     token: str | None,
     cluster_key: str | None,
     signed_path: str | None = None,
+    *,
+    buckets: Iterable[str] | None = None,
+    holder: Holder | None = None,
 ) -> None:
-    """Raise ``Unauthorized`` unless the caller may mutate; no-op without a token."""
-    if auth.bearer_ok(request.headers.get("authorization"), token):
-        return
-    if cluster_key and signed_path is not None:
-        q = request.query_params
-        if auth.verify_redirect(
-            cluster_key, request.method, signed_path, q.get("sluice_exp"), q.get("sluice_sig")
-        ):
-            return
-    raise Unauthorized()
+    """Raise unless the caller may change ``buckets``; no-op without a token."""
+    check(holder or _Secrets(token, None, cluster_key), request, "write", buckets, signed_path)
+
+
+def batch_buckets(request: Request, body: bytes, default: str | None) -> list[str | InBody]:
+    """The buckets a GetBatch body names (each item's ``bucket``, else ``default``), for
+    a call with a signed token; ``[IN_BODY]`` for any other (no need to parse it here).
+    A body that names none is cluster-wide to ``check``: a signed token is refused."""
+    held = bearer(request)
+    if not held or not tokens.looks_like_token(held):
+        return [IN_BODY]
+    try:
+        items = json.loads(body or b"{}").get("in")
+    except (ValueError, AttributeError):
+        return []  # the parser answers the 400 for an admin; a token holder is refused
+    if not isinstance(items, list):
+        return []
+    named = [i.get("bucket") for i in items if isinstance(i, dict)]
+    found = [b if isinstance(b, str) and b else default or "" for b in named]
+    return [b for b in found if b]
+
+
+def carries_token(request: Request) -> bool:
+    """The call's bearer is a signed token (which ``check`` verified, where it ran)."""
+    held = bearer(request)
+    return bool(held) and tokens.looks_like_token(held or "")

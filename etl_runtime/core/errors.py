@@ -12,6 +12,7 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     │                               InvalidDsortSpec, NotATar, DecodeError,
     │                               EtlInitFailed (AIStore's synchronous init)
     ├── Unauthorized (401)          missing or wrong bearer token
+    ├── Forbidden (403)             a token whose bucket scope does not cover the call
     ├── BackendUnauthorized (401)   remote bucket: no credentials, or rejected
     ├── BackendForbidden (403)      remote bucket: the credentials may not do this
     ├── NotFound (404)              BucketNotFound, ObjectNotFound, EtlNotFound, JobNotFound
@@ -182,6 +183,12 @@ class Unauthorized(SluiceError):
             headers={"WWW-Authenticate": "Bearer"},
             **context,
         )
+
+
+class Forbidden(SluiceError):
+    """A valid access token (``core/tokens.py``) whose scope does not cover the call."""
+
+    status = 403
 
 
 class BackendUnauthorized(SluiceError):

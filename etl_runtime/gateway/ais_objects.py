@@ -73,6 +73,8 @@ async def copy_object(gw: Gateway, request: Request, bucket: str, name: str) -> 
     if (view := views.view_of(gw, bucket)) is not None:  # a view's object: its ETL'd source
         params.update(views.source_params(request, bucket, view))
         bucket = views.check_source(gw, bucket, view)
+    gw.require_read(request, bucket)  # the source (a view's: its source bucket)
+    gw.require_write(request, dst_bucket)
     src = route(gw, "GET", bucket, name)
     dst = route(gw, "PUT", dst_bucket, dst_name)
     headers = gw.target_headers()

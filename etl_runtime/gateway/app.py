@@ -32,6 +32,7 @@ from etl_runtime.gateway.s3 import KeyStore, s3_router
 from etl_runtime.gateway.s3.early import early_starter
 from etl_runtime.gateway.s3.root import S3AtRoot
 from etl_runtime.gateway.smap import check_ready, daemon_router
+from etl_runtime.gateway.tokens_api import tokens_router
 from etl_runtime.gateway.ui import ui_router
 from etl_runtime.wire.clients.duplex import DuplexClient
 from etl_runtime.wire.http.errors import install_error_handlers
@@ -110,6 +111,7 @@ def create_gateway_app(
     app.include_router(etl_router(gw))
     app.include_router(jobs_router(gw))
     app.include_router(dsort_router(gw))
+    app.include_router(tokens_router(gw))  # /v1/tokens: access tokens scoped to buckets
     app.include_router(batch_router(gw, batch_http, batch_assembly))  # GetBatch: GET /v1/ml/moss
     app.include_router(ui_router(gw))  # /ui, the status page, and its /v1/ui/summary
     app.include_router(s3_router(gw, keys, batch_http))  # /s3/..., /v1/s3/keys

@@ -104,7 +104,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
 
     @router.get("/v1/buckets", response_model=None)
     async def list_buckets(request: Request) -> dict[str, Any] | list[dict[str, Any]]:
-        gw.require_read(request)
+        gw.require_read(request)  # cluster-wide
         if await aiscompat.list_action(request) is not None:  # the aistore SDK's form
             return aiscompat.bucket_models(await bucket_names())
         return {"buckets": await bucket_names()}
@@ -112,7 +112,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
     @router.post("/v1/buckets/{bucket}", response_model=None)
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any] | Response:
         validate_bucket(bucket)
-        gw.require_write(request)
+        gw.require_write(request, bucket)
         if await bucket_action_is_job(request):  # etl-bck: etl_runtime.gateway.bucket_action
             return await start_transform(gw, bucket, request)
         if gw.cmap is not None:
@@ -132,10 +132,10 @@ def bucket_router(gw: Gateway) -> APIRouter:
     async def head_bucket(bucket: str, request: Request) -> Response:
         validate_bucket(bucket)
         if ais_buckets.is_info(request):  # bucket.info(): props, then the summary
-            gw.require_read(request)
+            gw.require_read(request, bucket)
             return await ais_buckets.info(gw, list_bucket_page, bucket, request)
         refuse_unknown(request, ("provider",), bucket=bucket)
-        gw.require_read(request)
+        gw.require_read(request, bucket)
         await remote_gateway.ensure_bucket(gw, request, bucket)
         if gw.cmap is not None:
             exists = bucket in gw.cmap.get().buckets
@@ -149,7 +149,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
     async def delete_bucket(bucket: str, request: Request) -> dict[str, Any] | Response:
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
-        gw.require_write(request)
+        gw.require_write(request, bucket)
         # The body says what goes: the bucket, or a list/range of its objects (a job).
         if (job := await bucket_delete.objects_action(gw, bucket, request)) is not None:
             return job
@@ -177,7 +177,7 @@ def bucket_router(gw: Gateway) -> APIRouter:
     ) -> dict[str, Any] | Response:
         validate_bucket(bucket)
         refuse_repeated(request, bucket=bucket)
-        gw.require_read(request)
+        gw.require_read(request, bucket)
         await remote_gateway.ensure_bucket(gw, request, bucket)
         if (summ := ais_buckets.summary_action(await request.body(), bucket)) is not None:
             return await ais_buckets.summary(gw, list_bucket_page, bucket, summ)  # bucket.summary()

@@ -13,6 +13,7 @@ existed; see docs/placement.md.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -21,8 +22,8 @@ from fastapi import Request
 
 from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.cluster.records import EtlBackend, TargetDiscovery, TargetInfo
-from etl_runtime.core import auth
-from etl_runtime.core.errors import NoTargets, SluiceError, Unauthorized
+from etl_runtime.core import access, auth, tls
+from etl_runtime.core.errors import NoTargets, SluiceError
 
 if TYPE_CHECKING:
     from etl_runtime.gateway.membership import MembershipSource
@@ -47,6 +48,7 @@ class Gateway:
     async def start(self) -> None:
         self._http = httpx.AsyncClient(
             trust_env=False,
+            verify=tls.client_context(),  # SLUICE_CA (core/tls.py)
             timeout=FANOUT_TIMEOUT,
             limits=httpx.Limits(max_connections=256, max_keepalive_connections=64),
         )
@@ -70,16 +72,24 @@ class Gateway:
     def caller_may_read(self, request: Request) -> bool:
         return auth.read_ok(request.headers.get("authorization"), self.read_token, self.token)
 
-    def require_write(self, request: Request) -> None:
-        if not self.caller_has_token(request):
-            raise Unauthorized()
+    def token_records(self) -> Mapping[str, Any]:
+        """The access tokens' records (revocation), from the cluster map."""
+        return self.cmap.get().tokens if self.cmap is not None else {}
 
-    def require_read(self, request: Request) -> None:
-        if not self.caller_may_read(request):
-            raise Unauthorized(
-                "this call reads data: send "
-                "'Authorization: Bearer <SLUICE_READ_TOKEN or SLUICE_TOKEN>'"
-            )
+    def require_write(self, request: Request, *buckets: str | access.InBody) -> None:
+        """``core/access.py``'s check: no bucket is a cluster-wide call."""
+        access.check(self, request, "write", buckets)
+
+    def require_read(self, request: Request, *buckets: str | access.InBody) -> None:
+        """Also the source of each bucket that is an ETL view: reading one reads both."""
+        access.check(self, request, "read", [*buckets, *self._view_sources(buckets)])
+
+    def _view_sources(self, buckets: tuple[str | access.InBody, ...]) -> list[str]:
+        if self.cmap is None or not buckets:
+            return []
+        known = self.cmap.get().buckets
+        props = [known.get(b) for b in buckets if isinstance(b, str)]
+        return [str(p.view["of"]) for p in props if p is not None and p.view.get("of")]
 
     def target_headers(self) -> dict[str, str]:
         """Headers for the gateway's own calls to targets (it holds the user token)."""

@@ -19,11 +19,18 @@ import httpx
 from fastapi import APIRouter, Request
 from fastapi.responses import PlainTextResponse
 
+from etl_runtime.core.access import IN_BODY
 from etl_runtime.core.errors import InvalidRequest, NotFound
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.jobs import _headers, aggregate, end_everywhere, start_job
+from etl_runtime.gateway.jobs import (
+    _headers,
+    aggregate,
+    end_everywhere,
+    job_buckets,
+    start_job,
+)
 from etl_runtime.jobs.state import ABORTED, FAILED, FINISHED
 
 
@@ -113,10 +120,10 @@ def dsort_router(gw: Gateway) -> APIRouter:
     router = APIRouter()
 
     async def start(request: Request) -> str:
-        gw.require_write(request)
+        gw.require_write(request, IN_BODY)  # the buckets: start_job
         refuse_unknown(request, ())
         spec = await read_json(request, "dsort spec")
-        return await start_job(gw, "dsort", spec)
+        return await start_job(gw, "dsort", spec, request)
 
     @router.post("/v1/dsort")
     async def post_dsort(request: Request) -> dict[str, Any]:
@@ -135,8 +142,10 @@ def dsort_router(gw: Gateway) -> APIRouter:
 
     @router.get("/v1/sort")
     async def get_sort(request: Request) -> dict[str, Any]:
-        gw.require_read(request)
-        return aistore_job_info(await _job(gw, uuid_of(request)))
+        gw.require_read(request, IN_BODY)  # and the job's buckets, once found
+        view = await _job(gw, uuid_of(request))
+        gw.require_read(request, *sum(job_buckets(view.get("spec") or {}), []))
+        return aistore_job_info(view)
 
     @router.delete("/v1/sort/abort")
     async def abort_sort(request: Request) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from fastapi.responses import Response
 
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core import auth
-from etl_runtime.core.access import SIGNATURE_PARAMS
+from etl_runtime.core.access import IN_BODY, SIGNATURE_PARAMS, batch_buckets
 from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
@@ -92,12 +92,13 @@ async def get_batch(
     refuse_unknown(request, QUERY, bucket=bucket)
     if bucket is not None:
         validate_bucket(bucket)
-    gw.require_read(request)
+    gw.require_read(request, IN_BODY)
     q = request.query_params
     chain = parse_chain(q.get("etl_name"), q.get("etl_pipeline"))
     if chain:
         await check_chain_async(gw.backend.get, chain)
     body = await request.body()
+    gw.require_read(request, *batch_buckets(request, body, bucket))  # every bucket named
     dt = designate(gw) if assembler == "target" else None
     if dt is not None:
         location = redirect_location(gw, bucket, request.query_params.multi_items(), body, *dt)

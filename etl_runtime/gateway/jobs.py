@@ -30,6 +30,7 @@ from fastapi import APIRouter, Request
 
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core import auth
+from etl_runtime.core.access import IN_BODY
 from etl_runtime.core.errors import InsufficientStorage, InvalidRequest, JobNotFound, NoTargets
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
@@ -73,11 +74,40 @@ def _members(gw: Gateway) -> list[TargetInfo]:
     return out
 
 
-async def start_job(gw: Gateway, kind: str, spec: dict[str, Any]) -> str:
-    """Validate ``spec`` for ``kind``, start the job on every member; its id."""
+def job_buckets(spec: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """The buckets a job spec reads and writes, as every kind names them (raw or checked)."""
+
+    def names(keys: tuple[str, ...]) -> list[str]:
+        got = [spec.get(k) for k in keys]
+        got = [g.get("name") if isinstance(g, dict) else g for g in got]
+        return [g for g in got if isinstance(g, str) and g]
+
+    return names(("src", "bck", "input_bck")), names(("dst", "bucket", "output_bck"))
+
+
+def check_job(gw: Gateway, request: Request, spec: dict[str, Any]) -> None:
+    """``core/access.py``'s check for a job: read its sources, write its destinations;
+    a job that names no bucket (a scrub of every bucket) is cluster-wide."""
+    reads, writes = job_buckets(spec)
+    if reads:
+        gw.require_read(request, *reads)
+    if writes or not reads:
+        gw.require_write(request, *writes)
+
+
+async def start_job(
+    gw: Gateway, kind: str, spec: dict[str, Any], request: Request | None = None
+) -> str:
+    """Validate ``spec`` for ``kind``, start the job on every member; its id. With
+    ``request``, its caller must be allowed the job's buckets (before and after the
+    kind's check, which may create the destination)."""
     k = get_kind(kind)
+    if request is not None:
+        check_job(gw, request, spec)
     if k.validate is not None:
         spec = await k.validate(gw, spec)
+    if request is not None:
+        check_job(gw, request, spec)
     members = _members(gw)
     job_id = f"{kind}-{secrets.token_hex(4)}"
     doc = {
@@ -287,7 +317,7 @@ def jobs_router(gw: Gateway) -> APIRouter:
 
     @router.post("/v1/jobs")
     async def start(request: Request) -> dict[str, Any]:
-        gw.require_write(request)
+        gw.require_write(request, IN_BODY)  # the buckets: start_job
         refuse_unknown(request, ())
         body = await read_json(request, "job")
         if not isinstance(body, dict) or not isinstance(body.get("kind"), str):
@@ -300,7 +330,7 @@ def jobs_router(gw: Gateway) -> APIRouter:
         spec = body.get("spec") or {}
         if not isinstance(spec, dict):
             raise InvalidRequest("'spec' of a job must be a JSON object")
-        return {"id": await start_job(gw, body["kind"], spec)}
+        return {"id": await start_job(gw, body["kind"], spec, request)}
 
     @router.get("/v1/jobs")
     async def list_jobs(request: Request) -> dict[str, Any]:
@@ -319,9 +349,11 @@ def jobs_router(gw: Gateway) -> APIRouter:
 
     @router.get("/v1/jobs/{job_id}")
     async def get_job(job_id: str, request: Request) -> dict[str, Any]:
-        gw.require_read(request)
+        gw.require_read(request, IN_BODY)  # and the job's buckets, once found
         refuse_unknown(request, ())
-        return await views.view(job_id)
+        view = await views.view(job_id)
+        gw.require_read(request, *sum(job_buckets(view.get("spec") or {}), []))
+        return view
 
     @router.post("/v1/jobs/{job_id}/abort")
     async def abort(job_id: str, request: Request) -> dict[str, Any]:

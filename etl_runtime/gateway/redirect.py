@@ -32,7 +32,12 @@ from fastapi.responses import Response
 from starlette.requests import ClientDisconnect
 
 from etl_runtime.core import auth
-from etl_runtime.core.access import SIGNATURE_PARAMS, object_path, object_url
+from etl_runtime.core.access import (
+    SIGNATURE_PARAMS,
+    carries_token,
+    object_path,
+    object_url,
+)
 from etl_runtime.core.errors import InvalidName, InvalidRequest, NoTargets
 from etl_runtime.core.names import validate_names
 from etl_runtime.core.params import refuse_unknown_object_params
@@ -64,6 +69,7 @@ def redirect_location(
     writes = request.method in MUTATING
     protected = gw.token if writes else gw.read_token
     allowed = gw.caller_has_token(request) if writes else gw.caller_may_read(request)
+    allowed = allowed or carries_token(request)  # verified in scope by the route's check
     if protected and gw.cluster_key and allowed:
         signed = auth.sign_redirect(gw.cluster_key, request.method, object_path(bucket, name))
         query += list(signed.items())
@@ -144,6 +150,7 @@ async def _view_read(
         return await views.head(gw, bucket, view, name)
     extra = views.source_params(request, bucket, view)
     src = views.check_source(gw, bucket, view)
+    gw.require_read(request, src)  # a view's reader must be allowed its source too
     location = redirect_location(gw, request, src, name, extra)
     return Response(status_code=307, headers={"Location": location})
 
@@ -161,16 +168,16 @@ def redirect_router(gw: Gateway) -> FastRouter:
         try:
             validate_names(bucket, name)
             if ais_objects.is_copy(request):  # obj.copy(to_obj): read here, write there
-                gw.require_write(request)
+                gw.require_read(request, bucket)  # and the rest: ais_objects.copy_object
                 return await ais_objects.copy_object(gw, request, bucket, name)
             if ais_writes.is_ais_write(request):  # multipart, append: parts, then the object
-                gw.require_write(request)
+                gw.require_write(request, bucket)
                 return await ais_writes.answer(gw, request, bucket, name)
             refuse_unknown_object_params(request, bucket, name)
             if request.method in MUTATING:
-                gw.require_write(request)
+                gw.require_write(request, bucket)
             else:
-                gw.require_read(request)
+                gw.require_read(request, bucket)
             if (view := views.view_of(gw, bucket)) is not None:
                 return await _view_read(gw, request, bucket, name, view)
             await remote_gateway.ensure_bucket(gw, request, bucket)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from etl_runtime.cluster.records import EtlRegistry
 from etl_runtime.etl.forward import EtlForwarder
@@ -22,3 +24,8 @@ class Target:
     placement: Placement | None = None
     read_token: str | None = None
     remote: RemoteCache | None = None  # remote (aws) buckets; needs a cluster map
+
+    def token_records(self) -> Mapping[str, Any]:
+        """The access tokens' records (revocation, ``core/tokens.py``) from the cluster map."""
+        cmap = self.placement.cmap if self.placement is not None else None
+        return cmap.get().tokens if cmap is not None else {}

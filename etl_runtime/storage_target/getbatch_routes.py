@@ -26,7 +26,7 @@ from fastapi.responses import Response
 
 from etl_runtime.cluster.clustermap import ClusterMap, ClusterMapStore
 from etl_runtime.cluster.records import TargetInfo
-from etl_runtime.core.access import require_read
+from etl_runtime.core.access import batch_buckets, check
 from etl_runtime.core.errors import InvalidRequest, NoTargets, bucket_not_found
 from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.names import validate_bucket
@@ -104,7 +104,7 @@ def moss_router(target: Target, http: DuplexClient) -> FastRouter:
         body = await request.body()
         t = target
         signed = signed_path(bucket, request.query_params.multi_items(), body)
-        require_read(request, t.read_token, t.token, t.cluster_key, signed)
+        check(t, request, "read", batch_buckets(request, body, bucket), signed)
         store = t.placement.cmap if t.placement is not None else None
         if store is None:  # never designated (the gateway needs a map to): misdirected
             raise InvalidRequest(

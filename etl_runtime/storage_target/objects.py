@@ -19,10 +19,9 @@ from etl_runtime.core import auth
 from etl_runtime.core.access import (
     REDIRECTED_FROM,
     SIGNATURE_PARAMS,
+    check,
     object_path,
     object_url,
-    require_read,
-    require_write,
 )
 from etl_runtime.core.errors import InvalidName, InvalidRequest, ObjectNotFound
 from etl_runtime.core.names import read_bucket_action, validate_bucket, validate_names
@@ -61,11 +60,7 @@ def owner_redirect(target: Target, request: Request, bucket: str, name: str) -> 
         return None
     query = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True)]
     header = request.headers.get("authorization")
-    if (
-        target.read_token
-        and target.cluster_key
-        and auth.read_ok(header, target.read_token, target.token)
-    ):
+    if target.read_token and target.cluster_key and header:  # the caller passed check()
         signed = auth.sign_redirect(target.cluster_key, request.method, object_path(bucket, name))
         query = [(k, v) for k, v in query if k not in SIGNATURE_PARAMS] + list(signed.items())
     query.append((REDIRECTED_FROM, target.id))
@@ -78,21 +73,21 @@ def object_router(target: Target) -> FastRouter:
     placement = target.placement
     router = FastRouter()
 
-    def require(request: Request, signed_path: str | None = None) -> None:
-        require_write(request, target.token, target.cluster_key, signed_path)
+    def require(request: Request, bucket: str, signed_path: str | None = None) -> None:
+        check(target, request, "write", [bucket], signed_path)  # core/access.py
 
-    def may_read(request: Request, signed_path: str | None = None) -> None:
-        require_read(request, target.read_token, target.token, target.cluster_key, signed_path)
+    def may_read(request: Request, bucket: str | None, signed_path: str | None = None) -> None:
+        check(target, request, "read", [bucket] if bucket else None, signed_path)
 
     @router.get("/v1/buckets")
     async def list_buckets(request: Request) -> dict[str, Any]:
-        may_read(request)
+        may_read(request, None)
         return {"buckets": await anyio.to_thread.run_sync(store.list_buckets)}
 
     @router.post("/v1/buckets/{bucket}")
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
         validate_bucket(bucket)
-        require(request)
+        require(request, bucket)
         await read_bucket_action(bucket, request)
         created = await anyio.to_thread.run_sync(store.create_bucket, bucket)
         # The gateway wrote the map before telling us: answer only once our map shows
@@ -105,7 +100,7 @@ def object_router(target: Target) -> FastRouter:
     async def delete_bucket(bucket: str, request: Request) -> dict[str, Any]:
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
-        require(request)
+        require(request, bucket)
         if await request.body():  # a list/range delete is the gateway's job, never this
             raise InvalidRequest(
                 f"DELETE /v1/buckets/{bucket} on a target takes no body; to delete some "
@@ -124,7 +119,7 @@ def object_router(target: Target) -> FastRouter:
         limit: int = Query(1000, ge=1, le=100_000),
     ) -> dict[str, Any]:
         refuse_repeated(request, bucket=bucket)
-        may_read(request)
+        may_read(request, bucket)
         page, nxt = await anyio.to_thread.run_sync(
             store.list_objects, bucket, prefix, start_after, limit
         )
@@ -138,7 +133,7 @@ def object_router(target: Target) -> FastRouter:
     async def head_bucket(bucket: str, request: Request) -> Response:
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
-        may_read(request)
+        may_read(request, bucket)
         await anyio.to_thread.run_sync(store.bucket_dir, bucket)  # BucketNotFound: 404
         return Response()
 
@@ -146,7 +141,7 @@ def object_router(target: Target) -> FastRouter:
     async def put_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
-        require(request, object_path(bucket, name))
+        require(request, bucket, object_path(bucket, name))
         others = placement.check_owner(bucket, name) if placement else []
         copies = placement.write_through(bucket, name, others) if placement else None
         copies = remote.write_through(target.remote, bucket, name, copies)
@@ -168,7 +163,7 @@ def object_router(target: Target) -> FastRouter:
     ) -> Response:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
-        may_read(request, object_path(bucket, name))
+        may_read(request, bucket, object_path(bucket, name))
         if etl_name and "range" in request.headers:
             raise InvalidRequest(
                 f"Range is not supported with etl_name={etl_name!r}: the transformed "
@@ -202,7 +197,7 @@ def object_router(target: Target) -> FastRouter:
     async def head_object(bucket: str, name: str, request: Request) -> Response:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
-        may_read(request, object_path(bucket, name))
+        may_read(request, bucket, object_path(bucket, name))
         if (moved := owner_redirect(target, request, bucket, name)) is not None:
             return moved
         if (cold := await remote.head(target.remote, bucket, name)) is not None:
@@ -229,7 +224,7 @@ def object_router(target: Target) -> FastRouter:
     async def delete_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
-        require(request, object_path(bucket, name))
+        require(request, bucket, object_path(bucket, name))
         if (deleted := await remote.delete(target.remote, bucket, name)) is not None:
             return deleted
         if placement is None:

@@ -12,7 +12,7 @@ from typing import Any
 import anyio.to_thread
 from fastapi import APIRouter, Request
 
-from etl_runtime.core.access import require_read
+from etl_runtime.core.access import check
 from etl_runtime.core.errors import InvalidRequest
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.names import validate_bucket
@@ -36,7 +36,7 @@ def remote_router(target: Target) -> APIRouter:
 
     @router.post("/v1/_remote/{bucket}/cached")
     async def cached(bucket: str, request: Request) -> dict[str, Any]:
-        require_read(request, target.read_token, target.token, target.cluster_key)
+        check(target, request, "read", [bucket])
         refuse_unknown(request, (), bucket=bucket)
         cache = cache_of(bucket)
         body = await _body(request, bucket)
