@@ -11,6 +11,11 @@ The requests are AIStore's, as its SDK sends them:
   ``.copy`` / ``.inspect``): the same ``value`` plus ``objnames`` or
   ``template`` and the destination in ``tobck`` (``{"name", "provider"}``).
 
+* ``prefetch-listrange`` (``objects(...).prefetch()``, a remote bucket):
+  ``objnames`` or ``template``, ``coer``, ``num-workers`` and ``latest-ver``
+  (false only); a ``prefetch`` job (``jobs/prefetch.py``). On an ``ais``
+  bucket it is a 400: not a remote bucket.
+
 Sluice adds ``template``, ``skip_existing`` and ``etl_args`` (and takes
 ``to_bucket`` in ``value`` instead of ``bck_to``). ``force``, ``latest-ver``
 and ``synchronize`` are taken at their defaults only (a 400 naming them
@@ -33,7 +38,8 @@ from etl_runtime.gateway.jobs import start_job
 from etl_runtime.jobs.listrange import expand
 
 ACTION = "etl-bck"
-ACTIONS = ("etl-bck", "etl-listrange", "copy-bck", "copy-listrange")
+PREFETCH = "prefetch-listrange"
+ACTIONS = ("etl-bck", "etl-listrange", "copy-bck", "copy-listrange", PREFETCH)
 COPIES = ("copy-bck", "copy-listrange")
 # AIStore fields Sluice accepts only at their defaults (request_timeout: any).
 IGNORED_DEFAULTS = {
@@ -113,6 +119,8 @@ async def start_transform(gw: Any, bucket: str, request: Request) -> Response:
         got = value.pop(key, default)
         if got not in (default, "", 0) and key not in ("request_timeout", "name"):
             raise InvalidRequest(f"{key}={got!r} is not supported by Sluice's {action}")
+    if action == PREFETCH:
+        return await _start_prefetch(gw, bucket, request, value)
     listrange = action.endswith("-listrange")
     if listrange:
         dst: Any = _tobck(bucket, value.pop("tobck", None))
@@ -146,4 +154,31 @@ async def start_transform(gw: Any, bucket: str, request: Request) -> Response:
         return PlainTextResponse(job_id)
     return Response(
         content=f'{{"id": "{job_id}", "kind": "{action}"}}', media_type="application/json"
+    )
+
+
+async def _start_prefetch(
+    gw: Any, bucket: str, request: Request, value: dict[str, Any]
+) -> Response:
+    """``prefetch-listrange``: a ``prefetch`` job over the names (or the template's prefix)."""
+    if "bck_to" in request.query_params:
+        raise InvalidRequest(f"{PREFETCH} of {bucket!r} takes no bck_to", bucket=bucket)
+    spec: dict[str, Any] = {"bucket": bucket, **_selection(bucket, value)}
+    renames = {"coer": "continue_on_error", "num-workers": "num_workers"}
+    for key, got in value.items():
+        if key not in renames:
+            raise InvalidRequest(
+                f"{PREFETCH} of bucket {bucket!r}: unknown field {key!r}; known: objnames, "
+                "template, coer, num-workers, latest-ver (false)",
+                bucket=bucket,
+            )
+        if key == "num-workers" and got in (0, -1):  # AIStore: 0 = default, -1 = one
+            got = 1 if got == -1 else None
+        if got is not None:
+            spec[renames[key]] = got
+    job_id = await start_job(gw, "prefetch", spec)
+    if "provider" in request.query_params:
+        return PlainTextResponse(job_id)
+    return Response(
+        content=f'{{"id": "{job_id}", "kind": "{PREFETCH}"}}', media_type="application/json"
     )

@@ -12,6 +12,12 @@ progress bar (``sluice prefetch`` does, with tqdm).
 copies on every target (the backend keeps the objects); ``"objnames": [...]``
 instead of a prefix drops those names' copies (the aistore SDK's
 ``objects(...).evict()``, ``evict-listrange``).
+
+A prefetch takes ``"objnames": [...]`` too (the SDK's ``objects(...).prefetch()``,
+``prefetch-listrange``): each name's owner fetches it; a name the backend
+does not have is an error naming it. ``continue_on_error`` (false by default
+for a list) counts such errors and goes on; without it the first one fails
+the job. ``num_workers`` (1..64) bounds the fetches at once on each target.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from etl_runtime.providers.backend import RemoteMeta, backend_class, remote_prop
 PREFETCH_WORKERS = 4
 TOTAL_MAX_OBJECTS = 1_000_000  # beyond this the total is not counted up front
 EVICT_FIELDS = frozenset({"objnames"})
+PREFETCH_FIELDS = frozenset({"objnames", "continue_on_error", "num_workers"})
+MAX_WORKERS = 64
 
 
 def _spec(spec: dict[str, Any], fields: frozenset[str] = frozenset()) -> tuple[str, str]:
@@ -42,7 +50,7 @@ def _spec(spec: dict[str, Any], fields: frozenset[str] = frozenset()) -> tuple[s
 
 
 async def _validate(gw: Any, spec: dict[str, Any], count: bool) -> dict[str, Any]:
-    bucket, prefix = _spec(spec, EVICT_FIELDS if not count else frozenset())
+    bucket, prefix = _spec(spec, EVICT_FIELDS if not count else PREFETCH_FIELDS)
     props = remote_props(gw.cmap, bucket)
     if props is None:
         known = gw.cmap is not None and bucket in gw.cmap.get().buckets
@@ -59,7 +67,17 @@ async def _validate(gw: Any, spec: dict[str, Any], count: bool) -> dict[str, Any
         if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
             raise InvalidRequest("'objnames' must be a list of strings", bucket=bucket)
         out["objnames"] = [validate_names(bucket, n)[1] for n in names]
-    if count:
+    for key, kind in (("continue_on_error", bool), ("num_workers", int)):
+        if key in spec:
+            got = spec[key]
+            if not isinstance(got, kind) or (kind is int and not 1 <= got <= MAX_WORKERS):
+                raise InvalidRequest(
+                    f"{key}={got!r} of a prefetch of {bucket!r}: "
+                    + ("true or false" if kind is bool else f"1..{MAX_WORKERS}"),
+                    bucket=bucket,
+                )
+            out[key] = got
+    if count and "objnames" not in out:
         backend = backend_class(props.provider).for_bucket(bucket, props.backend)
         objects = size = 0
         start_after = ""
@@ -90,10 +108,14 @@ def _cache(ctx: JobContext, bucket: str) -> Any:
 
 
 async def run_prefetch(ctx: JobContext) -> None:
-    bucket, prefix = _spec(ctx.spec)
+    bucket, prefix = _spec(ctx.spec, PREFETCH_FIELDS)
     cache = _cache(ctx, bucket)
     props = cache.props(bucket)
     backend = cache.backend(bucket, props)
+    workers = int(ctx.spec.get("num_workers") or PREFETCH_WORKERS)
+    if "objnames" in ctx.spec:
+        await _prefetch_names(ctx, cache, bucket, props, workers)
+        return
 
     async def mine() -> Any:
         start_after = ""
@@ -118,9 +140,30 @@ async def run_prefetch(ctx: JobContext) -> None:
             ctx.progress.add(skipped=1)
 
     try:
-        await ctx.map(mine(), one, workers=PREFETCH_WORKERS)
+        await ctx.map(mine(), one, workers=workers)
     except SluiceError as e:  # the listing itself failed (credentials, backend down)
         raise JobFailed(e.message) from None
+    ctx.set_output(bucket=bucket)
+
+
+async def _prefetch_names(
+    ctx: JobContext, cache: Any, bucket: str, props: Any, workers: int
+) -> None:
+    """``objnames``: the ones this target owns, each fetched unless cached."""
+    names = [n for n in ctx.spec["objnames"] if ctx.owns(bucket, n)]
+    coer = bool(ctx.spec.get("continue_on_error", False))
+
+    async def one(name: str) -> None:
+        try:
+            fetched = await cache.prefetch_one(bucket, name, props)
+        except SluiceError as e:
+            ctx.error(name, e.message)
+            if not coer:
+                raise JobFailed(f"prefetching {bucket}/{name}: {e.message}") from None
+            return
+        ctx.progress.add(**({"objects": 1} if fetched else {"skipped": 1}))
+
+    await ctx.map(names, one, workers=workers)
     ctx.set_output(bucket=bucket)
 
 

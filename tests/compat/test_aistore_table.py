@@ -137,10 +137,11 @@ CALLS: list[tuple[str, str, str, str]] = [
         "",
     ),
     (
-        "`objects(...).prefetch()` (`prefetch-listrange`)",
-        "refused: a 400 naming the action (`prefetch(prefix=...)` of Sluice's own SDK prefetches)",
-        "",
-        "",
+        "`objects(...).prefetch(continue_on_error, num_workers)` (`prefetch-listrange`, a remote "
+        "bucket; an `ais` bucket is a 400: not a remote bucket)",
+        WORKS,
+        "compat/test_aistore_prefetch.py",
+        "prefetch(",
     ),
     ("`objects(...).archive(...)` (`archive-listrange`)", "refused: 405, nothing changes", "", ""),
     ("`bucket.rename()` (`move-bck`)", "refused: a 400 naming the action", "", ""),
