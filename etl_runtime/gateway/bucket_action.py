@@ -149,7 +149,7 @@ async def start_transform(gw: Any, bucket: str, request: Request) -> Response:
     spec = {renames.get(k, k): v for k, v in value.items()}
     spec.update(etl=chain, src=bucket, dst=_to_bucket(str(dst)))
     spec.setdefault("continue_on_error", "provider" not in request.query_params)
-    job_id = await start_job(gw, action, spec)
+    job_id = await start_job(gw, action, spec, request)
     if "provider" in request.query_params:
         return PlainTextResponse(job_id)
     return Response(
@@ -176,7 +176,7 @@ async def _start_prefetch(
             got = 1 if got == -1 else None
         if got is not None:
             spec[renames[key]] = got
-    job_id = await start_job(gw, "prefetch", spec)
+    job_id = await start_job(gw, "prefetch", spec, request)
     if "provider" in request.query_params:
         return PlainTextResponse(job_id)
     return Response(

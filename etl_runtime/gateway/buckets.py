@@ -35,7 +35,7 @@ from etl_runtime.core.errors import (
 )
 from etl_runtime.core.names import read_bucket_action, validate_bucket
 from etl_runtime.core.params import refuse_repeated, refuse_unknown
-from etl_runtime.gateway import ais_buckets, aiscompat, bucket_delete, views
+from etl_runtime.gateway import ais_archive, ais_buckets, aiscompat, bucket_delete, views
 from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.bucket_action import is_job_action as bucket_action_is_job
 from etl_runtime.gateway.bucket_action import start_transform
@@ -127,6 +127,13 @@ def bucket_router(gw: Gateway) -> APIRouter:
             created = created or bool(r.json().get("created"))
         _refuse_existing(bucket, request, created)
         return {"bucket": bucket, "created": created}
+
+    @router.put("/v1/buckets/{bucket}")
+    async def bucket_put(bucket: str, request: Request) -> Response:
+        """AIStore's ``archive`` (``objects(...).archive()``): a job; another action is a 400."""
+        validate_bucket(bucket)
+        gw.require_write(request, bucket)
+        return await ais_archive.start_archive(gw, bucket, request, list_bucket_page)
 
     @router.head("/v1/buckets/{bucket}")
     async def head_bucket(bucket: str, request: Request) -> Response:

@@ -143,7 +143,13 @@ CALLS: list[tuple[str, str, str, str]] = [
         "compat/test_aistore_prefetch.py",
         "prefetch(",
     ),
-    ("`objects(...).archive(...)` (`archive-listrange`)", "refused: 405, nothing changes", "", ""),
+    (
+        "`objects(...).archive(archive_name, mime, to_bck, include_source_name, allow_append, "
+        "continue_on_err)` (`archive`: tar, tgz, zip)",
+        WORKS,
+        "compat/test_aistore_archive.py",
+        "allow_append",
+    ),
     ("`bucket.rename()` (`move-bck`)", "refused: a 400 naming the action", "", ""),
     (
         "`obj.multipart_upload()`: `create()`, `add_part(n)`, `complete()`, `abort()`",
