@@ -16,6 +16,9 @@
 * ``BatchIterDataset`` (iterable): whole batches, one GetBatch request each,
   resumable from the index of the next batch;
 * ``DynamicBatchSampler``: batches bounded in bytes, AIStore's rule;
+* ``Mix``: several iterable datasets interleaved by weight;
+* ``merge_positions``: one position out of every rank's loader state, to
+  resume with another number of workers or ranks (``position.py``);
 * ``Source``: a prefix, names or a brace template of a bucket; the errors
   ``DatasetError``, ``EmptySource``, ``ShardError``.
 
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from etl_runtime.pytorch.batches import BatchIterDataset
     from etl_runtime.pytorch.datasets import ObjectDataset, ObjectIterDataset
     from etl_runtime.pytorch.errors import DatasetError, EmptySource, ShardError
+    from etl_runtime.pytorch.mix import Mix
+    from etl_runtime.pytorch.position import merge_positions
     from etl_runtime.pytorch.sampler import DynamicBatchSampler, dynamic_batches
     from etl_runtime.pytorch.shards import ShardReader
     from etl_runtime.pytorch.sources import Source
@@ -50,6 +55,8 @@ _WHERE = {
     "DatasetError": "errors",
     "EmptySource": "errors",
     "ShardError": "errors",
+    "Mix": "mix",
+    "merge_positions": "position",
 }
 
 __all__ = [
@@ -57,12 +64,14 @@ __all__ = [
     "DatasetError",
     "DynamicBatchSampler",
     "EmptySource",
+    "Mix",
     "ObjectDataset",
     "ObjectIterDataset",
     "ShardError",
     "ShardReader",
     "Source",
     "dynamic_batches",
+    "merge_positions",
 ]
 
 

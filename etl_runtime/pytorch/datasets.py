@@ -18,7 +18,7 @@ from typing import Any
 from torch.utils.data import Dataset, IterableDataset
 
 from etl_runtime.pytorch.sources import Catalog, PrefixMap, Sources, build_catalog
-from etl_runtime.pytorch.split import current_part, my_indices, rank_share
+from etl_runtime.pytorch.stateful import Resumable
 from etl_runtime.sdk.client import EtlArgs
 
 Transform = Callable[[str, bytes], Any]
@@ -89,12 +89,14 @@ class ObjectDataset(_ObjectReading, Dataset[Any]):
         return self._read(index % len(self.catalog))
 
 
-class ObjectIterDataset(_ObjectReading, IterableDataset[Any]):
+class ObjectIterDataset(_ObjectReading, Resumable, IterableDataset[Any]):
     """Iterable dataset of objects, split across DDP ranks and DataLoader workers.
 
     Each object is read exactly once per epoch over all ranks and workers. With
     ``shuffle=True`` the order is a permutation seeded by ``(seed, epoch)``:
     call ``set_epoch(e)`` before each epoch (as with ``DistributedSampler``).
+    ``rank``/``world_size`` stand for DDP's when given. ``state_dict()`` /
+    ``load_state_dict()`` save and restore the position (``position.py``).
     """
 
     def __init__(
@@ -107,20 +109,22 @@ class ObjectIterDataset(_ObjectReading, IterableDataset[Any]):
         transform: Transform | None = None,
         shuffle: bool = False,
         seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self._setup(sources, prefix_map, etl_name, etl_args, transform)
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
+        self._init_position(shuffle, seed, rank, world_size)
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def _items(self) -> int:
+        return len(self.catalog)
 
     def __len__(self) -> int:
-        """Objects this rank reads per epoch (its DataLoader workers together)."""
-        return rank_share(len(self.catalog), current_part())
+        """Objects this rank still reads this epoch (its DataLoader workers together)."""
+        return len(self._rank_units())
 
     def __iter__(self) -> Iterator[Any]:
-        part = current_part()
-        for index in my_indices(len(self.catalog), part, self.shuffle, self.seed, self.epoch):
-            yield self._read(index)
+        slot, units, order, _ = self._begin()
+        for k in range(slot.taken, len(units)):
+            item = self._read(int(order[units[k][0]]))
+            slot.taken = k + 1
+            yield item

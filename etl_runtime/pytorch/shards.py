@@ -27,9 +27,9 @@ from typing import Any
 from torch.utils.data import IterableDataset
 from webdataset import autodecode, tariterators
 
-from etl_runtime.pytorch.errors import ShardError
+from etl_runtime.pytorch.errors import DatasetError, ShardError
 from etl_runtime.pytorch.sources import PrefixMap, Sources, build_catalog
-from etl_runtime.pytorch.split import current_part, my_indices
+from etl_runtime.pytorch.stateful import Resumable
 from etl_runtime.sdk.client import EtlArgs
 from etl_runtime.sdk.errors import HTTPError
 
@@ -46,7 +46,7 @@ def make_decoder(decode: Decode) -> Callable[[dict[str, Any]], dict[str, Any]] |
     return autodecode.Decoder(handlers)
 
 
-class ShardReader(IterableDataset[tuple[str, dict[str, Any]]]):
+class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
     """Iterable dataset of WebDataset samples from tar shards in Sluice buckets.
 
     ``sources``: a ``Bucket``, a ``Source`` (prefix, names, or a brace template
@@ -54,7 +54,10 @@ class ShardReader(IterableDataset[tuple[str, dict[str, Any]]]):
     narrows whole buckets. ``etl_name``/``etl_args`` read every shard through an
     ETL (e.g. a ``mode="wds"`` one transforming each sample on the target).
     ``shuffle=True`` shuffles the shard order per epoch with ``seed``; call
-    ``set_epoch(e)`` before each epoch.
+    ``set_epoch(e)`` before each epoch. ``rank``/``world_size`` stand for
+    DDP's when given. ``state_dict()``/``load_state_dict()`` save and restore
+    the position to the sample: a shard read in part goes on at its next
+    sample (``position.py``).
     """
 
     def __init__(
@@ -67,14 +70,14 @@ class ShardReader(IterableDataset[tuple[str, dict[str, Any]]]):
         decode: Decode = None,
         shuffle: bool = False,
         seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
     ) -> None:
         self.catalog = build_catalog(sources, prefix_map)
         self.etl_name = etl_name
         self.etl_args = etl_args
         self.decode = decode
-        self.shuffle = shuffle
-        self.seed = seed
-        self.epoch = 0
+        self._init_position(shuffle, seed, rank, world_size)
         make_decoder(decode)  # a bad image spec fails here, not in a worker
 
     @property
@@ -82,22 +85,48 @@ class ShardReader(IterableDataset[tuple[str, dict[str, Any]]]):
         """``bucket/name`` of every shard, in catalog order."""
         return [f"{b}/{n}" for b, n in zip(self.catalog.buckets, self.catalog.names, strict=True)]
 
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def _items(self) -> int:
+        return len(self.catalog)
 
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         decoder = make_decoder(self.decode)
-        part = current_part()
-        for index in my_indices(len(self.catalog), part, self.shuffle, self.seed, self.epoch):
-            yield from self.read_shard(index, decoder)
+        slot, units, order, base = self._begin()
+        for k in range(slot.taken, len(units)):
+            unit = int(units[k][0])
+            start = slot.at if k == slot.taken and slot.at is not None else None
+            start = start or base.partial.get(unit)
+            count, after = start if start is not None else (0, None)
+            samples = self.read_shard(int(order[unit]), decoder, skip=count, after=after)
+            # One sample ahead: the state after a shard's last sample says it is read.
+            ahead = next(samples, None)
+            while ahead is not None:
+                sample, ahead = ahead, next(samples, None)
+                count += 1
+                if ahead is None:
+                    slot.taken, slot.at = k + 1, None
+                else:
+                    slot.at = (count, sample[0])
+                yield sample
+            slot.taken, slot.at = k + 1, None
 
     def read_shard(
-        self, index: int, decoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+        self,
+        index: int,
+        decoder: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+        *,
+        skip: int = 0,
+        after: str | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
-        """The samples of the ``index``-th shard of the catalog, in tar order."""
+        """The samples of the ``index``-th shard of the catalog, in tar order.
+
+        ``skip``: leave out the first ``skip`` samples (not decoded); ``after``:
+        the key the last of them must have (a shard rewritten since a position
+        was saved raises ``DatasetError`` rather than resuming elsewhere).
+        """
         bucket, name = self.catalog.buckets[index], self.catalog.names[index]
         obj = self.catalog.connection.client().bucket(bucket).object(name)
         key = None
+        seen = 0
         try:
             with obj.open(etl_name=self.etl_name, etl_args=self.etl_args) as reader:
                 stream = io.BufferedReader(reader, READ_BUFFER)
@@ -106,15 +135,30 @@ class ShardReader(IterableDataset[tuple[str, dict[str, Any]]]):
                 )
                 for sample in tariterators.group_by_keys(files):
                     key = sample["__key__"]
+                    seen += 1
+                    if seen <= skip:
+                        if seen == skip and after is not None and key != after:
+                            raise DatasetError(
+                                f"shard '{bucket}/{name}' changed since its position was "
+                                f"saved: sample {skip} is {key!r}, not {after!r}"
+                            )
+                        continue
                     if decoder is not None:
                         sample = decoder(sample)
                     yield key, {k: v for k, v in sample.items() if not k.startswith("__")}
+            if seen < skip:
+                raise DatasetError(
+                    f"shard '{bucket}/{name}' changed since its position was saved: "
+                    f"{seen} samples, the position is at sample {skip}"
+                )
         except HTTPError as exc:
             # Keep the SDK class (NotFound, TransformError...), but make sure the
             # message names the shard: DataLoader workers pass on only the message.
             if name not in exc.message:
                 exc.message = f"shard '{bucket}/{name}': {exc.message}"
                 exc.args = (exc.message,)
+            raise
+        except DatasetError:
             raise
         except Exception as exc:
             after = f" after sample {key!r}" if key is not None else ""

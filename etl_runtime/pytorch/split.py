@@ -40,11 +40,19 @@ def rank_and_world_size() -> tuple[int, int]:
     return rank, world
 
 
-def current_part() -> Part:
-    """This process's slot, from DDP and ``torch.utils.data.get_worker_info()``."""
+def current_part(rank: int | None = None, world_size: int | None = None) -> Part:
+    """This process's slot, from DDP and ``torch.utils.data.get_worker_info()``.
+
+    ``rank``/``world_size``, when given, stand for DDP's (a dataset's arguments).
+    """
     from torch.utils.data import get_worker_info
 
-    rank, world = rank_and_world_size()
+    if rank is None or world_size is None:
+        rank, world = rank_and_world_size()
+    else:
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not within world_size {world_size}")
+        world = world_size
     info = get_worker_info()
     worker, workers = (info.id, info.num_workers) if info is not None else (0, 1)
     return Part(rank, world, worker, workers)
