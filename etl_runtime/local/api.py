@@ -73,12 +73,14 @@ class LocalCluster:
         argv += ["--targets", str(self.targets), "--port", str(self.port)]
         argv += ["--data-dir", str(self.data_dir), "--host", self.host]
         env = dict(os.environ)
+        # Tokens go in the environment: a command line is readable by every user
+        # (/proc/PID/cmdline), ETL code included.
         env.pop("SLUICE_TOKEN", None)
-        if self.token:
-            argv += ["--token", self.token]
-        if self.read_token:
-            argv += ["--read-token", self.read_token]
         env.pop("SLUICE_READ_TOKEN", None)
+        if self.token:
+            env["SLUICE_TOKEN"] = self.token
+        if self.read_token:
+            env["SLUICE_READ_TOKEN"] = self.read_token
         self._up.clear()
         self._lines = []
         self.process = subprocess.Popen(

@@ -82,7 +82,7 @@ class LocalEtlBackend:
         probe_timeout: float = 2.0,
         command: Sequence[str] = TRANSFORMER_COMMAND,
         zygote_mode: str = "off",
-        run_as: runas.TransformerUser | None = None,
+        run_as: runas.Choice = None,
     ) -> None:
         """``zygote_mode``: ``eager``, ``lazy`` or ``off`` (``local.zygote``; only
         for the default ``command``: it forks ``python -m etl_runtime.webserver``)."""
@@ -94,8 +94,11 @@ class LocalEtlBackend:
         self.grace = grace
         self.probe_timeout = probe_timeout
         self.command = tuple(command)
-        # Another OS user for ETL code, chosen by `sluice up` (local/runas.py).
+        # Other OS users for ETL code, chosen by `sluice up` (local/runas.py): one
+        # for every ETL (Isolation, with an interpreter they can run) or one for all.
         self.run_as = run_as if run_as is not None else runas.from_env()
+        if isinstance(self.run_as, runas.Isolation) and self.command == TRANSFORMER_COMMAND:
+            self.command = (self.run_as.python, "-m", "etl_runtime.webserver")
         self._records: dict[str, EtlRecord] = {}
         self._procs: dict[str, list[TransformerProcess]] = {}
         # (etl, target) -> (spec hash, crashes so far): carried into the replacement.
@@ -391,8 +394,13 @@ class LocalEtlBackend:
                 started.last_exit = last_exit
             return started
         deps = self.state_dir / "deps" / rec.name / target.id
-        if self.run_as is not None:  # it pip-installs `dependencies` there itself
-            await asyncio.to_thread(self.run_as.own, deps)
+        user = await asyncio.to_thread(self._user_of, rec.name)
+        ours: dict[str, str] = {}
+        if user is not None:  # it pip-installs `dependencies` there itself
+            await asyncio.to_thread(user.own, deps.parent)
+            await asyncio.to_thread(user.own, deps)
+        if isinstance(self.run_as, runas.Isolation):  # a home of its own, not root's
+            ours = {**self.run_as.env, "HOME": str(deps), "USER": user.name if user else ""}
         env = processes.transformer_env(
             dict(os.environ),
             rec.spec.env,
@@ -406,6 +414,7 @@ class LocalEtlBackend:
                 "SLUICE_DATA_ROOTS": str(self.state_dir.parent / "targets" / target.id),
                 "PYTHONUNBUFFERED": "1",
             }
+            | ours
             | processes.supervisor_env(),
         )
         proc = await processes.spawn(
@@ -418,11 +427,17 @@ class LocalEtlBackend:
             restarts=restarts,
             command=self.command,
             zygote=z,
-            user=self.run_as.popen_kwargs() if self.run_as else None,
+            user=user,
         )
         proc.last_exit = last_exit
         log.info("started transformer %s (pid %d, port %d)", name, proc.pid, proc.port)
         return proc
+
+    def _user_of(self, etl: str) -> runas.TransformerUser | None:
+        """The OS user ETL ``etl`` runs as (None: ours)."""
+        if isinstance(self.run_as, runas.Isolation):
+            return self.run_as.user_for(self.state_dir, etl)
+        return self.run_as
 
     def _stop_in_background(
         self, p: TransformerProcess, keep_listed: bool = False

@@ -38,6 +38,7 @@ from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
 from etl_runtime.cluster.records import TargetInfo, TransformerStatus
 from etl_runtime.core import procs as launch
 from etl_runtime.local.pidfiles import write_pid_file
+from etl_runtime.local.runas import TransformerUser
 from etl_runtime.local.zygote import Zygote, ZygoteChild
 
 LOG_TAIL_BYTES = 16 * 1024
@@ -325,7 +326,7 @@ async def spawn(
     restarts: int = 0,
     command: Sequence[str] = (sys.executable, "-m", "etl_runtime.webserver"),
     zygote: Zygote | None = None,
-    user: dict[str, Any] | None = None,
+    user: TransformerUser | None = None,
     container: Callable[[int], list[str]] | None = None,
 ) -> TransformerProcess:
     """Start ``command --host 127.0.0.1 --port P`` for one target (``container(P)``
@@ -335,8 +336,8 @@ async def spawn(
     with everything already imported) and no ``user`` is asked for, else an
     asyncio subprocess, forked by the event loop's thread, through the launcher
     that ties the transformer's life to this process (run by the command's own
-    interpreter). ``user``: ``user``/``group`` arguments of ``subprocess`` to
-    run it as another user (``local/runas.py``; the zygote runs as this process).
+    interpreter). ``user``: run it as that user (``local/runas.py``; the zygote
+    runs as this process).
     """
     logs = state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -351,6 +352,8 @@ async def spawn(
     where = ["--host", "127.0.0.1", "--port", str(port)]
     run, python = ([*command, *where], command[0]) if container is None else (container(port), None)
     argv = launch.command(os.getpid(), run, adoptable, python)
+    if user is not None:
+        argv = user.command(argv)
     with open(log_path, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         forked = zygote is not None and not user
@@ -375,7 +378,6 @@ async def spawn(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
-                **(user or {}),
             )
     proc = TransformerProcess(
         etl=etl,

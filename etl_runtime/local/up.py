@@ -46,7 +46,7 @@ from types import FrameType
 import httpx
 
 from etl_runtime.core import auth, procs
-from etl_runtime.local import runas, supervisor
+from etl_runtime.local import runas, sandbox, supervisor
 from etl_runtime.local.api import LocalCluster
 from etl_runtime.local.pidfiles import pid_dir, read_pid_files
 from etl_runtime.local.processes import TransformerProcess, free_port
@@ -139,8 +139,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--transformer-user",
         default=os.environ.get(runas.USER_ENV),
         metavar="USER",
-        help="when run as root: the user ETL code runs as, so it cannot read the cluster "
-        "key (default nobody, if it can run this Python; 'root': as the servers)",
+        help="when run as root: the one user every ETL's code runs as (default: a uid of "
+        "its own for each ETL, so that it cannot read the cluster key nor reach another "
+        "ETL; 'root': as the servers)",
     )
     args = p.parse_args(argv)
     if args.down_retry <= 0:
@@ -162,7 +163,7 @@ class Supervisor:
         self.targets: list[Child] = []
         self.members: list[str] = []
         self.gateway: Child | None = None
-        self.run_as: runas.TransformerUser | None = None
+        self.run_as: runas.Choice = None
         self.run_as_line = ""
         self.signals = 0
 
@@ -201,7 +202,7 @@ class Supervisor:
         key = load_cluster_key(self.data / "cluster-key")
         env = self.env(key)
         # Who runs ETL code: tried as that user while the targets start (local/runas.py).
-        chosen: list[tuple[runas.TransformerUser | None, str]] = []
+        chosen: list[tuple[runas.Choice, str]] = []
         user = self.args.transformer_user
         probe = threading.Thread(target=lambda: chosen.append(runas.choose(user, self.data)))
         probe.start()
@@ -234,8 +235,9 @@ class Supervisor:
         )
         probe.join()
         self.run_as, self.run_as_line = chosen[0] if chosen else (None, "")
-        if self.run_as is not None:  # the gateway's ETL controller spawns the transformers
-            env = {**env, runas.UID_ENV: self.run_as.encode()}
+        # the gateway's ETL controller spawns the transformers
+        env = {**env, **runas.gateway_env(self.run_as)}
+        self.lock_down()
         self.gateway = Child(
             name="gateway",
             argv=[py, "-m", "etl_runtime.gateway", "--host", host, "--port", str(port)]
@@ -249,6 +251,13 @@ class Supervisor:
         self.record_children()
         self.wait_healthy([self.gateway])
         return gateway_url
+
+    def lock_down(self) -> None:
+        """Per-ETL uids: what they may reach of the data dir (``local/sandbox.py``),
+        again for what the servers made since."""
+        if isinstance(self.run_as, runas.Isolation):
+            with contextlib.suppress(OSError):
+                sandbox.lock_down(self.data, self.run_as.group)
 
     def leaving_ids(self) -> list[str]:
         """Targets of an earlier run beyond ``--targets``: they hand their objects over."""
@@ -320,6 +329,7 @@ class Supervisor:
                     self.record_down()
             if time.monotonic() >= next_reap:  # a scan of /proc: not on every tick
                 supervisor.reap_orphans({c.pid for c in self.children() if c.popen})
+                self.lock_down()
                 self.retire_leaving()
                 next_reap = time.monotonic() + 1.0
             time.sleep(0.1)

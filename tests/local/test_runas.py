@@ -2,7 +2,7 @@
 
 An ETL registered by a token holder returned ``DIR/cluster-key`` to a client
 holding only the read token: transformers ran as the servers' user. As root
-they now run as ``nobody`` (``--transformer-user``) where that user can run
+with ``--transformer-user nobody`` they run as that user where it can run
 the interpreter and reach the data; where it cannot (a Python under ``/root``,
 mode 0700, as on this project's machines) they run as root and the start-up
 line says why. ``local/runas.py`` tries it for real, as that user.
@@ -39,13 +39,13 @@ def test_a_user_who_cannot_run_the_interpreter_leaves_etl_code_as_root_and_says_
     hidden.mkdir(mode=0o700)
     python = hidden / "python"
     python.symlink_to(sys.executable)
-    user, line = runas.choose(None, tmp_path / "data", python=str(python))
+    user, line = runas.choose("nobody", tmp_path / "data", python=str(python))
     assert user is None
     assert f"can read {tmp_path / 'data' / 'cluster-key'}" in line, line
     if ROOT:  # it tried nobody, and says what failed
         assert "could not run as nobody (uid " in line and "Permission denied" in line, line
     else:  # another user cannot be chosen: the line names this one
-        assert line.startswith("sluice: note: ETL code runs as "), line
+        assert line.startswith("sluice: WARNING: ETL code runs as "), line
     assert runas.choose("root", tmp_path / "data")[0] is None
     if ROOT:
         assert "does not exist" in runas.choose("no-such-user-x", tmp_path / "data")[1]
@@ -77,9 +77,9 @@ def test_as_root_transformers_run_as_nobody_who_cannot_read_the_key(
         (data / "targets" / "t0").mkdir(parents=True)
         (data / "cluster-key").write_text(KEY)
         (data / "cluster-key").chmod(0o600)
-        user, line = runas.choose(None, data, python=python)
-        assert user is not None and user.name == "nobody", line
-        assert line == (
+        user, line = runas.choose("nobody", data, python=python)
+        assert isinstance(user, runas.TransformerUser) and user.name == "nobody", line
+        assert line.startswith(
             f"sluice: transformers run as nobody (uid {user.uid}): "
             f"ETL code cannot read {data / 'cluster-key'}"
         )
