@@ -74,9 +74,14 @@ def test_stop_rules_over_a_bucket_and_a_view(objects, view) -> None:
     assert set(never) == set(names["a/"] + names["b/"]) and set(never.values()) == {2, 3}
 
 
+def mix_of(objects, view, stop="shortest") -> Mix:
+    a, b = sources(objects, view, seed=1)
+    return Mix({a: 0.6, b: 0.4}, seed=7, stop=stop)
+
+
 def test_mix_resumes_exactly_in_the_same_layout_and_elastically(objects, view) -> None:
     def loader(workers: int, mix: Mix | None = None) -> Loader:
-        mix = mix or Mix(dict(zip(sources(objects, view, seed=1), (0.6, 0.4))), seed=7)
+        mix = mix or mix_of(objects, view)
         return Loader(mix, batch_size=None, num_workers=workers)
 
     whole = [n for n, _ in loader(2)]
@@ -90,13 +95,13 @@ def test_mix_resumes_exactly_in_the_same_layout_and_elastically(objects, view) -
     assert head + [n for n, _ in again] == whole  # the same stream, resumed
 
     # Another worker count: each source goes on exactly where the mix left it.
-    longest = Mix(dict(zip(sources(objects, view, seed=1), (0.6, 0.4))), seed=7, stop="longest")
+    longest = mix_of(objects, view, stop="longest")
     first = loader(2, longest)
     it = iter(first)
     head = [n for n, _ in islice(it, 9)]
     state = first.state_dict()
     del it, first
-    resumed = Mix(dict(zip(sources(objects, view, seed=1), (0.6, 0.4))), seed=7, stop="longest")
+    resumed = mix_of(objects, view, stop="longest")
     resumed.load_state_dict(Mix.merge_positions([state]))
     rest = [n for n, _ in loader(3, resumed)]
     assert Counter(head + rest) == Counter(list(OBJECTS))
