@@ -46,13 +46,14 @@ from fastapi.responses import Response
 from etl_runtime.core.errors import InvalidRequest, JobNotFound
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown, refuse_what
+from etl_runtime.gateway import ais_move
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.jobs import JobViews, job_views
 from etl_runtime.gateway.membership import cluster_view
 from etl_runtime.gateway.smap import smap
 from etl_runtime.jobs.state import ABORTED, FAILED, RUNNING, TERMINAL
 
-TC_KINDS = ("etl-bck", "etl-listrange", "copy-bck", "copy-listrange")  # jobs/transform.py
+TC_KINDS = ("etl-bck", "etl-listrange", "copy-bck", "copy-listrange", "move-bck")  # transform.py
 AIS_KINDS = {"prefetch": "prefetch-listrange", "evict": "evict-listrange"}
 SLUICE_KINDS = {v: k for k, v in AIS_KINDS.items()}
 GO_ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -204,7 +205,7 @@ async def _jobs(views: JobViews, kind: str) -> list[dict[str, Any]]:
 async def _one(views: JobViews, job_id: str, kind: str) -> dict[str, Any]:
     """Job ``job_id`` (checked to be of ``kind``), or the newest of ``kind``."""
     if job_id:
-        view = await views.view(job_id)
+        view = await ais_move.settle(views.gw, await views.view(job_id))  # a rename: OLD gone
         if not _kind_matches(view, kind):
             raise JobNotFound(
                 f"job {job_id!r} is a {ais_kind(view['kind'])!r} job, not {kind!r}", job=job_id

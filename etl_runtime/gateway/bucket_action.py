@@ -11,6 +11,7 @@ The requests are AIStore's, as its SDK sends them:
   ``.copy`` / ``.inspect``): the same ``value`` plus ``objnames`` or
   ``template`` and the destination in ``tobck`` (``{"name", "provider"}``).
 
+* ``move-bck`` (``Bucket.rename``): ``gateway/ais_move.py``;
 * ``prefetch-listrange`` (``objects(...).prefetch()``, a remote bucket):
   ``objnames`` or ``template``, ``coer``, ``num-workers`` and ``latest-ver``
   (false only); a ``prefetch`` job (``jobs/prefetch.py``). On an ``ais``
@@ -34,12 +35,13 @@ from fastapi.responses import PlainTextResponse, Response
 from etl_runtime.core.errors import InvalidRequest
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
+from etl_runtime.gateway import ais_move
 from etl_runtime.gateway.jobs import start_job
 from etl_runtime.jobs.listrange import expand
 
 ACTION = "etl-bck"
 PREFETCH = "prefetch-listrange"
-ACTIONS = ("etl-bck", "etl-listrange", "copy-bck", "copy-listrange", PREFETCH)
+ACTIONS = ("etl-bck", "etl-listrange", "copy-bck", "copy-listrange", PREFETCH, ais_move.ACTION)
 COPIES = ("copy-bck", "copy-listrange")
 # AIStore fields Sluice accepts only at their defaults (request_timeout: any).
 IGNORED_DEFAULTS = {
@@ -121,6 +123,8 @@ async def start_transform(gw: Any, bucket: str, request: Request) -> Response:
             raise InvalidRequest(f"{key}={got!r} is not supported by Sluice's {action}")
     if action == PREFETCH:
         return await _start_prefetch(gw, bucket, request, value)
+    if action == ais_move.ACTION:  # bucket.rename(): gateway/ais_move.py
+        return await ais_move.start_move(gw, bucket, request, body.get("value"))
     listrange = action.endswith("-listrange")
     if listrange:
         dst: Any = _tobck(bucket, value.pop("tobck", None))

@@ -27,6 +27,7 @@ KIND_MODULES: list[str] = [
     "etl_runtime.jobs.prefetch",  # prefetch, evict (remote buckets)
     "etl_runtime.jobs.listrange",  # delete-listrange
     "etl_runtime.jobs.archive",  # archive: a list of objects into one tar/tgz/zip
+    "etl_runtime.jobs.move",  # move-bck: a bucket renamed
     "etl_runtime.jobs.scrub",  # scrub: check every object's bytes, repair from copies
 ]
 

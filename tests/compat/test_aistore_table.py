@@ -150,7 +150,12 @@ CALLS: list[tuple[str, str, str, str]] = [
         "compat/test_aistore_archive.py",
         "allow_append",
     ),
-    ("`bucket.rename()` (`move-bck`)", "refused: a 400 naming the action", "", ""),
+    (
+        "`bucket.rename(to_bck_name)` (`move-bck`, a job; an existing name is a 409)",
+        WORKS,
+        "compat/test_aistore_rename.py",
+        "rename",
+    ),
     (
         "`obj.multipart_upload()`: `create()`, `add_part(n)`, `complete()`, `abort()`",
         WORKS,
