@@ -19,6 +19,7 @@ from typing import Any, BinaryIO
 from etl_runtime.cli import dsort as cli_dsort
 from etl_runtime.cli import remote as cli_remote
 from etl_runtime.cli import s3 as cli_s3
+from etl_runtime.cli import tokens as cli_tokens
 from etl_runtime.cli.errors import CliError
 from etl_runtime.cli.etl import cmd_etl
 from etl_runtime.cli.jobs import register as register_jobs
@@ -318,6 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_dsort.register(sub)
     cli_remote.register(sub)
     cli_s3.register(sub)  # sluice s3 key ... (etl_runtime.cli.s3)
+    cli_tokens.register(sub)  # sluice token ... (etl_runtime.cli.tokens)
     return p
 
 

@@ -82,9 +82,10 @@ class Gateway:
 
     def require_read(self, request: Request, *buckets: str | access.InBody) -> None:
         """Also the source of each bucket that is an ETL view: reading one reads both."""
-        access.check(self, request, "read", [*buckets, *self._view_sources(buckets)])
+        access.check(self, request, "read", [*buckets, *self.view_sources(buckets)])
 
-    def _view_sources(self, buckets: tuple[str | access.InBody, ...]) -> list[str]:
+    def view_sources(self, buckets: tuple[str | access.InBody, ...]) -> list[str]:
+        """The source bucket of each of ``buckets`` that is an ETL view."""
         if self.cmap is None or not buckets:
             return []
         known = self.cmap.get().buckets

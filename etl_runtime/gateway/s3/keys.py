@@ -1,7 +1,8 @@
 """S3 access keys: made and dropped by a token holder, kept in one file by the gateway.
 
-A key is an access key id, a secret and a permission: ``read`` (GET, HEAD,
-listings) or ``write`` (everything, reads included). They live in one JSON
+A key is an access key id, a secret, a permission: ``read`` (GET, HEAD,
+listings) or ``write`` (everything, reads included), and optionally the
+buckets it is limited to (``auth.py`` refuses any other with a 403 naming it). They live in one JSON
 file, mode 0600, replaced atomically (``core.durable.write_atomic``): by
 default ``STATE_DIR/s3-keys.json`` of a local gateway (``sluice up``: the
 data dir's ``etl/``), or ``--s3-keys`` / ``SLUICE_S3_KEYS``. On Kubernetes
@@ -11,10 +12,11 @@ where reads are open, and ``/v1/s3/keys`` answers 400 saying so.
 
 Routes (JSON, the Sluice error tree; a token holder only, like every write):
 
-* ``POST /v1/s3/keys`` body ``{"permission": "read"|"write"}`` (default
-  ``write``) -> ``{"access_key", "secret_key", "permission", "created"}``: the
-  only time the secret is shown;
-* ``GET /v1/s3/keys`` -> ``{"keys": [{"access_key", "permission", "created"}]}``;
+* ``POST /v1/s3/keys`` body ``{"permission": "read"|"write", "buckets": [B, ...]}``
+  (default ``write``, every bucket) -> ``{"access_key", "secret_key",
+  "permission", "buckets", "created"}``: the only time the secret is shown;
+* ``GET /v1/s3/keys`` -> ``{"keys": [{"access_key", "permission", "buckets", "created"}]}``
+  (``buckets`` null: every bucket);
 * ``DELETE /v1/s3/keys/{access_key}`` -> ``{"access_key", "deleted": true}``.
 """
 
@@ -35,6 +37,7 @@ from fastapi import APIRouter, Request
 from etl_runtime.core.durable import write_atomic
 from etl_runtime.core.errors import InvalidRequest, NotFound
 from etl_runtime.core.jsonbody import read_json
+from etl_runtime.core.names import validate_bucket
 from etl_runtime.gateway.context import Gateway
 
 PERMISSIONS = ("read", "write")
@@ -85,10 +88,19 @@ class KeyStore:
             key = self._load().get(access_key)
         return str(key["permission"]) if key else None
 
-    def create(self, permission: str) -> dict[str, Any]:
+    def buckets(self, access_key: str) -> list[str] | None:
+        """The buckets the key is limited to; None: every bucket."""
+        with self._lock:
+            key = self._load().get(access_key)
+        scope = key.get("buckets") if key else None
+        return [str(b) for b in scope] if isinstance(scope, list) else None
+
+    def create(self, permission: str, buckets: list[str] | None = None) -> dict[str, Any]:
         access_key = KEY_PREFIX + base64.b32encode(secrets.token_bytes(10)).decode()[:17]
         secret = base64.b64encode(secrets.token_bytes(30)).decode()
         entry = {"secret": secret, "permission": permission, "created": time.time()}
+        if buckets is not None:
+            entry["buckets"] = sorted(set(buckets))
         with self._lock:
             keys = dict(self._load())
             keys[access_key] = entry
@@ -97,6 +109,7 @@ class KeyStore:
             "access_key": access_key,
             "secret_key": secret,
             "permission": permission,
+            "buckets": entry.get("buckets"),
             "created": entry["created"],
         }
 
@@ -104,7 +117,12 @@ class KeyStore:
         with self._lock:
             keys = self._load()
         return [
-            {"access_key": k, "permission": v["permission"], "created": v["created"]}
+            {
+                "access_key": k,
+                "permission": v["permission"],
+                "buckets": v.get("buckets"),
+                "created": v["created"],
+            }
             for k, v in sorted(keys.items(), key=lambda kv: kv[1]["created"])
         ]
 
@@ -115,6 +133,22 @@ class KeyStore:
                 return False
             self._save(keys)
         return True
+
+
+def key_buckets(body: dict[str, Any]) -> list[str] | None:
+    """The body's ``buckets`` (a non-empty list of names), None where it has none;
+    any other field is a 400 naming it."""
+    unknown = sorted(set(body) - {"permission", "buckets"})
+    if unknown:
+        raise InvalidRequest(f"unknown field(s) {', '.join(unknown)}; known: permission, buckets")
+    buckets = body.get("buckets")
+    if buckets is None:
+        return None
+    if not isinstance(buckets, list) or not buckets or not all(isinstance(b, str) for b in buckets):
+        raise InvalidRequest("'buckets' must be a non-empty list of bucket names")
+    for b in buckets:
+        validate_bucket(b)
+    return buckets
 
 
 def keys_router(gw: Gateway, store: KeyStore) -> APIRouter:
@@ -137,7 +171,8 @@ def keys_router(gw: Gateway, store: KeyStore) -> APIRouter:
         permission = body.get("permission", "write") if isinstance(body, dict) else None
         if permission not in PERMISSIONS:
             raise InvalidRequest(f"'permission' must be 'read' or 'write', got {permission!r}")
-        return await anyio.to_thread.run_sync(store.create, permission)
+        buckets = key_buckets(body)
+        return await anyio.to_thread.run_sync(store.create, permission, buckets)
 
     @router.get("/v1/s3/keys")
     async def list_keys(request: Request) -> dict[str, Any]:

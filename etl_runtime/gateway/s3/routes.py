@@ -242,7 +242,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
     @each_method(router, "/s3/{bucket}/", S3_METHODS)
     async def bucket_call(bucket: str, request: Request) -> Response:
         method, q = request.method, request.query_params
-        signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
+        signed = await authorize(gw, keys, request, method in ("PUT", "DELETE", "POST"), bucket)
         _refuse_unsupported(request)
         if method == "PUT":
             check_s3_bucket(bucket)  # S3's rules for a new bucket, each named
@@ -291,7 +291,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
         bucket: str, key: str, request: Request, early: ShareBody | None
     ) -> Response:
         method, q = request.method, request.query_params
-        signed = await authorize(gw, keys, request, write=method in ("PUT", "DELETE", "POST"))
+        signed = await authorize(gw, keys, request, method in ("PUT", "DELETE", "POST"), bucket)
         _refuse_unsupported(request)
         multipart.refuse_hidden(key)
         key = stored_name(key)
