@@ -14,11 +14,14 @@ for measurement; the default is on):
 * a size that differs from the stored one (a truncated file) is found before
   the first byte, whatever the object's size;
 * an object of at most ``WHOLE_MAX`` (1 MiB) is read whole and checked before
-  the first byte, then answered from memory;
+  the first byte, then answered from memory or by ``sendfile``;
 * a bigger one is checked as it streams; the last block is held back until
   the hash matches, and a mismatch aborts the stream (the connection is
   dropped before the last byte: no HTTP client or tar reader takes it for
-  complete).
+  complete);
+* a match is remembered (``Verified``) for ``SLUICE_VERIFY_READS_TTL``
+  seconds while the file is unchanged (same inode, size, mtime, ctime): a
+  read of it then needs no hash (docs/integrity.md says what that leaves).
 
 A mismatch is logged, counted (``sluice_integrity_*``) and, where a good copy
 exists, repaired from it (``Placement.repair``); else the read fails with
@@ -29,9 +32,11 @@ before checksums were stored (no attribute) is served unchecked.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -101,15 +106,117 @@ def store(fd: int | str | os.PathLike[str], digest: str, size: int) -> None:
         pass  # no xattrs here: the object is served unchecked, as before checksums
 
 
-def file_matches(fd: int, cs: Checksum) -> bool:
-    """Read the whole file (by ``pread``) and compare; blocking: call from a thread."""
+_BUFFERS = threading.local()  # one read buffer per thread: no allocation per read
+_BUFFER = 256 << 10
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _buffer() -> memoryview:
+    view: memoryview | None = getattr(_BUFFERS, "view", None)
+    if view is None:
+        view = _BUFFERS.view = memoryview(bytearray(_BUFFER))
+    return view
+
+
+def file_matches(fd: int, cs: Checksum, flags: int = 0) -> bool:
+    """Read the whole file (``preadv`` into this thread's buffer) and compare; blocking:
+    call from a thread (``matches_cached`` is the loop's). ``flags``: ``preadv``'s."""
     if os.fstat(fd).st_size != cs.size:
         return False
-    h, offset = new_hash(), 0
-    while block := os.pread(fd, BLOCK, offset):
-        h.update(block)
-        offset += len(block)
+    h, offset, buf = new_hash(), 0, _buffer()
+    while n := os.preadv(fd, [buf], offset, flags):
+        h.update(buf[:n])
+        offset += n
     return offset == cs.size and h.hexdigest() == cs.digest
+
+
+def matches_cached(fd: int, cs: Checksum) -> bool | None:
+    """``file_matches`` for the event loop: only while every byte is in the page cache
+    (``RWF_NOWAIT``: a read that would wait for the disk fails at once); None if one
+    would wait (check it in a thread). A read from memory of 1 MiB costs ~0.08 ms."""
+    if not _NOWAIT:
+        return None
+    try:
+        return file_matches(fd, cs, _NOWAIT)
+    except BlockingIOError:
+        return None
+    except OSError as e:
+        if e.errno in (errno.EOPNOTSUPP, errno.EINVAL):  # no RWF_NOWAIT on this filesystem
+            return None
+        raise
+
+
+VERIFIED_ENV = "SLUICE_VERIFY_READS_TTL"  # sluice up passes SLUICE_VERIFY_READS*
+VERIFIED_SECONDS = 10.0  # how long a match stands for an unchanged file
+VERIFIED_MAX = 65536  # files remembered per process (about 200 bytes each)
+SETTLED_NS = 1_000_000_000  # a file changed less than this ago is never remembered
+
+# What identifies one version of one file: any change made through the filesystem (a
+# write, a truncate, a rename over it, a utime, a setxattr) changes (inode, size,
+# mtime, ctime); ctime cannot be set back by a user.
+Stamp = tuple[int, int, int, int, int]
+
+
+def stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
+def verified_seconds() -> float:
+    """``$SLUICE_VERIFY_READS_TTL`` (default 10; 0: every read hashes the bytes)."""
+    raw = os.environ.get(VERIFIED_ENV, "").strip()
+    try:
+        return max(0.0, float(raw)) if raw else VERIFIED_SECONDS
+    except ValueError:
+        raise ValueError(f"{VERIFIED_ENV}={raw!r}: give a number of seconds") from None
+
+
+class Verified:
+    """The files whose bytes matched their checksum in the last ``seconds``: a read of
+    one of them, unchanged since (same ``Stamp`` and checksum), needs no second hash and
+    may go by ``sendfile``. A file that changed within ``SETTLED_NS`` of the check is
+    not remembered (a file system's clock is coarse: a change in the same tick could
+    keep the stamp). Bounded: the oldest entries go first."""
+
+    def __init__(self, seconds: float | None = None, limit: int = VERIFIED_MAX) -> None:
+        self.seconds = verified_seconds() if seconds is None else seconds
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._at: dict[tuple[int, int], tuple[Stamp, str, float]] = {}
+
+    def fresh(self, stamp: Stamp | None, cs: Checksum) -> bool:
+        if stamp is None or self.seconds <= 0:
+            return False
+        entry = self._at.get((stamp[0], stamp[1]))
+        return (
+            entry is not None
+            and entry[0] == stamp
+            and entry[1] == cs.value
+            and time.monotonic() - entry[2] < self.seconds
+        )
+
+    def note(self, stamp: Stamp | None, cs: Checksum, started_ns: int) -> None:
+        """``stamp``'s bytes matched ``cs`` in a check begun at ``started_ns``
+        (``time.time_ns()``)."""
+        if stamp is None or self.seconds <= 0 or started_ns - stamp[4] < SETTLED_NS:
+            return
+        key = (stamp[0], stamp[1])
+        with self._lock:
+            self._at.pop(key, None)
+            while len(self._at) >= self.limit:
+                del self._at[next(iter(self._at))]
+            self._at[key] = (stamp, cs.value, time.monotonic())
+
+    def forget(self, stamp: Stamp | None) -> None:
+        if stamp is not None:
+            with self._lock:
+                self._at.pop((stamp[0], stamp[1]), None)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._at.clear()
+
+
+VERIFIED = Verified()
 
 
 def checked_blocks(blocks: Iterable[bytes], cs: Checksum, on_bad: BadRead) -> Iterator[bytes]:

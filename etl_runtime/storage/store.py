@@ -75,6 +75,8 @@ class ObjectInfo:
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     # The checksum stored at write time (storage/integrity.py); None: written before them.
     checksum: Checksum | None = field(default=None, compare=False)
+    # Which version of which file was opened (``integrity.Verified``); None: not opened.
+    stamp: integrity.Stamp | None = field(default=None, compare=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "size": self.size, "etag": self.etag, "mtime": self.mtime}
@@ -103,6 +105,7 @@ def _info(name: str, fd: int) -> ObjectInfo:
         mtime=st.st_mtime,
         meta=read_meta(fd),
         checksum=integrity.stored(fd),
+        stamp=integrity.stamp_of(st),
     )
 
 
@@ -294,7 +297,7 @@ class ObjectStore:
             return None
         meta = read_meta(f.fileno())
         cs = integrity.stored(f.fileno())
-        return f, ObjectInfo(name, st.st_size, etag, st.st_mtime, meta, cs)
+        return f, ObjectInfo(name, st.st_size, etag, st.st_mtime, meta, cs, integrity.stamp_of(st))
 
     def verify_object(self, bucket: str, name: str) -> tuple[ObjectInfo, bool | None]:
         """Read the object whole and compare it with its stored checksum: True if it
@@ -304,7 +307,10 @@ class ObjectStore:
         with f:
             if info.checksum is None:
                 return info, None
-            return info, integrity.file_matches(f.fileno(), info.checksum)
+            ok = integrity.file_matches(f.fileno(), info.checksum)
+            if not ok:  # never again taken for verified (integrity.Verified)
+                integrity.VERIFIED.forget(info.stamp)
+            return info, ok
 
     def stat_object(self, bucket: str, name: str) -> ObjectInfo:
         f, info = self.open_object(bucket, name)

@@ -1,14 +1,18 @@
 """A local object's bytes as a GET answers them, checked against its stored checksum.
 
-``storage/integrity.py`` says what is checked and when. Here: an object of at
-most ``integrity.WHOLE_MAX`` is read whole (on the loop up to ``LOOP_READ``,
-as ``open_if_tagged`` opens it there; bigger in a thread) and answered from
-memory once it matched; a bigger one streams through ``CheckedFileResponse`` (no
-``sendfile``: the bytes must pass through the hash), and a range of one is
-answered after the whole object matched. A mismatch found before the first
-byte is repaired from a good copy when the bucket keeps copies, then the
-object is opened again and served; else ``ObjectCorrupted``. A mismatch found
-while streaming cuts the stream and starts the repair for the next read.
+``storage/integrity.py`` says what is checked and when. Here: an object that
+matched within ``integrity.VERIFIED``'s time and has not changed since is
+answered as an unchecked one (``sendfile``). Else one of at most
+``LOOP_READ`` is read whole on the loop (``open_if_tagged`` opened it there),
+checked and answered from memory; one of at most ``integrity.WHOLE_MAX`` is
+checked whole (on the loop while it is in the page cache, else in a thread)
+and then sent by ``sendfile`` (read once and answered from memory where the
+server offers no zero copy); a bigger one streams through
+``CheckedFileResponse``, and a range of one is answered after the whole
+object matched. A mismatch found before the first byte is repaired from a
+good copy when the bucket keeps copies, then the object is opened again and
+served; else ``ObjectCorrupted``. A mismatch found while streaming cuts the
+stream and starts the repair for the next read.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import asyncio
 import email.utils
 import logging
 import os
+import time
 from collections.abc import Iterator
 from typing import IO
 
@@ -105,30 +110,38 @@ def _repair_later(target: Target, bucket: str, name: str) -> integrity.BadRead:
     return integrity.BadRead(bucket, name, target.id, start)
 
 
-def _verify_small_on_loop(target: Target, bucket: str, name: str) -> bool | None:
-    """``store.verify_object`` of an object of at most ``LOOP_READ`` bytes, on the loop
-    (an open, an fstat, two getxattr, one pread); None: not that (the thread decides)."""
-    opened = target.store.open_if_tagged(bucket, name)
-    if opened is None:
-        return None
-    f, info = opened
-    with f:
-        if info.checksum is None:
-            return True  # written before checksums: nothing to check
-        if info.size > LOOP_READ:
-            return None
-        return info.checksum.matches(_read_whole(f, info.size))
+async def _matches(fd: int, cs: integrity.Checksum, stamp: integrity.Stamp | None) -> bool:
+    """The whole file against ``cs``: on the loop when it is at most ``WHOLE_MAX`` and in
+    the page cache (no thread hop, ~0.08 ms a MiB), else in a thread; a match is noted in
+    ``integrity.VERIFIED``."""
+    started = time.time_ns()
+    ok = integrity.matches_cached(fd, cs) if cs.size <= integrity.WHOLE_MAX else None
+    if ok is None:
+        ok = await anyio.to_thread.run_sync(integrity.file_matches, fd, cs)
+    if ok:
+        integrity.VERIFIED.note(stamp, cs, started)
+    return ok
 
 
 async def verify_local(target: Target, bucket: str, name: str) -> None:
     """Check the whole local object before it goes elsewhere (an ETL reads it): repaired
-    from a copy or ``ObjectCorrupted`` on a mismatch. Objects without a checksum pass."""
+    from a copy or ``ObjectCorrupted`` on a mismatch. Objects without a checksum pass;
+    so does one that matched within ``integrity.VERIFIED``'s time and has not changed."""
     if not integrity.verify_reads():
         return
     store = target.store
-    ok = _verify_small_on_loop(target, bucket, name)  # no thread hop for a small object
-    if ok is None:
+    opened = store.open_if_tagged(bucket, name)  # on the loop: an open, an fstat, getxattrs
+    if opened is None:  # no stored ETag, or no such object: the thread says which
         _info, ok = await anyio.to_thread.run_sync(store.verify_object, bucket, name)
+    else:
+        f, info = opened
+        with f:
+            cs = info.checksum
+            if cs is None or integrity.VERIFIED.fresh(info.stamp, cs):
+                return
+            ok = cs.size == info.size and await _matches(f.fileno(), cs, info.stamp)
+            if not ok:
+                integrity.VERIFIED.forget(info.stamp)
     if ok is False:
         integrity.found_bad(bucket, name, target.id)
         await repair_or_fail(target, bucket, name)
@@ -161,23 +174,31 @@ async def serve_local(target: Target, request: Request, bucket: str, name: str) 
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
             headers["Content-Length"] = str(end - start)
         cs = info.checksum if integrity.verify_reads() else None
-        if cs is None:
+        if cs is None or (cs.size == info.size and integrity.VERIFIED.fresh(info.stamp, cs)):
             return await _unchecked(request, f, start, end, status, headers)
-        if cs.size == info.size and info.size <= integrity.WHOLE_MAX:
+        zerocopy = offers_zerocopy(request.scope)
+        if cs.size != info.size:
+            pass  # truncated or grown: bad, whatever the size
+        elif info.size <= LOOP_READ or (info.size <= integrity.WHOLE_MAX and not zerocopy):
+            started = time.time_ns()  # small: read once, checked, answered from memory
             if info.size <= LOOP_READ:
                 data = _read_whole(f, info.size)
             else:
                 data = await anyio.to_thread.run_sync(_read_whole, f, info.size)
             if cs.matches(data):
+                integrity.VERIFIED.note(info.stamp, cs, started)
                 body = data if span is None else data[start:end]
                 return Response(body, status, headers=headers, media_type=OCTETS)
-        elif cs.size == info.size and span is None:
-            bad = _repair_later(target, bucket, name)
-            return CheckedFileResponse(f, info.size, cs, headers, bad)
-        elif cs.size == info.size:  # a range of a big object: all of it checked first
-            if await anyio.to_thread.run_sync(integrity.file_matches, f.fileno(), cs):
+        elif (zerocopy and info.size <= integrity.WHOLE_MAX) or span is not None:
+            # Checked whole first (the read warms the page cache), then by sendfile; a
+            # range of a big object likewise.
+            if await _matches(f.fileno(), cs, info.stamp):
                 return await _unchecked(request, f, start, end, status, headers)
+        else:
+            bad = _repair_later(target, bucket, name)
+            return CheckedFileResponse(f, info.size, cs, headers, bad, info.stamp)
         f.close()
+        integrity.VERIFIED.forget(info.stamp)
         integrity.found_bad(bucket, name, target.id)
         await repair_or_fail(target, bucket, name)  # raises, or the good copy is here now
 
@@ -194,11 +215,13 @@ class CheckedFileResponse(Response):
         cs: integrity.Checksum,
         headers: dict[str, str],
         bad: integrity.BadRead,
+        stamp: integrity.Stamp | None = None,
     ) -> None:
         super().__init__(None, 200, headers=headers, media_type=OCTETS)
-        self.f, self.size, self.cs, self.bad = f, size, cs, bad
+        self.f, self.size, self.cs, self.bad, self.stamp = f, size, cs, bad, stamp
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = time.time_ns()
         try:
             await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
             fd, offset, h = self.f.fileno(), 0, integrity.new_hash()
@@ -214,7 +237,9 @@ class CheckedFileResponse(Response):
                     await send({"type": "http.response.body", "body": held, "more_body": True})
                 held = block
             if offset != self.cs.size or h.hexdigest() != self.cs.digest:
+                integrity.VERIFIED.forget(self.stamp)
                 raise self.bad()
+            integrity.VERIFIED.note(self.stamp, self.cs, started)
             await send({"type": "http.response.body", "body": held or b""})
         finally:
             self.f.close()

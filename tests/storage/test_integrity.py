@@ -46,6 +46,13 @@ def http(up: LocalCluster) -> Iterator[httpx.Client]:
         yield c
 
 
+@pytest.fixture(scope="module")
+def upper_etl(up: LocalCluster) -> str:
+    """An object ETL (``upper``) the module's tests share."""
+    Client(up.endpoint).etl("up-bt").init_code(transform=upper, timeout=180)
+    return "up-bt"
+
+
 def payload(size: int, seed: int) -> bytes:
     return bytes((i * 7 + seed) % 251 for i in range(size))
 
@@ -249,7 +256,7 @@ def members(raw: bytes) -> dict[str, bytes]:
 
 
 def test_etl_get_and_getbatch_never_answer_flipped_bytes(
-    up: LocalCluster, http: httpx.Client
+    up: LocalCluster, http: httpx.Client, upper_etl: str
 ) -> None:
     make(http, "bt")
     good, bad, big = payload(SMALL, 5), payload(SMALL, 6), payload(BIG, 7)
@@ -261,7 +268,6 @@ def test_etl_get_and_getbatch_never_answer_flipped_bytes(
     flip(files_of(up, "bt", "s.tar")[0], at=600)  # inside a.txt
     flipped = {n: files_of(up, "bt", n)[0].read_bytes() for n in ("bad.bin", "big.bin", "s.tar")}
 
-    Client(up.endpoint).etl("up-bt").init_code(transform=upper, timeout=180)
     for name in ("bad.bin", "big.bin"):
         r = http.get(f"/v1/objects/bt/{name}", params={"etl_name": "up-bt"})
         assert r.status_code == 503 and r.json()["kind"] == "ObjectCorrupted", r.text[:300]
@@ -288,3 +294,49 @@ def test_etl_get_and_getbatch_never_answer_flipped_bytes(
     got = members(raw) if status == 200 and complete else {}
     never_flipped(got)
     assert not any(len(v) == 3000 and v != b"a" * 3000 for v in got.values()), got.keys()
+
+
+def sendfile_bytes(http: httpx.Client, target: str) -> float:
+    """``sluice_sendfile_bytes_total`` on that target's ``/metrics``."""
+    urls = {t["id"]: t["url"] for t in http.get("/v1/cluster").json()["targets"]}
+    text = httpx.get(f"{urls[target].rstrip('/')}/metrics", timeout=10).text
+    for line in text.splitlines():
+        if line.startswith("sluice_sendfile_bytes_total{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"no sluice_sendfile_bytes_total on {target}")
+
+
+def test_a_hot_object_changed_on_disk_is_checked_again(
+    up: LocalCluster, http: httpx.Client, upper_etl: str
+) -> None:
+    """A read that matched is remembered (the next reads of the unchanged file skip the
+    hash and go by sendfile); any change to the file is checked again on the next read,
+    on the plain GET and the ETL GET alike."""
+    make(http, "hot")
+    objects = {"small.bin": SMALL, "mib.bin": 1 << 20, "big.bin": BIG}
+    for name, size in objects.items():
+        put(http, "hot", name, payload(size, 8))
+    time.sleep(1.1)  # a file changed within the last second is never remembered
+    owner = {name: r_target(up, files_of(up, "hot", name)[0]) for name in objects}
+    for name, size in objects.items():
+        sent = []
+        for _ in range(2):  # the first checks and remembers, the second does not hash
+            before = sendfile_bytes(http, owner[name])
+            r = http.get(f"/v1/objects/hot/{name}")
+            assert r.status_code == 200 and r.content == payload(size, 8)
+            sent.append(sendfile_bytes(http, owner[name]) - before)
+        if size == 1 << 20:  # checked first, then sent by sendfile
+            assert sent[0] >= size, sent
+        if size >= 1 << 20:  # remembered: by sendfile, not through the hash
+            assert sent[1] >= size, sent
+    for name, size in objects.items():
+        r = http.get(f"/v1/objects/hot/{name}", params={"etl_name": upper_etl})
+        assert r.status_code == 200 and r.content == payload(size, 8).upper()
+    flip(files_of(up, "hot", "small.bin")[0])
+    flip(files_of(up, "hot", "mib.bin")[0], at=(1 << 20) - 10)
+    truncate(files_of(up, "hot", "big.bin")[0], BIG - 1)
+    for name in objects:
+        for params in ({}, {"etl_name": upper_etl}):
+            r = http.get(f"/v1/objects/hot/{name}", params=params)
+            assert r.status_code == 503, (name, params, r.status_code, r.text[:200])
+            assert r.json()["kind"] == "ObjectCorrupted" and r.json()["object"] == name
