@@ -116,7 +116,7 @@ def test_service_monitor_scrapes_gateway_targets_and_operator_and_pod_monitor_tr
 def test_transformer_scrapers_get_their_own_network_policy_rule() -> None:
     monitoring = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}
     m: Manifest = render({"metrics.transformerScrapers": [monitoring]})
-    (np,) = m.of_kind("NetworkPolicy")
+    (np,) = [p for p in m.of_kind("NetworkPolicy") if "Ingress" in p["spec"]["policyTypes"]]
     targets_rule, scrapers_rule = np["spec"]["ingress"]
     assert scrapers_rule == {"from": [monitoring], "ports": [{"port": 8000, "protocol": "TCP"}]}
     assert targets_rule["ports"] == scrapers_rule["ports"]
