@@ -43,6 +43,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
+from etl_runtime.core.access import carries_token
 from etl_runtime.core.errors import InvalidRequest, JobNotFound
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown, refuse_what
@@ -257,6 +258,8 @@ def cluster_router(gw: Gateway) -> APIRouter:
     async def cluster(request: Request) -> Any:
         refuse_unknown(request, ("what",))
         if "what" not in request.query_params:
+            if carries_token(request):  # open as before (sluice up reads it), but not to
+                gw.require_read(request)  # a token limited to buckets: core/access.py
             return await cluster_view(gw)
         refuse_what(request, CLUSTER_WHATS)
         what = request.query_params["what"]

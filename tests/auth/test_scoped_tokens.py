@@ -303,3 +303,86 @@ def test_a_revoked_token_is_refused_by_every_server(
     assert "revoked" in capsys.readouterr().out
     assert cli([*argv, "create", "--read"]) != 0  # no bucket: refused by the CLI itself
     assert "--bucket" in capsys.readouterr().err
+
+
+# -- every route of every app ------------------------------------------------------
+
+# Routes a token for another bucket may call: each says why.
+OPEN = {
+    "/v1/health": "liveness",
+    "/v1/daemon": "AIStore's cluster map (the aistore SDK reads it before any call)",
+    "/metrics": "Prometheus metrics (no object data)",
+    "/openapi.json": "FastAPI's API description",
+    "/docs": "FastAPI's API description",
+    "/docs/oauth2-redirect": "FastAPI's API description",
+    "/redoc": "FastAPI's API description",
+    "/ui": "the status page's HTML; its data comes from /v1/ui/summary",
+}
+# Routes that answer this probe otherwise, before any data: (path, status) and why.
+EARLIER = {
+    ("/v1/objects/{bucket}", 400): "no object name: always a 400 naming it",
+    ("/v1/jobs", 400): "the probe's body is no job (a job's buckets: test_jobs_and_dsort...)",
+    ("/v1/jobs/{job_id}", 404): "no job 'x' (a job's buckets are checked once it is found)",
+    ("/v1/sort", 400): "no ?uuid= (likewise)",
+    ("/v1/_rebalance", 200): "a target's rebalance progress: counts, no names",
+}
+PARAMS = {"bucket": "theirs", "name": "o1.txt", "key": "o1.txt"}
+
+
+def app_routes(app: Any) -> list[tuple[str, str, Any]]:
+    """(method, path, endpoint) of every route of ``app``, into included routers."""
+    found: list[tuple[str, str, Any]] = []
+
+    def walk(routes: list[Any]) -> None:
+        for r in routes:
+            if hasattr(r, "original_router"):  # FastAPI's included router
+                walk(r.original_router.routes)
+            elif hasattr(r, "endpoint"):
+                found.extend(
+                    (m, r.path, r.endpoint) for m in sorted(r.methods or ()) if m != "HEAD"
+                )
+
+    walk(app.routes)
+    return found
+
+
+def concrete(path: str) -> str:
+    def fill(part: str) -> str:
+        if not part.startswith("{"):
+            return part
+        return PARAMS.get(part.strip("{}").split(":")[0], "x")
+
+    return "/".join(fill(p) for p in path.split("/"))
+
+
+def test_every_route_refuses_a_token_for_another_bucket(up: LocalCluster, tmp_path: Path) -> None:
+    """Each route of the gateway and of a target, with a write token for 'mine' on
+    'theirs' (or on nothing: a cluster-wide call): 401 or 403, never an answer; only
+    the routes of ``OPEN`` answer, and those of ``EARLIER`` refuse before, each for its
+    reason. A new route that forgets ``core/access.py``'s check fails here."""
+    from etl_runtime.cluster.clustermap import MemoryClusterMap
+    from etl_runtime.gateway import create_gateway_app
+    from etl_runtime.storage_target import create_target_app
+    from tests.gateway.conftest import DictBackend, StaticDiscovery
+    from tests.storage_target.fakes import DictRegistry
+
+    registry, cmap = DictRegistry(), MemoryClusterMap()
+    apps = {
+        up.endpoint: create_gateway_app(
+            StaticDiscovery([]), DictBackend(registry), cluster_map=cmap, s3_keys=tmp_path / "k"
+        ),
+        targets(up)[0]: create_target_app("t0", tmp_path / "t0", registry, cluster_map=cmap),
+    }
+    writer = mint(up, ["mine"], "write")
+    answered, count = [], 0
+    for base, app in apps.items():
+        for method, path, _ in app_routes(app):
+            if path in OPEN:
+                continue
+            count += 1
+            url = base + concrete(path)
+            r = httpx.request(method, url, headers=bearer(writer), json={}, timeout=30)
+            if r.status_code not in (401, 403) and (path, r.status_code) not in EARLIER:
+                answered.append(f"{method} {path}: {r.status_code} {r.text[:120]}")
+    assert count > 60
+    assert not answered, "\n".join(answered)
