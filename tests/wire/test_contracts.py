@@ -85,7 +85,7 @@ def test_request_response_cycle_fields() -> None:
     assert cycle is not None, _fail(hook, user, "gone")
     fields = ["scope", "transport", "flow", "keep_alive", "disconnected", "body"]
     fields += ["response_started", "response_complete", "chunked_encoding"]
-    fields += ["expected_content_length"]
+    fields += ["expected_content_length", "on_response"]  # splice.py's together
     _assigns(hook, user, cycle.__init__, fields)
     _params(f"{hook}.send", user, getattr(cycle, "send", None), ["self", "message"])
 

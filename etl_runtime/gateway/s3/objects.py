@@ -232,7 +232,7 @@ async def _relayed(answer: ShareBody, what: str, sums: bool = False) -> Response
             raise _unreachable(what, e) from None
         if status == 304:
             _not_modified(kept)
-        return Response(body, status, headers=kept, media_type=media)
+        return spliced.WholeResponse(body, status, headers=kept, media_type=media)
     return spliced.SplicedResponse(answer, status, kept, media, what, READ_TIMEOUT)
 
 

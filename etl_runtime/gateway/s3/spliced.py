@@ -9,8 +9,9 @@ pooled raw connection (``wire.batchshare.SharePool``, the one GetBatch's
 shares use: its answers always carry a ``Content-Length``), and a body over
 ``SPLICE_MIN`` goes socket → pipe → socket with ``os.splice``
 (``wire/http/splice.py``), where the server offers it. Smaller bodies are read
-whole and written once: a pipe and two watched descriptors cost more than
-the copy below that size.
+whole and written with the status line and headers in one write
+(``WholeResponse``): a pipe and two watched descriptors cost more than the
+copy below that size, and a head written alone wakes the client twice.
 
 An owner that breaks off mid-body closes the client's connection too, so its
 answer is short of its ``Content-Length``, never complete-looking; a client
@@ -59,6 +60,16 @@ def send_now(url: str, headers: dict[str, str], timeout: float) -> ShareBody | N
     parts = urlsplit(url)
     path = parts.path + (f"?{parts.query}" if parts.query else "")
     return POOL.send_now("GET", url, path, headers, timeout)
+
+
+class WholeResponse(Response):
+    """A small relayed answer: status line, headers and body in one write to the client
+    (``splice.together``), so a client that reads the head first is not woken twice."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if splice.MESSAGE in (scope.get("extensions") or {}):
+            await send({"type": splice.MESSAGE, "together": True})
+        await super().__call__(scope, receive, send)
 
 
 class SplicedResponse(Response):

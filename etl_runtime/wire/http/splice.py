@@ -22,6 +22,13 @@ raises ``SourceBroken`` to the app after the connection to the client was
 closed: its answer is then short, never complete-looking. A client that went
 away raises ``ClientGone``: unlike a file, the source socket is then at an
 unknown place, and must not be read on (or pooled).
+
+``{"type": "sluice.splice", "together": True}``, sent before a response starts,
+asks instead that its status line, headers and body go out in one write once
+the body is complete (``together``): uvicorn writes the head at once and the
+body later, two system calls and, when the client reads the head first, two
+wake-ups of a client that then blocks again for the body. The gateway's S3
+relay of a small object sends it (``gateway/s3/spliced.py``).
 """
 
 from __future__ import annotations
@@ -53,10 +60,54 @@ def available() -> bool:
     return hasattr(os, "splice") and hasattr(os, "SPLICE_F_NONBLOCK")
 
 
+class _Together:
+    """The cycle's transport while a response is held: writes are kept and go out at
+    once when the response completes (``on_response``) or the connection closes."""
+
+    def __init__(self, cycle: Any) -> None:
+        self._cycle, self._transport = cycle, cycle.transport
+        self._parts: list[bytes] = []
+        self._on_response = cycle.on_response
+        cycle.transport, cycle.on_response = self, self._complete
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def write(self, data: bytes) -> None:
+        if data:
+            self._parts.append(data)
+
+    def _flush(self) -> None:
+        cycle, parts = self._cycle, self._parts
+        if cycle.transport is self:
+            cycle.transport, cycle.on_response = self._transport, self._on_response
+        self._parts = []
+        if parts:
+            self._transport.writelines(parts)  # uvloop: one writev; asyncio joins them
+
+    def close(self) -> None:
+        self._flush()
+        self._transport.close()
+
+    def _complete(self) -> None:
+        self._flush()
+        self._on_response()
+
+
+def together(cycle: Any) -> None:
+    """Hold this response's writes until it is complete: head and body in one write."""
+    if cycle.response_started or isinstance(cycle.transport, _Together):
+        raise RuntimeError(f"'{MESSAGE}' with 'together' must come before the response")
+    _Together(cycle)
+
+
 async def send_spliced(cycle: Any, message: Message) -> None:
     """Answer one ``sluice.splice`` message on uvicorn's request-response ``cycle``."""
     from etl_runtime.wire.http.zerocopy import _flushed  # zerocopy imports this module lazily
 
+    if message.get("together"):
+        together(cycle)
+        return
     if not cycle.response_started or cycle.response_complete or cycle.chunked_encoding:
         raise RuntimeError(f"'{MESSAGE}' needs a started response with a Content-Length")
     src: int = message["fd"]
