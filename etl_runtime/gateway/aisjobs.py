@@ -43,13 +43,14 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from etl_runtime.core.access import carries_token
+from etl_runtime.core.access import IN_BODY, carries_token
 from etl_runtime.core.errors import InvalidRequest, JobNotFound
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown, refuse_what
 from etl_runtime.gateway import ais_move
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.jobs import JobViews, job_views
+from etl_runtime.gateway.jobs import job_buckets as spec_buckets
 from etl_runtime.gateway.membership import cluster_view
 from etl_runtime.gateway.smap import smap
 from etl_runtime.jobs.state import ABORTED, FAILED, RUNNING, TERMINAL
@@ -265,10 +266,13 @@ def cluster_router(gw: Gateway) -> APIRouter:
         what = request.query_params["what"]
         if what == "smap":
             return smap(gw, request)
-        gw.require_read(request)
-        if what == "status":
+        if what == "status":  # Job.wait(): a token may follow a job of its buckets
+            gw.require_read(request, IN_BODY)
             body = await _body(request, ARGS_FIELDS)
-            return status(await _one(views, _str(body, "ID"), _str(body, "Kind")))
+            view = await _one(views, _str(body, "ID"), _str(body, "Kind"))
+            gw.require_read(request, *sum(spec_buckets(view.get("spec") or {}), []))
+            return status(view)
+        gw.require_read(request)
         if what == "qryxstats":
             return await xact_stats(gw, views, await _body(request, ARGS_FIELDS))
         return await statuses(views, await _body(request, QUERY_FIELDS), what == "running_all")
