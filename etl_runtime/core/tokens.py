@@ -130,19 +130,19 @@ def verify(
     expected = hmac.new(signing_key(cluster_key), payload.encode(), hashlib.sha256).digest()
     try:
         given = _unb64(mac)
-        body = json.loads(_unb64(payload[len(PREFIX) :]))
     except (binascii.Error, ValueError):
-        raise TokenError("the token is malformed") from None
-    if not hmac.compare_digest(expected, given):
+        given = b""
+    if not hmac.compare_digest(expected, given):  # before reading anything of the claims
         raise TokenError("the token's signature does not verify (another cluster's token?)")
     try:
+        body = json.loads(_unb64(payload[len(PREFIX) :]))
         claims = Claims(
             id=str(body["id"]),
             buckets=tuple(str(b) for b in body["b"]),
             permission=str(body["p"]),
             expires=int(body["exp"]),
         )
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, binascii.Error):
         raise TokenError("the token is malformed") from None
     if claims.expires <= (now if now is not None else time.time()):
         raise TokenError(f"the token {claims.id} has expired")
