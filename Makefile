@@ -6,7 +6,7 @@ CACHE   := $(HOME)/.cache/sluice
 UV      := $(CACHE)/tools/bin/uv
 STAMP   := $(VENV)/.installed
 
-.PHONY: install lock canary demo test lint unit tools k8s-tools minio browser k8s-up k8s-down bench clean images
+.PHONY: install lock canary demo test lint unit tools k8s-tools minio fake-gcs azurite browser k8s-up k8s-down bench clean images
 
 install: $(STAMP)
 
@@ -80,6 +80,12 @@ k8s-tools:
 
 minio:
 	bash scripts/minio.sh
+
+fake-gcs:  # the GCS emulator of the gcp:// tests (tests/providers/test_gcp.py)
+	bash scripts/fake-gcs.sh
+
+azurite:  # the Azure Blob emulator of the az:// tests (tests/providers/test_azure.py)
+	bash scripts/azurite.sh
 
 browser:
 	bash scripts/browser.sh

@@ -5,15 +5,17 @@
 #    (each of them checks again and finds its packages there): apt's lock
 #    allows one install at a time, and one `apt-get update` is enough.
 # 2. Then two lanes side by side:
-#      Go lane:     scripts/k8s-tools.sh, then scripts/minio.sh (compilers: CPU)
-#      images lane: scripts/images.sh, then scripts/browser.sh (downloads, pip
-#                   inside buildah: mostly waiting on the network and the disk)
+#      Go lane:     scripts/k8s-tools.sh, then scripts/minio.sh, then
+#                   scripts/fake-gcs.sh (compilers: CPU; fake-gcs ~3 min cold)
+#      images lane: scripts/images.sh, then scripts/browser.sh, then
+#                   scripts/azurite.sh (downloads, pip inside buildah, npm:
+#                   mostly waiting on the network and the disk)
 #    On a cold 2-core machine the images lane hides under the Go lane instead
 #    of adding its minutes after it (docs/testing-kubernetes.md, "What `make test` costs").
 #
 # Every step is cached by version or content, so a warm run takes seconds.
-# The scripts stay usable alone (make k8s-tools, make minio, make images,
-# make browser). SLUICE_NO_APT=1 skips step 1 (and the scripts' own apt steps).
+# The scripts stay usable alone (make k8s-tools, make minio, make fake-gcs,
+# make images, make browser, make azurite). SLUICE_NO_APT=1 skips step 1 (and the scripts' own apt steps).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 t0=$SECONDS
@@ -39,10 +41,10 @@ if ((${#pkgs[@]})) && [[ -z "${SLUICE_NO_APT:-}" ]] && command -v apt-get >/dev/
 fi
 
 # --- 2. the two lanes -----------------------------------------------------------
-(bash "$ROOT/scripts/k8s-tools.sh" && bash "$ROOT/scripts/minio.sh") &
+(bash "$ROOT/scripts/k8s-tools.sh" && bash "$ROOT/scripts/minio.sh" && bash "$ROOT/scripts/fake-gcs.sh") &
 go_lane=$!
 images_rc=0
-{ bash "$ROOT/scripts/images.sh" && bash "$ROOT/scripts/browser.sh"; } || images_rc=$?
+{ bash "$ROOT/scripts/images.sh" && bash "$ROOT/scripts/browser.sh" && bash "$ROOT/scripts/azurite.sh"; } || images_rc=$?
 log "images lane done (exit $images_rc); waiting for the Go lane"
 go_rc=0
 wait "$go_lane" || go_rc=$?

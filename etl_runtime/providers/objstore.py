@@ -14,6 +14,7 @@ Nothing else in Sluice sees obstore's exceptions.
 from __future__ import annotations
 
 import datetime as dt
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,7 @@ RETRY_TIMEOUT = dt.timedelta(seconds=6)
 # obstore raises Python's FileNotFoundError for a missing object (and NotFoundError
 # in some versions).
 NOT_FOUND = (obx.NotFoundError, FileNotFoundError)
+STATUS = re.compile(r"status code: (\d{3})\b")
 UNREACHABLE = ("error sending request", "connect", "timed out", "Timeout", "dns", "refused")
 
 
@@ -95,25 +97,38 @@ class ObstoreBackend:
         what = self.uri(name)
         reason = _reason(e)
         ctx: dict[str, Any] = {"bucket": self.bucket, "object": name, "backend": self.where}
-        if _any(reason, *self.no_bucket):
+        # The backend's HTTP status: a provider's own call's, or as obstore words a
+        # GenericError ("Server returned non-2xx status code: 401 Unauthorized").
+        status = getattr(e, "status", None) or _status(reason)
+        if _any(reason, *self.no_bucket) or (status == 404 and name is None):
             return ObjectNotFound(
                 f"backend {self.where} has no bucket {self.bucket!r} ({op} {what})", **ctx
             )
-        if isinstance(e, NOT_FOUND):
+        if isinstance(e, NOT_FOUND) or status == 404:
             return ObjectNotFound(f"object {what} does not exist on backend {self.where}", **ctx)
-        if isinstance(e, obx.UnauthenticatedError) or _any(reason, *self.bad_credentials):
+        if (
+            isinstance(e, obx.UnauthenticatedError)
+            or status == 401
+            or _any(reason, *self.bad_credentials)
+        ):
             return BackendUnauthorized(
                 f"backend {self.where} rejected the credentials ({self.credentials_from})"
                 f" for {op} {what}: {reason}",
                 **ctx,
             )
-        if isinstance(e, obx.PermissionDeniedError | PermissionError) or _any(reason, *self.denied):
+        if (
+            isinstance(e, obx.PermissionDeniedError | PermissionError)
+            or status == 403
+            or _any(reason, *self.denied)
+        ):
             return BackendForbidden(
                 f"backend {self.where} denied {op} {what} with the credentials from "
                 f"{self.credentials_from}: {reason}",
                 **ctx,
             )
-        if _any(reason, *UNREACHABLE) or ("Server returned" in reason and " 50" in reason):
+        if (status is not None and status >= 500) or (
+            status is None and _any(reason, *UNREACHABLE)
+        ):
             return BackendUnavailable(
                 f"backend {self.where} of {self.uri()} is not reachable ({op} {what}): "
                 f"{reason}; retry in a few seconds",
@@ -184,8 +199,9 @@ class ObstoreBackend:
             async for chunk in stream:
                 for meta in chunk:
                     m = RemoteMeta.of(meta)
-                    if m.name.startswith(prefix) and m.name > start_after:
-                        page.append(m)
+                    if m.name.startswith(prefix):
+                        if m.name > start_after:  # a backend may ignore the offset
+                            page.append(m)
                     elif prefix and m.name > prefix:  # past the prefix's names (sorted)
                         return _page(page, limit)
                     if len(page) > limit:
@@ -204,6 +220,11 @@ def _page(page: list[RemoteMeta], limit: int) -> tuple[list[RemoteMeta], str | N
     if len(page) > limit:
         return page[:limit], page[limit - 1].name
     return page, None
+
+
+def _status(reason: str) -> int | None:
+    found = STATUS.search(reason)
+    return int(found.group(1)) if found else None
 
 
 def _reason(e: Exception) -> str:
