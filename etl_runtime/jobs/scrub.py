@@ -14,11 +14,13 @@ On every target, for every object file it holds (storage/integrity.py):
   theirs; one that lacks it is a ``missing`` copy, sent there (from good
   bytes only);
 * a file this target holds but does not own (and no rebalance is moving) is
-  an ``orphaned`` copy, reported (a rebalance moves or removes it).
+  an ``orphaned`` copy, reported (a rebalance moves or removes it);
+* an object written before checksums were stored gets one if its MD5 is its
+  ETag (``checksums_added``), else it is ``corrupted``.
 
 The job's output (summed over targets): ``scanned``, ``bytes``,
 ``corrupted``, ``repaired``, ``unrepaired``, ``missing_copies``,
-``copies_made``, ``orphaned``, and lists ``corrupted_objects`` and
+``copies_made``, ``orphaned``, ``checksums_added``, and lists ``corrupted_objects`` and
 ``orphaned_objects`` (the first 100 of each per target). Counted in
 ``sluice_integrity_scrub_*``.
 """
@@ -92,6 +94,7 @@ class _Scrub:
                 "missing_copies",
                 "copies_made",
                 "orphaned",
+                "checksums_added",
             ),
             0,
         )
@@ -119,6 +122,8 @@ class _Scrub:
         self._count("bytes", info.size, "scrub_bytes")
         ctx.progress.add(objects=1, bytes=info.size)
         obj = f"{bucket}/{name}"
+        if info.checksum is None and ok:  # written before checksums: it has one now
+            self._count("checksums_added")
         if ok is False:
             self._count("corrupted", metric="scrub_corrupted")
             if len(self.corrupted) < LISTED:

@@ -23,18 +23,22 @@ for measurement; the default is on):
   seconds while the file is unchanged (same inode, size, mtime, ctime): a
   read of it then needs no hash (docs/integrity.md says what that leaves).
 
+An object written before checksums were stored (no attribute) gets one on its
+first read or scrub (``adopt``: its MD5 checked against the stored ETag).
+
 A mismatch is logged, counted (``sluice_integrity_*``) and, where a good copy
 exists, repaired from it (``Placement.repair``); else the read fails with
 ``ObjectCorrupted`` (503, naming bucket, object and target; ``Retry-After``
-only while a copy that may be good could not be reached). An object written
-before checksums were stored (no attribute) is served unchecked.
+only while a copy that may be good could not be reached).
 """
 
 from __future__ import annotations
 
 import errno
+import hashlib
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -128,6 +132,27 @@ def file_matches(fd: int, cs: Checksum, flags: int = 0) -> bool:
         h.update(buf[:n])
         offset += n
     return offset == cs.size and h.hexdigest() == cs.digest
+
+
+def adopt(fd: int, etag: str) -> Checksum | None:
+    """An object written before checksums were stored: hash it whole (MD5 and XXH3);
+    if its MD5 is the stored ETag (or the ETag is no plain MD5, as a multipart one's),
+    store the XXH3 beside it (from then on it is checked as any object) and return it;
+    None if the MD5 differs (the bytes changed since they were written). Blocking."""
+    md5, h, offset, buf = hashlib.md5(), new_hash(), 0, _buffer()
+    while n := os.preadv(fd, [buf], offset):
+        view = buf[:n]
+        md5.update(view)
+        h.update(view)
+        offset += n
+    if _PLAIN_MD5.fullmatch(etag) and md5.hexdigest() != etag:
+        return None
+    cs = Checksum(h.hexdigest(), offset)
+    store(fd, cs.digest, cs.size)
+    return cs
+
+
+_PLAIN_MD5 = re.compile(r"[0-9a-f]{32}")
 
 
 def matches_cached(fd: int, cs: Checksum) -> bool | None:

@@ -301,12 +301,16 @@ class ObjectStore:
 
     def verify_object(self, bucket: str, name: str) -> tuple[ObjectInfo, bool | None]:
         """Read the object whole and compare it with its stored checksum: True if it
-        matches, False if not, None if it has none (written before checksums).
-        Blocking: call from a thread."""
+        matches, False if not. One written before checksums gets one if its MD5 is its
+        ETag (``integrity.adopt``; False if not). None: no checksum could be kept (a file
+        system without xattrs). Blocking: call from a thread."""
         f, info = self.open_object(bucket, name)
         with f:
             if info.checksum is None:
-                return info, None
+                cs = integrity.adopt(f.fileno(), info.etag)
+                if cs is None:
+                    return info, False
+                return info, True if integrity.stored(f.fileno()) is not None else None
             ok = integrity.file_matches(f.fileno(), info.checksum)
             if not ok:  # never again taken for verified (integrity.Verified)
                 integrity.VERIFIED.forget(info.stamp)

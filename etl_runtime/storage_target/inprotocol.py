@@ -177,12 +177,10 @@ def object_answerer(target: Target, metrics: HttpMetrics | None) -> Answerer:
             body = os.pread(f.fileno(), info.size, 0)
         if len(body) != info.size:  # rewritten under us: the route reads it again
             return None
-        if (
-            info.checksum is not None
-            and integrity.verify_reads()
-            and not info.checksum.matches(body)
-        ):
-            return None  # the route says it (ObjectCorrupted), never these bytes
+        if integrity.verify_reads() and (
+            info.checksum is None or not info.checksum.matches(body)
+        ):  # the route says it (ObjectCorrupted), never these bytes, or makes its checksum
+            return None
         headers = [
             (k.lower().encode("latin-1"), v.encode("latin-1"))
             for k, v in object_headers(info).items()

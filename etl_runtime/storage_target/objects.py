@@ -22,6 +22,7 @@ from etl_runtime.core.access import (
     check,
     object_path,
     object_url,
+    token_id,
 )
 from etl_runtime.core.errors import InvalidName, InvalidRequest, ObjectNotFound
 from etl_runtime.core.names import read_bucket_action, validate_bucket, validate_names
@@ -36,6 +37,7 @@ from etl_runtime.storage_target import remote_reads as remote
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.meta import meta_of_headers
 from etl_runtime.storage_target.reads import (
+    checked_info,
     not_modified_answer,
     object_headers,
     serve_local,
@@ -61,7 +63,8 @@ def owner_redirect(target: Target, request: Request, bucket: str, name: str) -> 
     query = [(k, v) for k, v in parse_qsl(request.url.query, keep_blank_values=True)]
     header = request.headers.get("authorization")
     if target.read_token and target.cluster_key and header:  # the caller passed check()
-        signed = auth.sign_redirect(target.cluster_key, request.method, object_path(bucket, name))
+        path, tid = object_path(bucket, name), token_id(request)
+        signed = auth.sign_redirect(target.cluster_key, request.method, path, tid=tid)
         query = [(k, v) for k, v in query if k not in SIGNATURE_PARAMS] + list(signed.items())
     query.append((REDIRECTED_FROM, target.id))
     location = f"{object_url(url, bucket, name)}?{urlencode(query)}"
@@ -204,7 +207,7 @@ def object_router(target: Target) -> FastRouter:
             return cold
         if placement:
             await placement.ensure_local(bucket, name)
-        info = await anyio.to_thread.run_sync(store.stat_object, bucket, name)
+        info = await checked_info(target, bucket, name)  # a bad object's HEAD is no 200
         headers = object_headers(info)
         not_modified, _ = preconditions(request.headers, info, headers["Last-Modified"])
         if not_modified:

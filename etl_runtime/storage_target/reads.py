@@ -123,6 +123,75 @@ async def _matches(fd: int, cs: integrity.Checksum, stamp: integrity.Stamp | Non
     return ok
 
 
+ADOPT_MAX = 64 << 20  # an older object up to this size gets its checksum before the first byte
+_ADOPTING: set[tuple[str, str, str]] = set()
+
+
+async def _adopted(
+    target: Target, f: IO[bytes], info: ObjectInfo, bucket: str, name: str
+) -> bool | None:
+    """An object written before checksums were stored (``info.checksum`` None): up to
+    ``ADOPT_MAX`` hashed now (MD5 against its ETag, ``integrity.adopt``): True, and its
+    checksum is stored; False if its MD5 is not its ETag. A bigger one is served as it
+    is this once (None) while a thread hashes it beside the read."""
+    if info.size <= ADOPT_MAX:
+        started = time.time_ns()
+        cs = await anyio.to_thread.run_sync(integrity.adopt, f.fileno(), info.etag)
+        if cs is not None:
+            integrity.VERIFIED.note(info.stamp, cs, started)
+        return cs is not None
+    key = (target.id or "", bucket, name)
+    if key not in _ADOPTING:
+        _ADOPTING.add(key)
+
+        async def adopt_beside() -> None:
+            try:
+                _info, ok = await anyio.to_thread.run_sync(target.store.verify_object, bucket, name)
+                if ok is False:
+                    integrity.found_bad(bucket, name, target.id)
+            except Exception:  # deleted meanwhile, or the read failed: the next read tries
+                log.debug("checksum of %s/%s not made", bucket, name, exc_info=True)
+            finally:
+                _ADOPTING.discard(key)
+
+        _BACKGROUND.add(task := asyncio.ensure_future(adopt_beside()))
+        task.add_done_callback(_BACKGROUND.discard)
+    return None
+
+
+_BACKGROUND: set[asyncio.Future[None]] = set()
+
+
+async def checked_info(target: Target, bucket: str, name: str) -> ObjectInfo:
+    """A HEAD's ``ObjectInfo``, checked as a GET would be, sending nothing: a stored size
+    that differs from the file's always, the bytes of an object up to
+    ``integrity.WHOLE_MAX`` (a hash from the page cache; a match is remembered for the
+    GET that follows); a bigger one's bytes are checked by its GET, which streams."""
+    store = target.store
+    while True:
+        opened = store.open_if_tagged(bucket, name)
+        if opened is None:
+            opened = await anyio.to_thread.run_sync(store.open_object, bucket, name)
+        f, info = opened
+        with f:
+            cs = info.checksum if integrity.verify_reads() else None
+            if cs is None and integrity.verify_reads():
+                ok = await _adopted(target, f, info, bucket, name) is not False
+            elif cs is None or integrity.VERIFIED.fresh(info.stamp, cs):
+                ok = True
+            elif cs.size != info.size:
+                ok = False
+            elif info.size <= integrity.WHOLE_MAX:
+                ok = await _matches(f.fileno(), cs, info.stamp)
+            else:
+                ok = True
+        if ok:
+            return info
+        integrity.VERIFIED.forget(info.stamp)
+        integrity.found_bad(bucket, name, target.id)
+        await repair_or_fail(target, bucket, name)
+
+
 async def verify_local(target: Target, bucket: str, name: str) -> None:
     """Check the whole local object before it goes elsewhere (an ETL reads it): repaired
     from a copy or ``ObjectCorrupted`` on a mismatch. Objects without a checksum pass;
@@ -137,10 +206,13 @@ async def verify_local(target: Target, bucket: str, name: str) -> None:
         f, info = opened
         with f:
             cs = info.checksum
-            if cs is None or integrity.VERIFIED.fresh(info.stamp, cs):
+            if cs is None:
+                ok = await _adopted(target, f, info, bucket, name)
+            elif integrity.VERIFIED.fresh(info.stamp, cs):
                 return
-            ok = cs.size == info.size and await _matches(f.fileno(), cs, info.stamp)
-            if not ok:
+            else:
+                ok = cs.size == info.size and await _matches(f.fileno(), cs, info.stamp)
+            if ok is False:
                 integrity.VERIFIED.forget(info.stamp)
     if ok is False:
         integrity.found_bad(bucket, name, target.id)
@@ -173,11 +245,17 @@ async def serve_local(target: Target, request: Request, bucket: str, name: str) 
             (start, end), status = span, 206
             headers["Content-Range"] = f"bytes {start}-{end - 1}/{info.size}"
             headers["Content-Length"] = str(end - start)
-        cs = info.checksum if integrity.verify_reads() else None
-        if cs is None or (cs.size == info.size and integrity.VERIFIED.fresh(info.stamp, cs)):
+        verify = integrity.verify_reads()
+        cs = info.checksum if verify else None
+        if cs is None and verify:  # written before checksums: one is made now
+            if await _adopted(target, f, info, bucket, name) is not False:
+                return await _unchecked(request, f, start, end, status, headers)
+        elif cs is None or (cs.size == info.size and integrity.VERIFIED.fresh(info.stamp, cs)):
             return await _unchecked(request, f, start, end, status, headers)
         zerocopy = offers_zerocopy(request.scope)
-        if cs.size != info.size:
+        if cs is None:
+            pass  # its MD5 is not its ETag
+        elif cs.size != info.size:
             pass  # truncated or grown: bad, whatever the size
         elif info.size <= LOOP_READ or (info.size <= integrity.WHOLE_MAX and not zerocopy):
             started = time.time_ns()  # small: read once, checked, answered from memory

@@ -340,3 +340,53 @@ def test_a_hot_object_changed_on_disk_is_checked_again(
             r = http.get(f"/v1/objects/hot/{name}", params=params)
             assert r.status_code == 503, (name, params, r.status_code, r.text[:200])
             assert r.json()["kind"] == "ObjectCorrupted" and r.json()["object"] == name
+
+
+def test_head_of_a_bad_object_is_not_a_200(up: LocalCluster, http: httpx.Client) -> None:
+    make(http, "headrot")
+    for name, size, damage in (
+        ("flipped.bin", SMALL, flip),
+        ("mib.bin", 1 << 20, flip),
+        ("cut.bin", BIG, truncate),
+    ):
+        put(http, "headrot", name, payload(size, 9))
+        assert http.head(f"/v1/objects/headrot/{name}").status_code == 200
+        time.sleep(0.05)  # the damage lands in a later clock tick than the write
+        damage(files_of(up, "headrot", name)[0])
+        r = http.head(f"/v1/objects/headrot/{name}")
+        assert r.status_code == 503, (name, r.status_code, dict(r.headers))
+        assert "etag" not in r.headers  # never the old ETag beside other bytes
+
+
+XXH_XATTR = "user.sluice.xxh"
+
+
+def test_an_object_without_a_checksum_gets_one_on_first_read(
+    up: LocalCluster, http: httpx.Client, upper_etl: str
+) -> None:
+    """An object written before checksums were stored (no attribute): its first read
+    checks its MD5 against its ETag and stores the checksum; from then on it is checked
+    as any object. One whose bytes no longer match its ETag is never served."""
+    make(http, "old")
+    for name, size in (("small.bin", SMALL), ("mib.bin", 1 << 20), ("big.bin", BIG)):
+        data = payload(size, 10)
+        put(http, "old", name, data)
+        [path] = files_of(up, "old", name)
+        os.removexattr(path, XXH_XATTR)  # as written before checksums
+        r = http.get(f"/v1/objects/old/{name}")
+        assert r.status_code == 200 and r.content == data
+        assert os.getxattr(path, XXH_XATTR).startswith(b"xxh3:")
+        time.sleep(0.05)
+        flip(path, at=size // 2)
+        status, body, complete = get_raw(up, "old", name)
+        assert not (status == 200 and complete), (name, status)
+    put(http, "old", "rotted.bin", payload(SMALL, 11))
+    [path] = files_of(up, "old", "rotted.bin")
+    os.removexattr(path, XXH_XATTR)
+    flip(path)  # rotted before its first checked read: its MD5 is not its ETag
+    for params in ({}, {"etl_name": upper_etl}):
+        r = http.get("/v1/objects/old/rotted.bin", params=params)
+        assert r.status_code == 503 and r.json()["kind"] == "ObjectCorrupted", r.text[:200]
+    assert http.head("/v1/objects/old/rotted.bin").status_code == 503
+    with pytest.raises(OSError):
+        os.getxattr(path, XXH_XATTR)  # no checksum made of bytes that do not match

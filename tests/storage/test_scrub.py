@@ -112,3 +112,22 @@ def test_cli_starts_a_scrub(up: LocalCluster, http: httpx.Client) -> None:
     assert r.status_code == 400 and "x" in r.json()["error"]
     r = http.post("/v1/jobs", json={"kind": "scrub", "spec": {"bucket": "nope"}})
     assert r.status_code == 404 and "nope" in r.json()["error"]
+
+
+def test_scrub_gives_older_objects_a_checksum(up: LocalCluster, http: httpx.Client) -> None:
+    """Objects written before checksums were stored (no attribute): the scrub checks each
+    one's MD5 against its ETag and stores its checksum; one whose bytes no longer match
+    its ETag is corrupted, and its reads fail."""
+    make(http, "scold")
+    put(http, "scold", "kept.bin", payload(30_000, 12))
+    put(http, "scold", "rotted.bin", payload(30_000, 13))
+    [kept], [rotted] = files_of(up, "scold", "kept.bin"), files_of(up, "scold", "rotted.bin")
+    for path in (kept, rotted):
+        os.removexattr(path, "user.sluice.xxh")
+    flip(rotted)
+    out = scrub(http, {"bucket": "scold"})["output"]
+    assert out["checksums_added"] == 1 and out["corrupted"] == 1, out
+    assert out["corrupted_objects"] == ["scold/rotted.bin"], out
+    assert os.getxattr(kept, "user.sluice.xxh").startswith(b"xxh3:")
+    assert http.get("/v1/objects/scold/rotted.bin").status_code == 503
+    assert http.get("/v1/objects/scold/kept.bin").content == payload(30_000, 12)
