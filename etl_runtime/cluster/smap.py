@@ -5,7 +5,8 @@
 ("target" | "proxy"), "public_net", "intra_control_net", "intra_data_net"
 ({"node_hostname", "node_ip_addr", "daemon_port", "direct_url"}), "flags",
 "id_digest"}``. Sluice targets have one address, so the three nets are the
-same; ``version`` is the cluster map's, a string as AIStore sends it.
+same; ``version`` is the cluster map's, a string as AIStore sends it;
+``uuid`` a digest of the member targets' ids (``cluster_uuid``).
 
 The gateway answers it (``gateway/smap.py``: liveness as flags, its own URL
 as the primary), and so does every target (``storage_target/app.py``: from its
@@ -54,16 +55,24 @@ def snode(daemon_id: str, daemon_type: str, url: str | None, flags: int = 0) -> 
     }
 
 
+def cluster_uuid(target_ids: Iterable[str]) -> str:
+    """The ``uuid`` the SDK shows: a digest of the member targets' ids (the gateway and
+    every target answer the same; a member joining or leaving makes a new one)."""
+    joined = ",".join(sorted(target_ids))
+    return hashlib.blake2b(f"sluice-cluster:{joined}".encode(), digest_size=8).hexdigest()
+
+
 def smap_doc(
     targets: Iterable[tuple[str, str, int]], gateway_url: str | None, version: int
 ) -> dict[str, Any]:
     """An ``Smap`` of ``targets`` (id, URL, flags) with the gateway as the primary proxy."""
     proxy = snode(GATEWAY_ID, "proxy", gateway_url)
+    tmap = {tid: snode(tid, "target", url, flags) for tid, url, flags in targets}
     return {
-        "tmap": {tid: snode(tid, "target", url, flags) for tid, url, flags in targets},
+        "tmap": tmap,
         "pmap": {GATEWAY_ID: proxy},
         "proxy_si": proxy,
         "version": str(version),
-        "uuid": "",
+        "uuid": cluster_uuid(tmap),
         "creation_time": "",
     }

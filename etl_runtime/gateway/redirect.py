@@ -42,7 +42,7 @@ from etl_runtime.core.errors import InvalidName, InvalidRequest, NoTargets
 from etl_runtime.core.names import validate_names
 from etl_runtime.core.params import refuse_unknown_object_params
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
-from etl_runtime.gateway import ais_objects, ais_writes, views
+from etl_runtime.gateway import ais_objects, ais_props, ais_writes, views
 from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
@@ -173,6 +173,12 @@ def redirect_router(gw: Gateway) -> FastRouter:
             if ais_writes.is_ais_write(request):  # multipart, append: parts, then the object
                 gw.require_write(request, bucket)
                 return await ais_writes.answer(gw, request, bucket, name)
+            if ais_props.is_props_head(request):  # obj.head(props=): AIStore's headers
+                gw.require_read(request, bucket)
+                return await ais_props.head(gw, request, bucket, name)
+            if request.method == "PATCH":  # set_custom_props(): the object rewritten
+                gw.require_write(request, bucket)
+                return await ais_props.set_custom(gw, request, bucket, name)
             refuse_unknown_object_params(request, bucket, name)
             if request.method in MUTATING:
                 gw.require_write(request, bucket)

@@ -168,7 +168,20 @@ CALLS: list[tuple[str, str, str, str]] = [
         "compat/test_aistore_multipart.py",
         "append_content",
     ),
-    ("`obj.set_custom_props()` (`PATCH`)", "refused: a 400 naming the parameter", "", ""),
+    (
+        "`obj.get_writer().set_custom_props(md, replace_existing)` (`PATCH`)",
+        WORKS,
+        "compat/test_aistore_props.py",
+        "set_custom_props",
+    ),
+    (
+        "`obj.head(props=...)`: the props asked only (`ais-version`, `ais-custom-md`, "
+        "`ais-checksum-*`, `ais-atime`, ...)",
+        WORKS,
+        "compat/test_aistore_props.py",
+        "obj_version",
+    ),
+    ("`cluster().get_info()` (`Smap`, its `uuid`)", WORKS, "compat/test_aistore_props.py", "uuid"),
     ("`etl.logs()`, `etl.logs(target_id)`", WORKS, "compat/test_aistore_copy.py", "logs"),
 ]
 
