@@ -118,6 +118,15 @@ class Resumable:
                 f"{describe(part)}: to change the layout, load "
                 "merge_positions(<the loader states of every rank>) into the dataset instead"
             )
+        if loaded is not None and (loaded.group, loaded.drop_last) != (
+            self._group,
+            self._drop_last,
+        ):
+            raise DatasetError(
+                f"this position was saved with batches of {loaded.group} "
+                f"(drop_last={loaded.drop_last}); this reader makes batches of {self._group} "
+                f"(drop_last={self._drop_last}): load merge_positions(<the states>) instead"
+            )
         start = loaded or self._slot(part, self._skip)
         live = Slot(part, start.skip, start.taken, start.at, self._group, self._drop_last)
         self._live = live
