@@ -35,7 +35,8 @@ from fastapi import Request
 from etl_runtime.core import auth, tokens
 from etl_runtime.core.errors import Forbidden, Unauthorized
 
-SIGNATURE_PARAMS = ("sluice_exp", "sluice_sig")
+# The gateway's redirect signature; ``sluice_tid``: the access token it was checked for.
+SIGNATURE_PARAMS = ("sluice_exp", "sluice_sig", "sluice_tid")
 # Set by a target that redirects a read it does not own to the owner (once: see
 # storage/copies.py, Placement.read_owner).
 REDIRECTED_FROM = "sluice_from"
@@ -79,13 +80,37 @@ def bearer(request: Request) -> str | None:
     return header[len("Bearer ") :].strip() or None
 
 
-def _signed(request: Request, cluster_key: str | None, signed_path: str | None) -> bool:
-    if not (cluster_key and signed_path is not None):
+def _signed(holder: Holder, request: Request, signed_path: str | None) -> bool:
+    """A redirect the gateway signed (after its check); one signed for an access token
+    that was revoked since is refused."""
+    if not (holder.cluster_key and signed_path is not None):
         return False
     q = request.query_params
-    return auth.verify_redirect(
-        cluster_key, request.method, signed_path, q.get("sluice_exp"), q.get("sluice_sig")
-    )
+    tid = q.get("sluice_tid")
+    if not auth.verify_redirect(
+        holder.cluster_key,
+        request.method,
+        signed_path,
+        q.get("sluice_exp"),
+        q.get("sluice_sig"),
+        tid,
+    ):
+        return False
+    record = holder.token_records().get(tid) if tid else None
+    if isinstance(record, Mapping) and record.get("revoked"):
+        raise Unauthorized(
+            f"the token {tid} was revoked: ask for a new one (`sluice token create`)"
+        )
+    return True
+
+
+def token_id(request: Request) -> str | None:
+    """The id the call's access token claims (``check`` verified it, where it ran), or
+    the one its signed redirect carries: what a redirect signed for it names."""
+    held = bearer(request)
+    if held and tokens.looks_like_token(held):
+        return tokens.claimed_id(held)
+    return request.query_params.get("sluice_tid")
 
 
 def scoped_claims(holder: Holder, request: Request) -> tokens.Claims | None:
@@ -118,7 +143,7 @@ def check(
         return  # the user token; or no user token and a write (open cluster)
     if need == "read" and auth.read_ok(header, holder.read_token, holder.token):
         return
-    if _signed(request, holder.cluster_key, signed_path):
+    if _signed(holder, request, signed_path):
         return
     claims = scoped_claims(holder, request)
     if claims is None:

@@ -72,18 +72,34 @@ def read_ok(header: str | None, read_token: str | None, token: str | None) -> bo
     return bearer_ok(header, read_token) or (bool(token) and bearer_ok(header, token))
 
 
-def sign_redirect(cluster_key: str, method: str, path: str, now: float | None = None) -> dict:
-    """Query parameters that let a target accept a redirected mutating call."""
+def _redirect_message(method: str, path: str, exp: int | str, tid: str | None) -> str:
+    return f"{method}:{path}:{exp}" + (f":{tid}" if tid else "")
+
+
+def sign_redirect(
+    cluster_key: str, method: str, path: str, now: float | None = None, tid: str | None = None
+) -> dict:
+    """Query parameters that let a target accept a redirected call. ``tid``: the access
+    token (``core/tokens.py``) the gateway checked it for, so a revocation stops it too."""
     exp = int((now or time.time()) + REDIRECT_TTL_SECONDS)
-    return {"sluice_exp": str(exp), "sluice_sig": _mac(cluster_key, f"{method}:{path}:{exp}")}
+    signed = {
+        "sluice_exp": str(exp),
+        "sluice_sig": _mac(cluster_key, _redirect_message(method, path, exp, tid)),
+    }
+    return {**signed, "sluice_tid": tid} if tid else signed
 
 
 def verify_redirect(
-    cluster_key: str, method: str, path: str, exp: str | None, sig: str | None
+    cluster_key: str,
+    method: str,
+    path: str,
+    exp: str | None,
+    sig: str | None,
+    tid: str | None = None,
 ) -> bool:
     if not (exp and sig and exp.isdigit()) or int(exp) < time.time():
         return False
-    return hmac.compare_digest(_mac(cluster_key, f"{method}:{path}:{exp}"), sig)
+    return hmac.compare_digest(_mac(cluster_key, _redirect_message(method, path, exp, tid)), sig)
 
 
 def _direct_message(obj: str, fqn: str, args: str | None, exp: str) -> str:

@@ -37,6 +37,7 @@ from etl_runtime.core.access import (
     carries_token,
     object_path,
     object_url,
+    token_id,
 )
 from etl_runtime.core.errors import InvalidName, InvalidRequest, NoTargets
 from etl_runtime.core.names import validate_names
@@ -71,8 +72,8 @@ def redirect_location(
     allowed = gw.caller_has_token(request) if writes else gw.caller_may_read(request)
     allowed = allowed or carries_token(request)  # verified in scope by the route's check
     if protected and gw.cluster_key and allowed:
-        signed = auth.sign_redirect(gw.cluster_key, request.method, object_path(bucket, name))
-        query += list(signed.items())
+        path, tid = object_path(bucket, name), token_id(request)  # tid: revocation stops it
+        query += list(auth.sign_redirect(gw.cluster_key, request.method, path, tid=tid).items())
     location = object_url(owner.url, bucket, name)
     return f"{location}?{urlencode(query)}" if query else location
 

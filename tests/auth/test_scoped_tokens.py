@@ -288,12 +288,22 @@ def test_a_revoked_token_is_refused_by_every_server(
             f"{base}/v1/objects/mine/o3.txt", headers=bearer(token), follow_redirects=True
         )
         assert r.content == b"mine o3.txt", (base, r.text)
+    # A 307 the gateway signed for the token names it (sluice_tid): not to be swapped.
+    moved = httpx.get(f"{up.endpoint}/v1/objects/mine/o3.txt", headers=bearer(token))
+    location = moved.headers["location"]
+    assert moved.status_code == 307 and f"sluice_tid={token_id}" in location
+    assert httpx.get(location).content == b"mine o3.txt"
+    assert httpx.get(location.replace(token_id, "0" * 16)).status_code == 401
+    servers.append(location)
     assert cli([*argv, "revoke", token_id]) == 0
     assert f"revoked {token_id}" in capsys.readouterr().out
     deadline = time.monotonic() + WAIT_SECONDS
     for base in servers:  # every server, each on its own next look at the cluster map
         while True:
-            r = httpx.get(f"{base}/v1/objects/mine/o3.txt", headers=bearer(token))
+            if base == location:  # and the redirect handed out before the revocation
+                r = httpx.get(location)
+            else:
+                r = httpx.get(f"{base}/v1/objects/mine/o3.txt", headers=bearer(token))
             if r.status_code == 401:
                 assert "revoked" in r.json()["error"]
                 break
