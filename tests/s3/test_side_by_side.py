@@ -221,6 +221,31 @@ def conditions_scenario(c: Any, b: str) -> list[Any]:
     ]
 
 
+def part_numbers_scenario(c: Any, b: str) -> list[Any]:
+    c.put_object(Bucket=b, Key="single", Body=b"0123456789")
+    up = c.create_multipart_upload(Bucket=b, Key="mp")["UploadId"]
+    done = []
+    for n, body in enumerate([b"a" * (5 << 20), b"b" * 1000], 1):
+        etag = c.upload_part(Bucket=b, Key="mp", UploadId=up, PartNumber=n, Body=body)["ETag"]
+        done.append({"PartNumber": n, "ETag": etag})
+    c.complete_multipart_upload(Bucket=b, Key="mp", UploadId=up, MultipartUpload={"Parts": done})
+
+    def part(op: str, key: str, n: int, **kw: Any) -> Any:
+        r = getattr(c, f"{op}_object")(Bucket=b, Key=key, PartNumber=n, **kw)
+        got = [r["ResponseMetadata"]["HTTPStatusCode"], r["ContentLength"], r.get("ContentRange")]
+        got.append(r.get("PartsCount"))
+        if op == "get":
+            got.append(hashlib.md5(r["Body"].read()).hexdigest())
+        return got
+
+    return [
+        seen(lambda op=op, key=key, n=n: part(op, key, n))
+        for key in ("single", "mp")
+        for n in (1, 2, 3)
+        for op in ("get", "head")
+    ] + [seen(lambda: part("get", "mp", 1, Range="bytes=0-1"))]
+
+
 def test_errors_as_minio(s3: Any, minio: Any) -> None:
     both(s3, minio, "side-errors", errors_scenario)
 
@@ -235,3 +260,7 @@ def test_listing_pages_as_minio(s3: Any, minio: Any) -> None:
 
 def test_conditional_requests_as_minio(s3: Any, minio: Any) -> None:
     both(s3, minio, "side-conditions", conditions_scenario)
+
+
+def test_get_by_part_number_as_minio(s3: Any, minio: Any) -> None:
+    both(s3, minio, "side-parts", part_numbers_scenario)

@@ -43,7 +43,7 @@ from etl_runtime.core.errors import InvalidName, S3Error
 from etl_runtime.core.names import validate_names
 from etl_runtime.gateway import buckets as native
 from etl_runtime.gateway.context import Gateway
-from etl_runtime.gateway.s3 import copy, objects, xml
+from etl_runtime.gateway.s3 import copy, objects, parts, xml
 from etl_runtime.gateway.s3.names import FOLDER
 from etl_runtime.gateway.s3.sigv4 import Signed
 
@@ -189,7 +189,8 @@ async def complete(
     chosen = [stored[n] for n in numbers]
     length = sum(p["size"] for p in chosen)
     body = objects.read_parts(gw, [(bucket, p["name"]) for p in chosen])
-    await objects.put_stream(gw, bucket, key, body, str(length), record.get("meta") or {})
+    meta = parts.with_sizes(record.get("meta") or {}, [p["size"] for p in chosen])
+    await objects.put_stream(gw, bucket, key, body, str(length), meta)
     md5s = b"".join(bytes.fromhex(p["etag"]) for p in chosen)
     etag = f'"{hashlib.md5(md5s).hexdigest()}-{len(chosen)}"'
     await _remove(gw, bucket, upload_id, list(stored.values()))

@@ -61,6 +61,7 @@ NATIVE_META, S3_META = "x-sluice-meta-", "x-amz-meta-"
 DEFAULT_TYPE = "binary/octet-stream"  # S3's, for an object stored without one
 SYSTEM = ("cache-control", "expires", "content-disposition", "content-encoding", "content-language")
 SYSTEM_MARK = "~"  # stored metadata keys of S3's own headers start with it
+PARTS = SYSTEM_MARK + "parts"  # a multipart object's part sizes (parts.py)
 
 
 def meta_headers_in(headers: Any, checked: chunked.Checked | None = None) -> dict[str, str]:
@@ -100,6 +101,8 @@ def _kept(headers: Mapping[str, str], checksums: bool = False) -> dict[str, str]
             name = k[len(NATIVE_META) :]
             if not name.startswith(SYSTEM_MARK):
                 kept[S3_META + name] = v
+            elif name == PARTS:  # parts.py's, not a header
+                continue
             elif not name.startswith(SYSTEM_MARK + chunked.CHECKSUM_PREFIX) or checksums:
                 kept[name[len(SYSTEM_MARK) :]] = v
     return kept

@@ -30,7 +30,7 @@ from etl_runtime.core.names import validate_bucket
 from etl_runtime.gateway import buckets as native
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway, unreachable
-from etl_runtime.gateway.s3 import copy, multipart, objects, xml
+from etl_runtime.gateway.s3 import copy, multipart, objects, parts, xml
 from etl_runtime.gateway.s3 import early as s3_early
 from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
@@ -303,7 +303,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
             return await multipart.dispatch(gw, request, bucket, key, signed)
         if method in ("GET", "HEAD"):
             if "partNumber" in q:
-                raise S3Error("NotImplemented", 501, "GET by partNumber is not supported")
+                return await parts.get(gw, request, bucket, key, method == "HEAD")
             return await objects.get(gw, request, bucket, key, method == "HEAD", duplex, early)
         if method == "PUT" and "x-amz-copy-source" in request.headers:
             stored = await copy.copy_object(gw, request, bucket, key)
