@@ -25,6 +25,10 @@ part and answers ``Ais-Append-Handle``: ``ID.N`` (N parts so far; an empty
 handle starts a new one). ``append_type=flush`` (its body, if any, is a last
 part) writes the object as its current bytes (none if it does not exist)
 followed by the parts, so appends are invisible until then, as AIStore's.
+
+Over HTTPS the SDK sends a PUT's headers first (``Connection: close``, no
+body) and the body to where a 307 points: such a probe is answered with a 307
+to the same path, without its query (the SDK sends the query again).
 """
 
 from __future__ import annotations
@@ -73,8 +77,20 @@ def is_ais_write(request: Request) -> bool:
     return method == "DELETE" and UPLOAD_ID in q
 
 
+def is_probe(request: Request) -> bool:
+    """The SDK's first leg of a PUT with a body over HTTPS: the headers only (the body's
+    ``Content-Length``, ``Connection: close``); it sends the body where a 307 points."""
+    return (
+        request.method == "PUT"
+        and request.headers.get("connection", "").lower() == "close"
+        and request.headers.get("user-agent", "").startswith("ais/python")
+    )
+
+
 async def answer(gw: Gateway, request: Request, bucket: str, name: str) -> Response:
     q = request.query_params
+    if is_probe(request):  # here again, with the body (the SDK adds the query itself)
+        return Response(status_code=307, headers={"Location": str(request.url.replace(query=""))})
     if views.view_of(gw, bucket) is not None:
         raise views.refuse_write(bucket, name, request.method)
     await remote_gateway.ensure_bucket(gw, request, bucket)

@@ -132,7 +132,7 @@ async def _drain(request: Request) -> None:
     A client that asked ``Expect: 100-continue`` (curl, for big uploads) has
     not sent it: we answer without reading, and it sends the body to the target.
     """
-    if _expects_continue(request):
+    if _expects_continue(request) or ais_writes.is_probe(request):  # no body comes
         return
     try:
         async for _ in request.stream():

@@ -10,7 +10,9 @@ understand is a 400 naming it that changes nothing.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -146,3 +148,30 @@ def test_a_bad_append_is_a_400_naming_it(up: LocalCluster) -> None:
     r = httpx.put(url, params={"append_type": "append", "append_handle": "nope"}, content=b"x")
     assert r.status_code == 400 and "nope" in r.text
     assert missing(Client(up.endpoint), "mpt", "y.txt")
+
+
+def test_the_sdk_https_probe_of_a_part_is_a_307_to_the_same_path(up: LocalCluster) -> None:
+    """Over HTTPS the SDK sends a PUT's headers alone first (Connection: close) and the
+    body where the 307 points; the probe stores nothing."""
+    mpu = Client(up.endpoint).bucket("mpt").object("probe.bin").multipart_upload().create()
+    where = urlsplit(up.endpoint)
+    path = "/v1/objects/mpt/probe.bin"
+    head = (
+        f"PUT {path}?provider=ais&uploadId={mpu.upload_id}&partNumber=1 HTTP/1.1\r\n"
+        f"Host: {where.netloc}\r\nUser-Agent: ais/python/2.0.0\r\nConnection: close\r\n"
+        "Content-Length: 5\r\n\r\n"
+    )
+    with socket.create_connection((where.hostname, where.port), timeout=20) as s:
+        s.sendall(head.encode())
+        answer = b""
+        while chunk := s.recv(65536):
+            answer += chunk
+    status, *lines = answer.split(b"\r\n\r\n", 1)[0].decode().split("\r\n")
+    assert status.startswith("HTTP/1.1 307"), answer
+    location = next(
+        ln.split(":", 1)[1].strip() for ln in lines if ln.lower().startswith("location:")
+    )
+    assert urlsplit(location).path == path and not urlsplit(location).query
+    mpu.add_part(1).put_content(b"after")  # the body, sent again as the SDK does
+    mpu.complete()
+    assert Client(up.endpoint).bucket("mpt").object("probe.bin").get_reader().read_all() == b"after"
