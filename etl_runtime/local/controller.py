@@ -112,15 +112,20 @@ class LocalEtlBackend:
         self._task: asyncio.Task[None] | None = None
         self._client: httpx.AsyncClient | None = None
         self._last_full_probe = 0.0
-        # The zygote forks as this process's user: none when ETL code runs as another.
-        own = self.command == TRANSFORMER_COMMAND and self.run_as is None
+        # The zygote forks as this process's user, and drops a child to an ETL's own uid
+        # (Isolation, run by their interpreter); none when all ETLs share one other user.
+        iso = self.run_as if isinstance(self.run_as, runas.Isolation) else None
+        python = iso.python if iso else sys.executable
+        own = self.command in (TRANSFORMER_COMMAND, (python, "-m", "etl_runtime.webserver"))
+        own = own and (self.run_as is None or iso is not None)
         self.zygote_mode = zygote_mode if own else "off"
         self.zygote: Zygotes | None = None
         if self.zygote_mode != "off":
-            env = processes.transformer_env(dict(os.environ), (), {"PYTHONUNBUFFERED": "1"})
+            extra = {"PYTHONUNBUFFERED": "1", **(iso.env if iso else {})}
+            env = processes.transformer_env(dict(os.environ), (), extra)
             if preload := os.environ.get("SLUICE_ZYGOTE_PRELOAD"):
                 env["SLUICE_ZYGOTE_PRELOAD"] = preload
-            self.zygote = Zygotes(self.state_dir, env, on_ready=self.kick)
+            self.zygote = Zygotes(self.state_dir, env, on_ready=self.kick, python=python)
 
     # -- lifecycle ------------------------------------------------------------
 

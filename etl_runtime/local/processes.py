@@ -333,7 +333,7 @@ async def spawn(
     instead: the argv of a container serving there, ``local/containers.py``).
 
     Forked by ``zygote`` when one is given (``python -m etl_runtime.webserver``
-    with everything already imported) and no ``user`` is asked for, else an
+    with everything already imported; the child drops to ``user``), else an
     asyncio subprocess, forked by the event loop's thread, through the launcher
     that ties the transformer's life to this process (run by the command's own
     interpreter). ``user``: run it as that user (``local/runas.py``; the zygote
@@ -352,20 +352,22 @@ async def spawn(
     where = ["--host", "127.0.0.1", "--port", str(port)]
     run, python = ([*command, *where], command[0]) if container is None else (container(port), None)
     argv = launch.command(os.getpid(), run, adoptable, python)
+    dropped = None
     if user is not None:
         argv = user.command(argv)
+        dropped = {"uid": user.uid, "gid": user.gid, "groups": list(user.groups)}
     with open(log_path, "ab") as log:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        forked = zygote is not None and not user
+        forked = zygote is not None
         how = f" (forked by the zygote, pid {zygote.pid})" if forked and zygote else ""
         log.write(f"--- {stamp} sluice: starting {name} on port {port}{how} ---\n".encode())
         log.flush()
         offset = log.tell()
         child: asyncio.subprocess.Process | ZygoteChild | None
         child = None
-        if zygote is not None and not user:
+        if zygote is not None:
             try:
-                child = await zygote.spawn(where, env, state_dir, log_path, adoptable)
+                child = await zygote.spawn(where, env, state_dir, log_path, adoptable, dropped)
             except (OSError, TimeoutError) as e:
                 log.write(f"--- the zygote could not fork ({e}): starting afresh ---\n".encode())
                 log.flush()

@@ -136,7 +136,9 @@ class Zygote:
         env: dict[str, str],
         on_ready: Callable[[], None] = lambda: None,
         log_name: str = "zygote.log",
+        python: str = sys.executable,
     ) -> None:
+        self.python = python  # an ETL uid's own interpreter (local/runas.py), if any
         self.state_dir = state_dir
         self.env = env
         self.on_ready = on_ready
@@ -185,14 +187,14 @@ class Zygote:
         logs = self.state_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         fd = str(theirs.fileno())
-        argv = [sys.executable, "-m", "etl_runtime.webserver", "--zygote-fd", fd]
+        argv = [self.python, "-m", "etl_runtime.webserver", "--zygote-fd", fd]
         self._ready = asyncio.Event()
         self.ready = False
         self._started_at = time.monotonic()
         try:
             with open(logs / self.log_name, "ab") as out:
                 self._proc = await asyncio.create_subprocess_exec(
-                    *launch.command(os.getpid(), argv),
+                    *launch.command(os.getpid(), argv, python=self.python),
                     env=self.env,
                     cwd=self.state_dir,
                     stdin=subprocess.DEVNULL,
@@ -255,9 +257,16 @@ class Zygote:
         self._children.clear()
 
     async def spawn(
-        self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path, adoptable: bool
+        self,
+        argv: list[str],
+        env: dict[str, str],
+        cwd: Path,
+        log_path: Path,
+        adoptable: bool,
+        user: dict[str, Any] | None = None,
     ) -> ZygoteChild:
-        """Fork a transformer running ``python -m etl_runtime.webserver ARGV``."""
+        """Fork a transformer running ``python -m etl_runtime.webserver ARGV`` (as
+        ``user``: ``{"uid", "gid", "groups"}``, an ETL's own uid)."""
         if not self.ready or self._writer is None:
             raise OSError("the zygote is not ready")
         self._next += 1
@@ -271,6 +280,8 @@ class Zygote:
             "log": str(log_path),
             "adoptable": adoptable,
         }
+        if user is not None:
+            request["user"] = user
         self._writer.write(json.dumps(request).encode() + b"\n")
         await self._writer.drain()
         async with asyncio.timeout(30):
@@ -310,12 +321,18 @@ class Zygotes:
     """The lite zygote and the full one, as the controller uses them (module docstring)."""
 
     def __init__(
-        self, state_dir: Path, env: dict[str, str], on_ready: Callable[[], None] = lambda: None
+        self,
+        state_dir: Path,
+        env: dict[str, str],
+        on_ready: Callable[[], None] = lambda: None,
+        python: str = sys.executable,
     ) -> None:
         lite_env = {**env, LITE_STAGE_ENV: "lite"}
         self.on_ready = on_ready
-        self.lite = Zygote(state_dir, lite_env, self._lite_done, log_name="zygote-lite.log")
-        self.full = Zygote(state_dir, env, on_ready)
+        self.lite = Zygote(
+            state_dir, lite_env, self._lite_done, log_name="zygote-lite.log", python=python
+        )
+        self.full = Zygote(state_dir, env, on_ready, python=python)
         self._full_start: asyncio.Task[None] | None = None
 
     async def ensure(self) -> None:

@@ -30,7 +30,8 @@ the child (see ``tests/webserver/test_zygote.py``).
 Protocol, JSON lines on the inherited socket ``--fd``: the zygote first says
 ``{"ready": true, "pid": P, "preloaded": [...], "seconds": S}``; a request
 ``{"id": I, "argv": [...], "env": {...}, "cwd": D, "log": PATH, "adoptable": B}``
-is answered ``{"id": I, "pid": CHILD}`` (or ``{"id": I, "error": TEXT}``), and
+(with ``"user": {"uid", "gid", "groups"}`` the child drops to that uid first) is
+answered ``{"id": I, "pid": CHILD}`` (or ``{"id": I, "error": TEXT}``), and
 ``{"exit": CHILD, "code": C}`` follows when the zygote reaps that child
 (negative: the signal that killed it). When the other end closes, the zygote
 exits; its children are told by their death signal (``core.procs``).
@@ -39,6 +40,7 @@ exits; its children are told by their death signal (``core.procs``).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import importlib
 import importlib.util
@@ -116,6 +118,12 @@ def _child(req: dict[str, Any], zygote: int) -> int:
     os.close(fd)
     os.close(null)
     os.chdir(req["cwd"])
+    if (user := req.get("user")) is not None:  # an ETL's own uid (local/runas.py)
+        os.setgroups([int(g) for g in user["groups"]])
+        os.setgid(int(user["gid"]))
+        os.setuid(int(user["uid"]))
+        with contextlib.suppress(OSError, AttributeError):  # PR_SET_DUMPABLE, as exec does
+            ctypes.CDLL(None, use_errno=True).prctl(4, 1, 0, 0, 0)
     os.environ.clear()
     os.environ.update(req["env"])
     argv = [str(a) for a in req["argv"]]

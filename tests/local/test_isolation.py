@@ -111,7 +111,9 @@ def up() -> Iterator[LocalCluster]:
     try:
         with LocalCluster(base / "data", targets=2) as c:
             sluice = SluiceClient(c.endpoint)
-            sluice.etl("victim").init_spec(source=VICTIM, timeout=120)
+            # started afresh (a variable read at import time), not forked by the zygote:
+            # its token is in its /proc/PID/environ, for the hostile ETL to look for
+            sluice.etl("victim").init_spec(source=VICTIM, timeout=120, env={"OMP_NUM_THREADS": "1"})
             sluice.etl("hostile").init_spec(source=HOSTILE, timeout=120)
             ais = Client(c.endpoint)
             for bucket in ("private", "plans"):
@@ -122,25 +124,21 @@ def up() -> Iterator[LocalCluster]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def transformer_pids(etl: str) -> list[int]:
+def transformer_pids(up: LocalCluster, etl: str) -> list[int]:
+    """The leaders of ``etl``'s transformers, from the controller's pid files."""
     out = []
-    for p in psutil.process_iter(["cmdline", "environ"]):
-        try:
-            env = p.environ()
-        except (psutil.Error, OSError):
-            continue
-        if env.get("SLUICE_ETL_NAME") == etl and "etl_runtime.webserver" in " ".join(
-            p.info["cmdline"] or []
-        ):
-            out.append(p.pid)
-    return out
+    for f in (up.data_dir / "etl" / "run").glob(f"etl-{etl}-t*.json"):
+        pid = json.loads(f.read_text())["pid"]
+        if psutil.pid_exists(pid):
+            out.append(pid)
+    return sorted(out)
 
 
 def test_each_etl_runs_as_a_uid_of_its_own_and_sluice_up_says_so(up: LocalCluster) -> None:
     assert "each ETL's transformers run as a uid of their own" in up.output, up.output
     uids = {}
     for etl in ("victim", "hostile"):
-        pids = transformer_pids(etl)
+        pids = transformer_pids(up, etl)
         assert pids, f"no transformer of {etl} found"
         uids[etl] = {psutil.Process(p).uids().real for p in pids}
     assert len(uids["victim"]) == 1 and len(uids["hostile"]) == 1, uids
@@ -152,7 +150,7 @@ def test_a_hostile_etl_finds_nothing_and_the_victim_still_serves(up: LocalCluste
     view = httpx.get(f"{up.endpoint}/v1/cluster", timeout=30).json()
     targets = [t["url"] for t in view["targets"] if t.get("url")]
     assert len(targets) == 2, view
-    victims = transformer_pids("victim")
+    victims = transformer_pids(up, "victim")
     plan = {
         "victim_pids": victims,
         "targets": targets,
@@ -184,7 +182,7 @@ def test_a_hostile_etl_finds_nothing_and_the_victim_still_serves(up: LocalCluste
     assert found["uid"] != 0
 
     # the victim's transformers live on, serve, and its bucket's object is as it was
-    assert set(transformer_pids("victim")) == set(victims)
+    assert set(transformer_pids(up, "victim")) == set(victims)
     secret = ais.bucket("private").object("secret.txt")
     assert secret.get_reader().read_all() == b"team b's data"
     assert secret.get_reader(etl=ETLConfig("victim")).read_all() == b"TEAM B'S DATA"
