@@ -196,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="user token (env SLUICE_TOKEN)",
     )
     p.add_argument("--timeout", type=float, default=60.0, help="network timeout, seconds")
+    p.add_argument(
+        "--ca",
+        default=os.environ.get("SLUICE_CA") or None,
+        metavar="PEM",
+        help="CA file an https:// gateway is verified with (env SLUICE_CA; sluice up --tls: "
+        "DATA_DIR/tls/ca.crt)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     up = sub.add_parser(
@@ -352,7 +359,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             extra = ["--token", args.token] if args.token and "--token" not in args.args else []
             return run_up([*args.args, *extra])
         func: Callable[[Client, argparse.Namespace], None] = args.func
-        with Client(args.endpoint, token=args.token, timeout=args.timeout) as client:
+        with Client(args.endpoint, token=args.token, timeout=args.timeout, ca=args.ca) as client:
             func(client, args)
         return 0
     except (SluiceError, CliError) as exc:

@@ -42,7 +42,7 @@ import httpx
 from fastapi.responses import Response, StreamingResponse
 
 from etl_runtime.cluster.records import EtlRecord, EtlRegistry, TransformerStatus
-from etl_runtime.core import auth
+from etl_runtime.core import auth, tls
 from etl_runtime.core.errors import (
     DuplexError,
     EtlNotFound,
@@ -112,6 +112,7 @@ class EtlForwarder:
     async def start(self) -> None:
         self._http = httpx.AsyncClient(
             trust_env=False,
+            verify=tls.client_context(),  # SLUICE_CA (core/tls.py)
             limits=httpx.Limits(max_connections=512, max_keepalive_connections=128),
             timeout=httpx.Timeout(600.0, connect=10.0),
         )

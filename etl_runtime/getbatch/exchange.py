@@ -38,6 +38,9 @@ from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlsplit
 
+from etl_runtime.core import tls
+from etl_runtime.wire.clients import tlssock
+
 SHARE_PATH = "/v1/_moss"
 SHARE_ETL_PATH = "/v1/_moss_etl"  # a target older than ETL shares answers 404: plain GETs
 MANIFEST_LEN = struct.Struct("!Q")
@@ -148,10 +151,10 @@ class ShareBody:
     """One answer (status, headers), its body taken in exact pieces from the socket."""
 
     def __init__(
-        self, pool: SharePool, key: tuple[str, int], sock: socket.socket, timeout: float
+        self, pool: SharePool, key: tuple[str, int], sock: tlssock.Socket, timeout: float
     ) -> None:
         self._pool, self._key, self._timeout = pool, key, timeout
-        self._sock: socket.socket | None = sock
+        self._sock: tlssock.Socket | None = sock
         self._loop = asyncio.get_running_loop()
         self._buf = bytearray()  # received, not taken yet
         self.status = 0
@@ -170,7 +173,7 @@ class ShareBody:
         except BlockingIOError:
             try:
                 async with asyncio.timeout(self._timeout):
-                    n = await self._loop.sock_recv_into(self._sock, view)
+                    n = await tlssock.recv_into(self._loop, self._sock, view)
             except TimeoutError:
                 raise ShareBroken(f"no data for {self._timeout:.0f}s") from None
         if not n:
@@ -280,7 +283,12 @@ class ShareBody:
 
     async def spliced(self, n: int, what: str) -> AsyncIterator[bytes | Spliced]:
         """``n`` bytes: those already received, then the rest left in the socket for
-        ``wire/http/splice.py`` to move (the caller must have it moved before reading on)."""
+        ``wire/http/splice.py`` to move (the caller must have it moved before reading on);
+        over TLS the socket holds ciphertext: every byte comes through here."""
+        if isinstance(self._sock, tlssock.TlsSocket):
+            async for piece in self.pieces(n):
+                yield bytes(piece)
+            return
         await self._drop()
         if n > self.left or self._sock is None:
             raise ShareBroken(f"{n} bytes asked of an answer with {self.left} left")
@@ -319,6 +327,24 @@ class ShareBody:
             sock.close()
 
 
+async def _connect(
+    loop: asyncio.AbstractEventLoop, key: tuple[str, int], https: bool, timeout: float
+) -> tlssock.Socket:
+    """A new connection to a target; ``https``: TLS verified with ``SLUICE_CA``."""
+    raw = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    raw.setblocking(False)
+    raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        async with asyncio.timeout(timeout):
+            await loop.sock_connect(raw, key)
+            if https:
+                return await tlssock.wrap(loop, raw, key[0], tls.client_context())
+    except BaseException:
+        raw.close()
+        raise
+    return raw
+
+
 def _encode(
     method: str, url: str, path: str, headers: dict[str, str], body: bytes
 ) -> tuple[tuple[str, int], bytes]:
@@ -328,16 +354,17 @@ def _encode(
     head.append(f"Content-Length: {len(body)}")
     head += [f"{k}: {v}" for k, v in headers.items()]
     request = ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
-    return (parts.hostname or "127.0.0.1", parts.port or 80), request
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    return (parts.hostname or "127.0.0.1", port), request
 
 
 class SharePool:
     """Keep-alive connections to targets, per ``(host, port)``, for share requests."""
 
     def __init__(self) -> None:
-        self._idle: dict[tuple[str, int], list[tuple[socket.socket, float]]] = {}
+        self._idle: dict[tuple[str, int], list[tuple[tlssock.Socket, float]]] = {}
 
-    def _take(self, key: tuple[str, int]) -> socket.socket | None:
+    def _take(self, key: tuple[str, int]) -> tlssock.Socket | None:
         idle = self._idle.get(key, [])
         now = time.monotonic()
         while idle:
@@ -347,7 +374,7 @@ class SharePool:
             sock.close()
         return None
 
-    def give_back(self, key: tuple[str, int], sock: socket.socket) -> None:
+    def give_back(self, key: tuple[str, int], sock: tlssock.Socket) -> None:
         idle = self._idle.setdefault(key, [])
         if len(idle) < MAX_IDLE:
             idle.append((sock, time.monotonic()))
@@ -399,18 +426,10 @@ class SharePool:
             sock = self._take(key) if attempt == 0 else None
             reused = sock is not None
             if sock is None:
-                sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-                sock.setblocking(False)
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                try:
-                    async with asyncio.timeout(timeout):
-                        await loop.sock_connect(sock, key)
-                except BaseException:
-                    sock.close()
-                    raise
+                sock = await _connect(loop, key, url.startswith("https:"), timeout)
             answer = ShareBody(self, key, sock, timeout)
             try:
-                await loop.sock_sendall(sock, request)
+                await tlssock.sendall(loop, sock, request)
                 await answer.read_head()
                 return answer
             except (ShareBroken, OSError):

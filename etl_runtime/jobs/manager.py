@@ -15,7 +15,7 @@ import anyio.to_thread
 import httpx
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
-from etl_runtime.core import auth
+from etl_runtime.core import auth, tls
 from etl_runtime.core.errors import (
     Conflict,
     InsufficientStorage,
@@ -62,6 +62,7 @@ class JobManager:
         if self._http is None:
             self._http = httpx.AsyncClient(
                 trust_env=False,
+                verify=tls.client_context(),  # SLUICE_CA (core/tls.py)
                 headers=self.headers,
                 timeout=httpx.Timeout(60.0, connect=5.0),
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),

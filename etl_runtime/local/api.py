@@ -35,8 +35,10 @@ class LocalCluster:
         host: str = "127.0.0.1",
         start_timeout: float = 180.0,
         read_token: str | None = None,
+        tls: bool = False,
     ) -> None:
         self.data_dir = Path(data_dir)
+        self.tls = tls  # sluice up --tls: HTTPS everywhere, clients trust ``ca``
         self.targets = targets
         self.port = port
         self.token = token
@@ -49,6 +51,11 @@ class LocalCluster:
         self._lines: list[str] = []
         self._up = threading.Event()
         self._reader: threading.Thread | None = None
+
+    @property
+    def ca(self) -> str:
+        """With ``tls=True``: the CA file (PEM) that signed every server's certificate."""
+        return str((self.data_dir / "tls" / "ca.crt").resolve())
 
     @property
     def output(self) -> str:
@@ -81,6 +88,9 @@ class LocalCluster:
             env["SLUICE_TOKEN"] = self.token
         if self.read_token:
             env["SLUICE_READ_TOKEN"] = self.read_token
+        env.pop("SLUICE_TLS", None)
+        if self.tls:
+            argv.append("--tls")
         self._up.clear()
         self._lines = []
         self.process = subprocess.Popen(

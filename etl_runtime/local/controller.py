@@ -48,7 +48,7 @@ import httpx
 from etl_runtime.cluster import reconcile
 from etl_runtime.cluster.local.registry import FileRegistry
 from etl_runtime.cluster.records import EtlRecord, TargetDiscovery, TargetInfo, TransformerStatus
-from etl_runtime.core import auth
+from etl_runtime.core import auth, tls
 from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.core.spec import EtlSpec, validate_name
 from etl_runtime.local import containers, pidfiles, processes, runas, zygote
@@ -136,7 +136,9 @@ class LocalEtlBackend:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._records = {r.name: r for r in await asyncio.to_thread(self.registry.list)}
         self._adopt()
-        self._client = httpx.AsyncClient(timeout=self.probe_timeout, trust_env=False)
+        self._client = httpx.AsyncClient(
+            timeout=self.probe_timeout, trust_env=False, verify=tls.client_context()
+        )
         if self.zygote is not None and self.zygote_mode == "eager":
             await self.zygote.ensure()
         self._task = asyncio.create_task(self._loop(), name="sluice-local-etl-controller")
@@ -420,7 +422,8 @@ class LocalEtlBackend:
                 "PYTHONUNBUFFERED": "1",
             }
             | ours
-            | processes.supervisor_env(),
+            | processes.supervisor_env()
+            | tls.transformer_env(),  # HTTPS under sluice up --tls (core/tls.py)
         )
         proc = await processes.spawn(
             etl=rec.name,

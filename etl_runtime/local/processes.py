@@ -37,6 +37,7 @@ import httpx
 from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR, ObservedTransformer
 from etl_runtime.cluster.records import TargetInfo, TransformerStatus
 from etl_runtime.core import procs as launch
+from etl_runtime.core import tls
 from etl_runtime.local.pidfiles import write_pid_file
 from etl_runtime.local.runas import TransformerUser
 from etl_runtime.local.zygote import Zygote, ZygoteChild
@@ -148,7 +149,7 @@ class TransformerProcess:
 
     @property
     def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{tls.scheme()}://127.0.0.1:{self.port}"  # SLUICE_TLS_*: the transformers'
 
     def poll(self) -> bool:
         """Refresh ``terminated``/``exit_code``/``message``; True once it has exited."""

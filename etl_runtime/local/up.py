@@ -45,7 +45,7 @@ from types import FrameType
 
 import httpx
 
-from etl_runtime.core import auth, procs
+from etl_runtime.core import auth, procs, tls
 from etl_runtime.local import runas, sandbox, supervisor
 from etl_runtime.local.api import LocalCluster
 from etl_runtime.local.pidfiles import pid_dir, read_pid_files
@@ -143,7 +143,22 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "its own for each ETL, so that it cannot read the cluster key nor reach another "
         "ETL; 'root': as the servers)",
     )
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        default=os.environ.get("SLUICE_TLS", "") not in ("", "0", "false"),
+        help="HTTPS on every server: a CA and a certificate per server are made under "
+        "DATA_DIR/tls/ (clients trust DATA_DIR/tls/ca.crt), unless --cert/--key are given",
+    )
+    p.add_argument("--cert", metavar="PEM", help="with --key: the certificate every server uses")
+    p.add_argument("--key", metavar="PEM", help="the private key of --cert")
+    p.add_argument("--ca", metavar="PEM", help="the CA that signed --cert (internal hops verify)")
     args = p.parse_args(argv)
+    if bool(args.cert) != bool(args.key):
+        p.error("--cert and --key go together")
+    if args.ca and not args.cert:
+        p.error("--ca is the CA of --cert: give --cert and --key too")
+    args.tls = args.tls or bool(args.cert)
     if args.down_retry <= 0:
         p.error("--down-retry must be positive")
     if args.targets < 1:
@@ -166,6 +181,8 @@ class Supervisor:
         self.run_as: runas.Choice = None
         self.run_as_line = ""
         self.signals = 0
+        self.certs: dict[str, tuple[str, str]] = {}  # server -> (cert, key): --tls
+        self.ca: str | None = None
 
     # -- signals ---------------------------------------------------------------
 
@@ -197,10 +214,51 @@ class Supervisor:
             env["SLUICE_READ_TOKEN"] = self.args.read_token
         return env
 
+    @property
+    def scheme(self) -> str:
+        return "https" if self.args.tls else "http"
+
+    def make_certs(self, names: Sequence[str]) -> None:
+        """``--tls``: the CA and a certificate per server under ``DIR/tls`` (``local/certs.py``),
+        or ``--cert``/``--key``/``--ca`` for every server."""
+        if self.args.cert:
+            pair = (str(Path(self.args.cert).resolve()), str(Path(self.args.key).resolve()))
+            self.certs = dict.fromkeys(names, pair)
+            self.ca = str(Path(self.args.ca).resolve()) if self.args.ca else None
+            return
+        from etl_runtime.local import certs
+
+        where = self.data / "tls"
+        ca = certs.make_ca(where)
+        os.chmod(where, 0o755)  # the transformers' user reads its certificate here
+        self.ca = str(ca.cert)
+        for name in names:
+            made = certs.make_cert(where, name, ca, [self.url_host])
+            self.certs[name] = (str(made.cert), str(made.key))
+
+    def tls_env(self, name: str) -> dict[str, str]:
+        """``SLUICE_TLS_CERT``/``KEY``/``SLUICE_CA`` for server ``name`` (core/tls.py)."""
+        if not self.args.tls:
+            return {}
+        cert, key = self.certs[name]
+        env = {tls.CERT_ENV: cert, tls.KEY_ENV: key}
+        if self.ca:
+            env[tls.CA_ENV] = self.ca
+        if name == "gateway":  # its local ETL controller hands these to the transformers
+            env[tls.TRANSFORMER_CERT_ENV], env[tls.TRANSFORMER_KEY_ENV] = self.certs["transformer"]
+        return env
+
+    def client(self, timeout: float) -> httpx.Client:
+        verify = tls.client_context(self.ca) if self.args.tls else True
+        return httpx.Client(timeout=timeout, trust_env=False, verify=verify)
+
     def start(self) -> str:
         """Start targets, then the gateway; return the gateway URL once all are healthy."""
         key = load_cluster_key(self.data / "cluster-key")
         env = self.env(key)
+        ids = [f"t{i}" for i in range(self.args.targets)] + self.leaving_ids()
+        if self.args.tls:
+            self.make_certs([*ids, "gateway", "transformer"])
         # Who runs ETL code: tried as that user while the targets start (local/runas.py).
         chosen: list[tuple[runas.Choice, str]] = []
         user = self.args.transformer_user
@@ -209,9 +267,9 @@ class Supervisor:
         logs, py, host = self.data / "logs", sys.executable, self.args.host
         cmap = f"file:{self.data / 'cluster.json'}"
         self.members = [f"t{i}" for i in range(self.args.targets)]
-        for tid in self.members + self.leaving_ids():
+        for tid in ids:
             port = free_port(host)
-            url = f"http://{self.url_host}:{port}"
+            url = f"{self.scheme}://{self.url_host}:{port}"
             self.targets.append(
                 Child(
                     name=f"target {tid}",
@@ -224,11 +282,11 @@ class Supervisor:
                 )
             )
         for child in self.targets:
-            child.start(env)
+            child.start({**env, **self.tls_env(child.name.removeprefix("target "))})
         self.record_children()
         self.wait_healthy(self.targets)
         port = self.args.port or free_port(host)
-        gateway_url = f"http://{self.url_host}:{port}"
+        gateway_url = f"{self.scheme}://{self.url_host}:{port}"
         target_list = ",".join(
             f"{c.name.removeprefix('target ')}={c.health_url.removesuffix('/v1/health')}"
             for c in self.targets
@@ -238,6 +296,13 @@ class Supervisor:
         # the gateway's ETL controller spawns the transformers
         env = {**env, **runas.gateway_env(self.run_as)}
         self.lock_down()
+        if isinstance(self.run_as, runas.Isolation) and self.args.tls and not self.args.cert:
+            os.chown(self.certs["transformer"][1], 0, self.run_as.group)  # ETL uids only
+            os.chmod(self.certs["transformer"][1], 0o640)
+        elif (
+            isinstance(self.run_as, runas.TransformerUser) and self.args.tls and not self.args.cert
+        ):
+            os.chown(self.certs["transformer"][1], self.run_as.uid, self.run_as.gid)  # 0600
         self.gateway = Child(
             name="gateway",
             argv=[py, "-m", "etl_runtime.gateway", "--host", host, "--port", str(port)]
@@ -247,7 +312,7 @@ class Supervisor:
             log_path=logs / "gateway.log",
             health_url=f"{gateway_url}/v1/health",
         )
-        self.gateway.start(env)
+        self.gateway.start({**env, **self.tls_env("gateway")})
         self.record_children()
         self.wait_healthy([self.gateway])
         return gateway_url
@@ -293,7 +358,7 @@ class Supervisor:
     def wait_healthy(self, children: list[Child]) -> None:
         deadline = time.monotonic() + HEALTH_TIMEOUT
         waiting = list(children)
-        with httpx.Client(timeout=2.0, trust_env=False) as client:
+        with self.client(2.0) as client:
             while waiting:
                 if self.signals:
                     raise StartupFailed("interrupted while starting")
@@ -341,11 +406,10 @@ class Supervisor:
         if not leaving or self.gateway is None:
             return
         try:
-            view = httpx.get(
-                self.gateway.health_url.replace("/v1/health", "/v1/cluster"),
-                timeout=5.0,
-                trust_env=False,
-            ).json()
+            with self.client(5.0) as client:
+                view = client.get(
+                    self.gateway.health_url.replace("/v1/health", "/v1/cluster")
+                ).json()
         except (httpx.HTTPError, ValueError):
             return
         if view.get("rebalance", {}).get("state") != "idle":
@@ -440,6 +504,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         url = sup.start()
         print(sup.run_as_line, file=sys.stderr, flush=True)
+        if args.tls:
+            trust = f"clients trust {sup.ca}" if sup.ca else "clients verify with the system's CAs"
+            print(f"sluice: HTTPS on every server; {trust}", file=sys.stderr, flush=True)
         print(f"Sluice is up: {url}", flush=True)
         print(
             f"sluice: {args.targets} target(s), data in {sup.data}, logs in {sup.data / 'logs'}",

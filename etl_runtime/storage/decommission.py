@@ -34,6 +34,7 @@ from collections.abc import Callable
 import httpx
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
+from etl_runtime.core import tls
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 25.0
@@ -68,7 +69,8 @@ async def decommission(
     deadline = time.monotonic() + timeout
     log.warning("%s is leaving the cluster: handing its objects over (up to %.0fs)",
                 self_id, timeout)  # fmt: skip
-    async with httpx.AsyncClient(trust_env=False, timeout=5.0) as http:
+    verify = tls.client_context()
+    async with httpx.AsyncClient(trust_env=False, timeout=5.0, verify=verify) as http:
         while time.monotonic() < deadline:
             m = cmap.get()
             if self_id not in m.members:

@@ -20,7 +20,7 @@ import anyio
 import httpx
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
-from etl_runtime.core import auth
+from etl_runtime.core import auth, tls
 from etl_runtime.storage import integrity
 from etl_runtime.storage.meta import read_meta
 from etl_runtime.storage.store import READ_CHUNK
@@ -64,6 +64,7 @@ class Peers:
         if self._http is None:
             self._http = httpx.AsyncClient(
                 trust_env=False,
+                verify=tls.client_context(),  # SLUICE_CA (core/tls.py)
                 timeout=PEER_TIMEOUT,
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
             )

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from etl_runtime.cluster.records import EtlRecord, EtlRegistry
-from etl_runtime.core import auth
+from etl_runtime.core import auth, tls
 from etl_runtime.storage_target.app import create_target_app
 from etl_runtime.wire.http.serving import Hook, noop, run_server
 
@@ -130,7 +130,7 @@ def decommission_hook(args: argparse.Namespace, cmap: Any) -> Hook:
     sts, pod = args.target_statefulset, args.id
 
     async def hook() -> None:
-        url = f"http://{host}:{args.port}"
+        url = f"{tls.scheme()}://{host}:{args.port}"
         leaving = lambda: ordinal_leaving(sts, pod)  # noqa: E731
         await decommission(pod, url, cmap, leaving, timeout_from_env())
 

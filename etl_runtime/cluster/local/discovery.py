@@ -35,6 +35,7 @@ from typing import Any
 import httpx
 
 from etl_runtime.cluster.records import TargetInfo
+from etl_runtime.core import tls
 from etl_runtime.core.eventloop import cancel_and_wait
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,9 @@ class StaticTargets:
         """Probe every target once, then keep probing in the background."""
         if self._task is not None:
             return
-        self._client = httpx.AsyncClient(timeout=self.timeout, trust_env=False)
+        self._client = httpx.AsyncClient(
+            timeout=self.timeout, trust_env=False, verify=tls.client_context()
+        )
         await self.probe_all()
         self._task = asyncio.create_task(self._loop(), name="sluice-target-health")
 

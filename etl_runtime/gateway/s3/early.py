@@ -25,6 +25,7 @@ from typing import Any
 
 from fastapi import Request
 
+from etl_runtime.core import tls
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.s3 import multipart, objects, spliced
@@ -44,7 +45,7 @@ def early_starter(gw: Gateway) -> Starter:
     """``run_server``'s starter: the owner's GET of a plain GetObject, in the scope."""
     # The relay reads an early answer only where the server splices (``take``): with
     # SLUICE_SENDFILE=0, or no os.splice, nothing is sent early.
-    relayed = zerocopy.enabled() and splice.available()
+    relayed = zerocopy.enabled() and splice.available() and not tls.serving()  # TLS: no splice
 
     def start(scope: dict[str, Any]) -> Callable[[], None] | None:
         path = scope["path"]

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable
 from typing import Any, TypeVar
@@ -44,6 +45,7 @@ from urllib.parse import urlencode, urlsplit
 
 import h11
 
+from etl_runtime.core import tls
 from etl_runtime.core.errors import ConnectError, StreamBroken, Timeout
 from etl_runtime.wire.clients import streambuf
 from etl_runtime.wire.clients.streambuf import ReceiveStream
@@ -255,6 +257,7 @@ class DuplexClient:
     def __init__(self, connect_timeout: float = 10.0) -> None:
         self.connect_timeout = connect_timeout
         self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._tls: dict[tuple[str, int], ssl.SSLContext | None] = {}  # https: SLUICE_CA's
         self._closed = False
 
     async def request(
@@ -269,9 +272,11 @@ class DuplexClient:
     ) -> DuplexResponse:
         """Send ``method url``; return once the response head is in (body may still be going)."""
         parts = urlsplit(url)
-        if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"only http:// URLs are supported, got {url!r}")
-        key = (parts.hostname, parts.port or 80)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"only http:// and https:// URLs are supported, got {url!r}")
+        https = parts.scheme == "https"
+        key = (parts.hostname, parts.port or (443 if https else 80))
+        self._tls[key] = tls.client_context() if https else None
         target = parts.path or "/"
         query = "&".join(q for q in (parts.query, urlencode(params or {})) if q)
         if query:
@@ -326,7 +331,9 @@ class DuplexClient:
             conn.close()
         try:
             async with asyncio.timeout(self.connect_timeout):
-                reader, writer = await streambuf.open_connection(*key, limit=STREAM_LIMIT)
+                reader, writer = await streambuf.open_connection(
+                    *key, limit=STREAM_LIMIT, ssl=self._tls.get(key)
+                )
         except TimeoutError:
             raise ConnectError(f"connecting to {key[0]}:{key[1]} timed out") from None
         except OSError as e:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl as ssl_
 from typing import cast
 
 SCRATCH = 64 << 10  # one recv when no read waits with its own buffer (kept per connection)
@@ -237,10 +238,13 @@ def _streams(
 
 
 async def open_connection(
-    host: str, port: int, limit: int = 1 << 20
+    host: str, port: int, limit: int = 1 << 20, ssl: ssl_.SSLContext | None = None
 ) -> tuple[ReceiveStream, asyncio.StreamWriter]:
+    """A connection to ``host:port``; with ``ssl``, TLS verified for ``host``."""
     loop = asyncio.get_running_loop()
-    transport, protocol = await loop.create_connection(lambda: ReceiveStream(limit), host, port)
+    transport, protocol = await loop.create_connection(
+        lambda: ReceiveStream(limit), host, port, ssl=ssl, server_hostname=host if ssl else None
+    )
     return _streams(transport, protocol)
 
 

@@ -60,6 +60,7 @@ from typing import Any, ClassVar, cast
 
 from uvicorn.protocols.http.flow_control import service_unavailable
 
+from etl_runtime.core import tls
 from etl_runtime.wire.http import hooks, inprotocol
 from etl_runtime.wire.http.inprotocol import Answerer, Starter
 
@@ -169,8 +170,23 @@ def limits_from_env(environ: Mapping[str, str] = os.environ, fd: FdLimit | None 
 
 
 def setup(environ: Mapping[str, str] = os.environ) -> Limits:
-    """Once per server process, before it serves: raise the fd limit, read the env."""
+    """Once per server process, before it serves: raise the fd limit, read the env
+    (``SLUICE_TLS_*``/``SLUICE_CA`` too: a bad one is a ``ValueError`` naming it)."""
+    tls.check(environ)
     return limits_from_env(environ, raise_fd_limit())
+
+
+def tls_options(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """``uvicorn.Config`` keywords for HTTPS when ``SLUICE_TLS_CERT``/``KEY`` are set
+    (``core/tls.py``: TLS 1.2+, ALPN http/1.1), else none."""
+    files = tls.server_files(environ)
+    if files is None:
+        return {}
+    return {
+        "ssl_certfile": files.cert,
+        "ssl_keyfile": files.key,
+        "ssl_context_factory": lambda config, default: tls.server_context(files),
+    }
 
 
 def server_options(
@@ -179,11 +195,12 @@ def server_options(
     answerer: Answerer | None = None,
     starter: Starter | None = None,
 ) -> dict[str, Any]:
-    """``uvicorn.Config`` keywords: ``http``, the guarded protocol.
+    """``uvicorn.Config`` keywords: ``http``, the guarded protocol, and HTTPS's
+    (``tls_options``).
 
     The first call in a process says which fast paths are off (``hooks.py``)."""
     hooks.announce()
-    return {"http": http_protocol(http, limits, answerer, starter)}
+    return {"http": http_protocol(http, limits, answerer, starter), **tls_options()}
 
 
 def http_protocol(

@@ -12,6 +12,12 @@ is missing, and the server keeps serving the ordinary way:
   httptools' protocol and its parser callbacks.
 * ``splice``: socket-to-socket relays (``splice.py``); needs ``os.splice``.
 
+On a TLS server (``SLUICE_TLS_CERT``, ``core/tls.py``) ``zerocopy`` and
+``splice`` are off: the bytes must go through the TLS transport to be
+encrypted (asyncio's and uvloop's use OpenSSL on memory buffers, so kernel TLS
+cannot take the socket over). ``inprotocol`` and ``wholebody`` stay on: they
+write through the transport and parse what it hands up.
+
 ``announce()`` (called by ``connections.server_options``, so by every server)
 sets ``sluice_fast_path_enabled{path}`` (``core/metrics.py``) and logs one
 warning line naming each path that is off, why, and the uvicorn version.
@@ -24,11 +30,12 @@ import logging
 import os
 from collections.abc import Mapping
 
-from etl_runtime.core import metrics
+from etl_runtime.core import metrics, tls
 from etl_runtime.wire.http import inprotocol, splice, zerocopy
 
 log = logging.getLogger("sluice.fastpath")
 PATHS = ("zerocopy", "inprotocol", "wholebody", "splice")
+TLS_OFF = "TLS: bytes go through the TLS transport to be encrypted"
 _announced: dict[str, str | None] | None = None
 
 
@@ -62,6 +69,9 @@ def off_reasons(environ: Mapping[str, str] = os.environ) -> dict[str, str | None
         if lacking:
             why["wholebody"] = f"{_uvicorn()}: HttpToolsProtocol has no {', '.join(lacking)}"
     why["splice"] = None if splice.available() else "this Python has no os.splice"
+    if tls.serving(environ):  # the kernel would send the bytes past the encryption
+        for path in ("zerocopy", "splice"):
+            why[path] = why[path] or TLS_OFF
     return why
 
 

@@ -62,6 +62,7 @@ from starlette.background import BackgroundTask
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from etl_runtime.core import tls
 from etl_runtime.wire.http import splice
 
 EXTENSION = "http.response.zerocopysend"
@@ -101,7 +102,7 @@ def enabled(environ: Mapping[str, str] = os.environ) -> bool:
 
 def http_protocol(environ: Mapping[str, str] = os.environ) -> type[asyncio.Protocol] | str:
     """uvicorn's ``http=``: the zero-copy protocol, or ``"auto"`` (off, or no httptools)."""
-    if not enabled(environ) or ZeroCopyHttpToolsProtocol is None:
+    if not enabled(environ) or ZeroCopyHttpToolsProtocol is None or tls.serving(environ):
         return "auto"
     return ZeroCopyHttpToolsProtocol
 
