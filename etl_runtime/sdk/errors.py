@@ -6,6 +6,7 @@ Hierarchy::
     ├── HTTPError                    the cluster answered with an error status
     │   ├── BadRequest               400: bad bucket/object name, invalid ETL spec
     │   ├── Unauthorized             401: missing or wrong token
+    │   ├── Forbidden                403: a token limited to other buckets (names the bucket)
     │   ├── NotFound                 404: no such bucket, object or ETL
     │   ├── Conflict                 409: ETL stopped, name clash, bucket exists
     │   ├── Unavailable              503/429: ETL not ready yet, target away, busy
@@ -84,6 +85,11 @@ class Unauthorized(HTTPError):
     """401: the cluster has a token and the request did not carry it."""
 
 
+class Forbidden(HTTPError):
+    """403: the token is valid but limited to other buckets (``bucket`` names the one
+    refused), or may only read; or the call is not about one bucket."""
+
+
 class NotFound(HTTPError):
     """404: no such bucket, object or ETL."""
 
@@ -137,6 +143,7 @@ class StreamError(NetworkError):
 _BY_STATUS: dict[int, type[HTTPError]] = {
     400: BadRequest,
     401: Unauthorized,
+    403: Forbidden,
     404: NotFound,
     409: Conflict,
     429: Unavailable,

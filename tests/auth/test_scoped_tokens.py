@@ -24,11 +24,10 @@ from aistore.sdk.errors import AISError
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from etl_runtime import Client
+from etl_runtime import Client, Forbidden
 from etl_runtime.cli.commands import main as cli
 from etl_runtime.jobs.state import FINISHED, TERMINAL
 from etl_runtime.local import LocalCluster
-from etl_runtime.sdk.errors import HTTPError
 
 pytestmark = pytest.mark.timeout(300)
 ADMIN, READER = "admin-secret", "reader-secret"
@@ -85,7 +84,7 @@ def test_native_reads_and_writes_stay_in_the_tokens_buckets(up: LocalCluster) ->
     with Client(url, token=reader) as sdk:
         assert sdk.bucket("mine").object("o1.txt").get_bytes() == b"mine o1.txt"
         assert [o.name for o in sdk.bucket("mine").list_objects()] == NAMES
-        with pytest.raises(HTTPError) as err:
+        with pytest.raises(Forbidden) as err:
             sdk.bucket("theirs").object("o1.txt").get_bytes()
         assert err.value.status == 403 and err.value.bucket == "theirs"
     with httpx.Client(base_url=url, follow_redirects=True, timeout=30) as http:
@@ -131,7 +130,7 @@ def test_getbatch_checks_every_bucket_of_the_batch(up: LocalCluster) -> None:
     with Client(up.endpoint, token=reader) as sdk:
         got = [i.data for i in sdk.get_batch([("mine", "o0.txt"), ("mine", "o3.txt")])]
         assert got == [b"mine o0.txt", b"mine o3.txt"]
-        with pytest.raises(HTTPError) as err:
+        with pytest.raises(Forbidden) as err:
             list(sdk.get_batch([("mine", "o0.txt"), ("theirs", "o3.txt")]))
         assert err.value.status == 403 and err.value.bucket == "theirs"
     body = {"in": [{"objname": "o0.txt", "bucket": "theirs"}], "strm": True}
