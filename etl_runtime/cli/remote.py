@@ -107,6 +107,8 @@ def cmd_props(client: Client, args: argparse.Namespace) -> None:
     given = {
         "endpoint": args.s3_endpoint,
         "region": args.region,
+        "project": args.project,
+        "account": args.account,
         "secret": args.secret,
         "validate_warm_get": args.validate_warm_get,
         "validate_interval": args.validate_interval,
@@ -159,12 +161,17 @@ def register(sub: Any) -> None:
             "  sluice props s3://imagenet --validate-warm-get true --validate-interval 60\n"
         ),
     )
-    pr.add_argument("bucket", metavar="s3://BUCKET")
+    pr.add_argument("bucket", metavar="s3://BUCKET|gs://BUCKET|az://BUCKET")
     pr.add_argument("--create", action="store_true", help="add the backend bucket to Sluice")
     pr.add_argument(
-        "--s3-endpoint", help="the backend's S3 endpoint URL (default: the servers' AWS env)"
+        "--s3-endpoint",
+        "--endpoint",
+        dest="s3_endpoint",
+        help="the backend's endpoint URL (default: the servers' environment)",
     )
-    pr.add_argument("--region")
+    pr.add_argument("--region", help="an aws bucket's region")
+    pr.add_argument("--project", help="a gcp bucket's project")
+    pr.add_argument("--account", help="an azure bucket's storage account")
     pr.add_argument("--secret", help="profile:NAME, anonymous, or a secret mounted on targets")
     pr.add_argument("--validate-warm-get", type=_bool, metavar="true|false")
     pr.add_argument("--validate-interval", type=float, metavar="SECONDS")

@@ -7,6 +7,7 @@ The cluster reaches the emulator the way Google's clients do, through
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import pytest
 from tests.providers.emulators import FakeGcs
 from tests.providers.remote_suite import (  # noqa: F401  (collected here)
     refusing,
+    sluice,
     test_401_403_404_503_name_the_bucket_and_the_backend,
     test_an_etl_and_a_view_on_cold_objects,
     test_cold_get_streams_one_fetch_for_ten_readers_then_warm,
@@ -86,8 +88,8 @@ def test_gcp_props_are_checked_by_the_gcp_provider(cluster: str, emu: FakeGcs) -
             url, params={"provider": "gs"}, json={"action": "create-bck", "props": props}
         )
         assert r.status_code == 400 and why in r.json()["error"], r.text
-    good = {"action": "create-bck", "props": {"project": "sluice-test"}}
-    r = httpx.post(url, params={"provider": "gcp"}, json=good)
-    assert r.status_code == 200, r.text
-    assert r.json()["props"]["provider"] == "gcp"
-    assert r.json()["props"]["backend"] == {"project": "sluice-test"}
+    # The CLI's props command, by AIStore's alias gs://.
+    made = sluice(cluster, "props", "gs://rb-gcp-props", "--create", "--project", "sluice-test")
+    assert made.returncode == 0, made.stderr
+    props = json.loads(made.stdout)
+    assert props["provider"] == "gcp" and props["backend"] == {"project": "sluice-test"}
