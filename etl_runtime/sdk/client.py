@@ -23,14 +23,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import time
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from etl_runtime.core import tls
-from etl_runtime.sdk import errors
+from etl_runtime.sdk import errors, hedge
 from etl_runtime.sdk.errors import SluiceError
 from etl_runtime.sdk.retry import RETRY_STATUSES, RETRY_TRANSPORT_ERRORS, Attempts, RetryPolicy
 
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
 REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 5
+HEDGED = ("GET", "HEAD")  # reads the gateway redirected: hedged (sdk/hedge.py)
 
 EtlArgs = str | Mapping[str, Any] | None
 EtlName = str | Sequence[str] | None  # a list: a pipeline, applied in order
@@ -121,6 +123,9 @@ class Client:
         self.ca = os.fspath(ca) if ca is not None else tls.ca_file()
         verify = tls.client_context(self.ca) if self.ca else True
         self._http = httpx.Client(headers=headers, timeout=httpx.Timeout(timeout), verify=verify)
+        # A read the gateway redirected, not answered within this many seconds, is asked
+        # again at the gateway (sdk/hedge.py; $SLUICE_HEDGE_AFTER, default 1; None: off).
+        self.hedge_after = hedge.hedge_after_from_env()
 
     # -- handles ---------------------------------------------------------------
 
@@ -338,8 +343,40 @@ class Client:
             # The Location carries the whole query (and a signature); don't re-add params.
             url = str(response.url.join(response.headers["location"]))
             tried.append(url)
+            if hops == 1 and resume is None and body.empty and method in HEDGED:
+                response = self._hedged(send, url, path, params)
+                continue
             response = send(url, None, None if body.empty else body.fresh())
         return response
+
+    def _hedged(
+        self,
+        send: Callable[[str, Mapping[str, str] | None, Any], httpx.Response],
+        url: str,
+        path: str,
+        params: Mapping[str, str] | None,
+    ) -> httpx.Response:
+        """The hop the gateway redirected a read to, hedged (``sdk/hedge.py``): not
+        answered within ``hedge_after`` seconds, the gateway is asked again, and a
+        different target it names is asked too; the first answer wins."""
+        if not self.hedge_after:
+            return send(url, None, None)
+
+        after, first = self.hedge_after, urllib.parse.urlsplit(url).netloc
+
+        def elsewhere() -> httpx.Response | None:
+            for _ in range(hedge.ASKS):  # the gateway may not suspect the target yet
+                again = send(self.endpoint + path, params, None)
+                again.close()
+                if again.status_code not in REDIRECTS or "location" not in again.headers:
+                    return None
+                other = str(again.url.join(again.headers["location"]))
+                if urllib.parse.urlsplit(other).netloc != first:
+                    return send(other, None, None)
+                time.sleep(after)  # the same target: ask again a little later
+            return None
+
+        return hedge.first_answer(lambda: send(url, None, None), elsewhere, after)
 
     def close(self) -> None:
         self._http.close()
