@@ -64,6 +64,7 @@ ARGS_FIELDS = ("ID", "Kind", "DaemonID", "Bck", "Buckets", "Timeout", "Force", "
 QUERY_FIELDS = ("kind", "node", "show_active")
 CLUSTER_WHATS = ("status", "qryxstats", "status_all", "running_all", "smap")
 STOP = "stop"
+GET_BATCH = "get-batch"  # AIStore's GetBatch xaction kind (batch_snaps)
 
 
 def ais_kind(kind: str) -> str:
@@ -225,8 +226,30 @@ def _touches(view: dict[str, Any], bucket: str | None) -> bool:
     return bucket is None or bucket in job_buckets(view)
 
 
+def batch_snaps(gw: Gateway, node: str) -> dict[str, list[dict[str, Any]]]:
+    """``get-batch`` by kind: each member target idle. A Sluice GetBatch is served within
+    its request (``GET /v1/ml/moss``) and leaves no work behind, so ``Job(job_kind=
+    "get-batch").wait()``, which waits for AIStore's idling kind to idle, returns."""
+    members = gw.cmap.get().members if gw.cmap is not None else [t.id for t in gw.live_targets()]
+    zero = {k: "0" for k in ("loc-objs", "loc-bytes", "out-objs", "out-bytes", "in-objs")}
+    snap = {
+        "id": "",
+        "kind": GET_BATCH,
+        "start-time": GO_ZERO_TIME,
+        "end-time": GO_ZERO_TIME,
+        "stats": {**zero, "in-bytes": "0"},
+        "aborted": False,
+        "is_idle": True,
+        "abort-err": "",
+        "glob.id": "0",
+    }
+    return {t: [snap] for t in members if not node or t == node}
+
+
 async def xact_stats(gw: Gateway, views: JobViews, body: dict[str, Any]) -> dict[str, Any]:
     job_id, kind, node = _str(body, "ID"), _str(body, "Kind"), _str(body, "DaemonID")
+    if kind == GET_BATCH and not job_id:
+        return batch_snaps(gw, node)
     if job_id:
         jobs = [await _one(views, job_id, kind)]
     else:
@@ -243,6 +266,8 @@ async def xact_stats(gw: Gateway, views: JobViews, body: dict[str, Any]) -> dict
 
 async def statuses(views: JobViews, body: dict[str, Any], running: bool) -> list[Any]:
     kind, node = _str(body, "kind"), _str(body, "node")
+    if kind == GET_BATCH:
+        return []  # never running, nothing kept (batch_snaps)
     jobs = [j for j in await _jobs(views, kind) if not node or node in j["targets"]]
     if running or body.get("show_active"):
         jobs = [j for j in jobs if j["state"] == RUNNING]

@@ -73,3 +73,13 @@ def test_the_cluster_map_has_a_uuid_every_node_shares(up: LocalCluster) -> None:
         url = node.public_net.direct_url
         doc = httpx.get(f"{url}/v1/daemon", params={"what": "smap"}).json()
         assert doc["uuid"] == smap.uuid
+
+
+def test_get_batch_by_kind_is_idle_so_its_wait_returns(up: LocalCluster) -> None:
+    ais = Client(up.endpoint)
+    ais.bucket("p").object("b1").get_writer().put_content(b"one")
+    batch = ais.batch(["b1"], bucket=ais.bucket("p"))
+    assert [data for _, data in batch.get()] == [b"one"]
+    result = ais.job(job_kind="get-batch").wait(timeout=30, verbose=False)
+    assert result.success, result
+    assert ais.cluster().list_running_jobs(job_kind="get-batch") == []

@@ -123,6 +123,13 @@ CALLS: list[tuple[str, str, str, str]] = [
     ),
     ("`client.batch(...)` (GetBatch)", WORKS, "batch/test_getbatch.py", "batch"),
     (
+        '`job(job_kind="get-batch").wait()`, `list_running_jobs(job_kind="get-batch")` (always '
+        "idle: a GetBatch is served within its request)",
+        WORKS,
+        "compat/test_aistore_props.py",
+        "get-batch",
+    ),
+    (
         "`etl.init_class()`, `etl.init(image=...)`, `view()`, `stop()`, `start()`",
         WORKS,
         "compat/test_aistore_etl.py",
