@@ -5,7 +5,12 @@ JavaScript, no build step) that polls every 2 s:
 
 * ``GET /v1/ui/summary`` (below): targets, ETLs and traffic counters in one
   answer, so a page costs the cluster one fan-out per refresh;
-* ``GET /v1/jobs``: batch jobs, shown as "no jobs" while that answers 404.
+* ``GET /v1/jobs``: batch jobs, shown as "no jobs" while that answers 404; a
+  ``scrub`` job's findings (corrupted, repaired, unrepaired, missing and
+  orphaned copies, the first corrupted objects) under its row.
+
+Each target's row also shows its integrity counters (bad reads, read
+repairs, what the scrub scanned, found and repaired).
 
 The summary is built from what already exists: the cluster map and target
 discovery for up/down, each live target's ``/metrics`` (disk, stored objects,
@@ -55,6 +60,12 @@ TARGET_GAUGES = {
     "sluice_target_disk_free_bytes": "disk_free",
     "sluice_target_objects": "objects",
     "sluice_target_stored_bytes": "stored_bytes",
+    # storage/integrity.py: bad bytes found by reads and by the scrub, and what was mended
+    "sluice_integrity_corrupted_reads_total": "corrupted_reads",
+    "sluice_integrity_read_repairs_total": "read_repairs",
+    "sluice_integrity_scrub_objects_total": "scrub_objects",
+    "sluice_integrity_scrub_corrupted_total": "scrub_corrupted",
+    "sluice_integrity_scrub_repaired_total": "scrub_repaired",
 }
 TRAFFIC_COUNTERS = {
     "sluice_http_requests_total": "requests",
