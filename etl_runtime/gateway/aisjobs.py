@@ -44,7 +44,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from etl_runtime.core.access import IN_BODY, carries_token
-from etl_runtime.core.errors import InvalidRequest, JobNotFound
+from etl_runtime.core.errors import InvalidRequest, JobNotFound, SluiceError
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown, refuse_what
 from etl_runtime.gateway import ais_move
@@ -262,6 +262,19 @@ async def xact_stats(gw: Gateway, views: JobViews, body: dict[str, Any]) -> dict
         for tid, snap in snaps(gw, view, node).items():
             out.setdefault(tid, []).append(snap)
     return out
+
+
+async def etl_job_errors(gw: Gateway, etl: str, job_id: str) -> list[dict[str, Any]] | None:
+    """The per-object errors of offline transform ``job_id`` through ``etl`` (what
+    ``etl.view(job_id).obj_errors`` lists); None if it is no such job."""
+    try:
+        view = await job_views(gw).view(job_id)
+    except SluiceError:
+        return None
+    chain = (view.get("spec") or {}).get("etl") or []
+    if view["kind"] not in TC_KINDS or etl not in chain:
+        return None
+    return list(view.get("errors") or [])
 
 
 async def statuses(views: JobViews, body: dict[str, Any], running: bool) -> list[Any]:

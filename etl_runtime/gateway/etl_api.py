@@ -35,7 +35,7 @@ from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.etl.cacheindex import FIELDS as CACHE_FIELDS
 from etl_runtime.etl.forward import STAT_FIELDS
-from etl_runtime.gateway import aiscompat, aisetl
+from etl_runtime.gateway import aiscompat, aisetl, aisjobs
 from etl_runtime.gateway.context import Gateway
 
 LAST_ERRORS = 20
@@ -213,7 +213,10 @@ def etl_router(gw: Gateway) -> APIRouter:
             record = await _wait_while_starting(name, record, _seconds(wait, name))
         uuid = request.query_params.get("uuid")
         if uuid and uuid != record.uid:
-            raise EtlNotFound(f"ETL {name!r} has uid {record.uid!r}, not {uuid!r}", etl=name)
+            errors = await aisjobs.etl_job_errors(gw, name, uuid)  # an offline transform's id
+            if errors is None:
+                raise EtlNotFound(f"ETL {name!r} has uid {record.uid!r}, not {uuid!r}", etl=name)
+            return aiscompat.etl_details(record, errors)  # its obj_errors: that job's
         if aiscompat.from_ais_sdk(request):  # ETLDetails
             return aiscompat.etl_details(record, (await gather_stats(gw, name))[1])
         return await details(gw, record)

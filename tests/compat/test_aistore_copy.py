@@ -157,6 +157,8 @@ def test_a_job_whose_objects_fail_ends_with_its_error_count(ais: Client) -> None
     assert not result.success and "1 object(s) failed" in str(result.error), result
     assert "mixed/bad.txt" in str(result.error), result
     assert listing(ais, "mixed-out") == {"good.txt": b"GOOD"}
+    errors = ais.etl("upper-etl").view(job).obj_errors  # the job's own, by its id
+    assert [e.obj_name for e in errors or []] == ["mixed/bad.txt"], errors
     job = group.transform(ais.bucket("mixed-out"), "upper-etl", prepend="again-")
     result = ais.job(job).wait(timeout=60, verbose=False)  # no coer: the job fails
     assert not result.success and "mixed/bad.txt" in str(result.error), result

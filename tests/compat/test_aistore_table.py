@@ -190,6 +190,12 @@ CALLS: list[tuple[str, str, str, str]] = [
     ),
     ("`cluster().get_info()` (`Smap`, its `uuid`)", WORKS, "compat/test_aistore_props.py", "uuid"),
     ("`etl.logs()`, `etl.logs(target_id)`", WORKS, "compat/test_aistore_copy.py", "logs"),
+    (
+        "`etl.view(job_id)` of an offline transform: `obj_errors` of that job",
+        WORKS,
+        "compat/test_aistore_copy.py",
+        "obj_errors",
+    ),
 ]
 
 
