@@ -37,7 +37,7 @@ from fastapi.responses import Response
 
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core import auth
-from etl_runtime.core.access import IN_BODY, SIGNATURE_PARAMS, batch_buckets
+from etl_runtime.core.access import IN_BODY, SIGNATURE_PARAMS, batch_buckets, token_id
 from etl_runtime.core.jsonbody import parse_json
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.core.params import refuse_unknown
@@ -74,15 +74,17 @@ def redirect_location(
     body: bytes,
     dt: TargetInfo,
     version: int,
+    tid: str | None = None,
 ) -> str:
     """Where a batch is redirected: the designated target's route with the caller's
     ``query`` (less any signature), the map version and, where reads need a token, the
-    signature over the route, query and body. Also ``gateway/inprotocol.py``'s."""
+    signature over the route, query and body (and ``tid``, the access token it was
+    checked for: ``core/access.py``). Also ``gateway/inprotocol.py``'s."""
     kept = [(k, v) for k, v in query if k not in SIGNATURE_PARAMS]
     kept.append((MAP_PARAM, str(version)))
     if gw.read_token and gw.cluster_key:
         signed = signed_path(bucket, kept, body)
-        kept += auth.sign_redirect(gw.cluster_key, "GET", signed).items()
+        kept += auth.sign_redirect(gw.cluster_key, "GET", signed, tid=tid).items()
     return f"{dt.url.rstrip('/')}{batch_path(bucket)}?{urlencode(kept)}"
 
 
@@ -101,7 +103,8 @@ async def get_batch(
     gw.require_read(request, *batch_buckets(request, body, bucket))  # every bucket named
     dt = designate(gw) if assembler == "target" else None
     if dt is not None:
-        location = redirect_location(gw, bucket, request.query_params.multi_items(), body, *dt)
+        query, tid = request.query_params.multi_items(), token_id(request)
+        location = redirect_location(gw, bucket, query, body, *dt, tid=tid)
         return Response(status_code=307, headers={"Location": location})
     cmap = gw.cmap.get() if gw.cmap is not None else None
     return await answer(gw, http, request, bucket, parse_json(body, "the GetBatch request"), cmap)

@@ -294,13 +294,23 @@ def test_a_revoked_token_is_refused_by_every_server(
     assert httpx.get(location).content == b"mine o3.txt"
     assert httpx.get(location.replace(token_id, "0" * 16)).status_code == 401
     servers.append(location)
+    batch = {"in": [{"objname": "o3.txt"}], "strm": True}
+    moved = httpx.request(
+        "GET", f"{up.endpoint}/v1/ml/moss/mine", json=batch, headers=bearer(token)
+    )
+    batch_location = moved.headers["location"]
+    assert moved.status_code == 307 and f"sluice_tid={token_id}" in batch_location
+    assert httpx.request("GET", batch_location, json=batch).status_code == 200
+    servers.append(batch_location)
     assert cli([*argv, "revoke", token_id]) == 0
     assert f"revoked {token_id}" in capsys.readouterr().out
     deadline = time.monotonic() + WAIT_SECONDS
     for base in servers:  # every server, each on its own next look at the cluster map
         while True:
-            if base == location:  # and the redirect handed out before the revocation
+            if base == location:  # and the redirects handed out before the revocation
                 r = httpx.get(location)
+            elif base == batch_location:
+                r = httpx.request("GET", batch_location, json=batch)
             else:
                 r = httpx.get(f"{base}/v1/objects/mine/o3.txt", headers=bearer(token))
             if r.status_code == 401:
