@@ -109,7 +109,7 @@ async def _proxy_put(gw: Gateway, request: Request, location: str, obj: str) -> 
     headers = {
         k: v
         for k, v in request.headers.items()
-        if k in ("content-length", "content-type", "authorization")
+        if k in ("content-length", "content-type", "authorization", "if-match", "if-none-match")
         or k.startswith("x-sluice-meta-")
     }
     try:

@@ -43,6 +43,7 @@ from etl_runtime.storage_target.reads import (
     serve_local,
     verify_local,
 )
+from etl_runtime.storage_target.write_conditions import check_write
 from etl_runtime.wire.http.fastpath import FastRouter
 from etl_runtime.wire.http.routes import each_method
 from etl_runtime.wire.http.zerocopy import offers_zerocopy
@@ -146,6 +147,7 @@ def object_router(target: Target) -> FastRouter:
         refuse_unknown_object_params(request, bucket, name)
         require(request, bucket, object_path(bucket, name))
         others = placement.check_owner(bucket, name) if placement else []
+        await check_write(target, request.headers, bucket, name)  # If-None-Match, If-Match
         copies = placement.write_through(bucket, name, others) if placement else None
         copies = remote.write_through(target.remote, bucket, name, copies)
         meta = meta_of_headers(request.headers, bucket, name)
