@@ -405,3 +405,24 @@ def test_every_route_refuses_a_token_for_another_bucket(up: LocalCluster, tmp_pa
                 answered.append(f"{method} {path}: {r.status_code} {r.text[:120]}")
     assert count > 60
     assert not answered, "\n".join(answered)
+
+
+def test_transformers_take_their_own_token_only(up: LocalCluster) -> None:
+    """A transformer answers its targets (their ETL token) and the 307s they sign; a
+    token for buckets, even the object's own, is a 401 on each of its routes."""
+    from etl_runtime.wire.formats.bulk import PATH as BULK
+
+    writer = mint(up, ["mine", "theirs"], "write")
+    details = httpx.get(f"{up.endpoint}/v1/etl/upcase", headers=bearer(ADMIN)).json()
+    endpoints = [t["endpoint"] for t in details["transformers"] if t["endpoint"]]
+    assert len(endpoints) == 3, details
+    for base in endpoints:
+        for method, path in (
+            ("GET", "/stats"),
+            ("GET", "/logs"),
+            ("PUT", "/mine/o1.txt"),
+            ("GET", "/mine/o1.txt?etl_fqn=mine/o1.txt"),  # a 307 of a target: signed
+            ("POST", BULK),
+        ):
+            r = httpx.request(method, base + path, headers=bearer(writer), content=b"x")
+            assert r.status_code == 401, (base, method, path, r.status_code, r.text)
