@@ -38,7 +38,7 @@ PROVIDERS: tuple[Provider, ...] = (
         ("endpoint", "region", "secret"),
     ),
     Provider(
-        "gcp", ("gs", "gcs"), "etl_runtime.providers.gcp", "Google Cloud Storage",
+        "gcp", ("gs",), "etl_runtime.providers.gcp", "Google Cloud Storage",
         ("endpoint", "project", "secret"),
     ),
     Provider(
