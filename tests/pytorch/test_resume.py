@@ -30,7 +30,8 @@ ALL_KEYS = Counter(sample_key(s, i) for s in range(SHARDS) for i in range(PER_SH
 
 
 def shard_reader(shards, etl: str, rank: int, world: int) -> ShardReader:
-    return ShardReader(shards, etl_name=etl, shuffle=True, seed=5, rank=rank, world_size=world)
+    template = Source(shards, template=f"shard-{{0..{SHARDS - 1}}}.tar")
+    return ShardReader(template, etl_name=etl, shuffle=True, seed=5, rank=rank, world_size=world)
 
 
 def run_ranks(make, world: int, workers: int, take: int | None, state=None, epoch=None):
