@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from etl_runtime.cluster.kube.records import ETL_API_VERSION, ETL_KIND
+from etl_runtime.cluster.kube.records import ETL_API_VERSION, ETL_KIND, TLS_SECRET_ENV
 from etl_runtime.cluster.reconcile import transformer_name
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.spec import EtlSpec
@@ -38,6 +39,7 @@ SCRAPE_ANNOTATIONS = {
 }
 CONTAINER_NAME = "transformer"
 DEPS_DIR = "/var/lib/sluice/deps"
+TLS_DIR = "/etc/sluice/tls"  # the tls Secret (tls.crt, tls.key, ca.crt) under TLS
 DEFAULT_IMAGE = "ghcr.io/sluice-dev/sluice-runtime:0.1.0"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # Numeric so runAsNonRoot can be verified whatever USER the image declares.
@@ -149,13 +151,18 @@ def pod_hash(spec: EtlSpec, share_target_data: bool) -> str:
     return hashlib.sha256(f"{base}+target-data".encode()).hexdigest()[:16]
 
 
+OBJECTS_DIR = "buckets"  # the target's objects under its data dir (storage/store.py)
+
+
 def data_mounts(target_pod: dict[str, Any] | None) -> tuple[list[dict], list[dict]]:
     """Volumes and read-only mounts that let a transformer read its target's files.
 
     When the target passes a file path (``etl_fqn``) instead of the bytes,
     the transformer mounts the target's persistent volumes (PVC or hostPath;
     both pods share a node, which ReadWriteOnce allows) read-only at the
-    same paths, so the path the target sends is valid in the transformer.
+    same paths, so the path the target sends is valid in the transformer --
+    only their ``buckets`` directory (``subPath``): the objects, not the
+    target's ETL output cache (other ETLs' answers), temp files or jobs.
     """
     if not target_pod:
         return [], []
@@ -175,7 +182,10 @@ def data_mounts(target_pod: dict[str, Any] | None) -> tuple[list[dict], list[dic
             name = f"target-{vol['name']}"[:63]
             if all(v["name"] != name for v in volumes):
                 volumes.append({**_readonly(vol), "name": name})
-            mounts.append({"name": name, "mountPath": m["mountPath"], "readOnly": True})
+            path = f"{m['mountPath'].rstrip('/')}/{OBJECTS_DIR}"
+            mounts.append(
+                {"name": name, "mountPath": path, "subPath": OBJECTS_DIR, "readOnly": True}
+            )
     return volumes, mounts
 
 
@@ -257,6 +267,14 @@ def transformer_pod(
         {"name": "deps", "mountPath": DEPS_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    if tls_secret := os.environ.get(TLS_SECRET_ENV):  # HTTPS: the chart's tls Secret
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret}})
+        mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        env += [
+            {"name": "SLUICE_TLS_CERT", "value": f"{TLS_DIR}/tls.crt"},
+            {"name": "SLUICE_TLS_KEY", "value": f"{TLS_DIR}/tls.key"},
+            {"name": "SLUICE_CA", "value": f"{TLS_DIR}/ca.crt"},
+        ]
     if shares_data(spec, share_target_data):
         extra_volumes, extra_mounts = data_mounts(target_pod)
         volumes += extra_volumes
@@ -276,7 +294,8 @@ def transformer_pod(
         # within a second of its transformers being ready; 6 failures in a row
         # (6 s, as before with 2 s x 3) before a busy transformer is taken out.
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": TRANSFORMER_PORT},
+            "httpGet": {"path": "/health", "port": TRANSFORMER_PORT}
+            | ({"scheme": "HTTPS"} if os.environ.get(TLS_SECRET_ENV) else {}),
             "periodSeconds": 1,
             "timeoutSeconds": 2,
             "failureThreshold": 6,

@@ -116,11 +116,15 @@ def test_operator_mounts_the_claim_the_statefulset_gives_each_target():
         share_target_data=config.share_target_data,
     )
     c = pod["spec"]["containers"][0]
-    mounts = [m for m in c["volumeMounts"] if m["mountPath"] == data_dir]
-    assert mounts == [{"name": "target-data", "mountPath": data_dir, "readOnly": True}]
+    # the objects only (buckets/), at the path the target sends (etl_fqn)
+    objects = f"{data_dir}/buckets"
+    mounts = [m for m in c["volumeMounts"] if m["mountPath"].startswith(data_dir)]
+    assert mounts == [
+        {"name": "target-data", "mountPath": objects, "subPath": "buckets", "readOnly": True}
+    ]
     (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "target-data"]
     assert vol["persistentVolumeClaim"] == {"claimName": claim, "readOnly": True}
-    assert env_of(c)["SLUICE_DATA_ROOTS"]["value"] == data_dir
+    assert env_of(c)["SLUICE_DATA_ROOTS"]["value"] == objects
     assert pod["spec"]["nodeName"] == "node-1"
     # Only the claim: the target's scratch emptyDir stays its own.
     assert [v for v in pod["spec"]["volumes"] if "persistentVolumeClaim" in v] == [vol]

@@ -120,7 +120,12 @@ def test_fqn_mounts_target_volumes_read_only():
     }
     pod = build(spec, target_pod=target_pod)
     mounts = pod["spec"]["containers"][0]["volumeMounts"]
-    assert {"name": "target-data", "mountPath": "/data", "readOnly": True} in mounts
+    assert {
+        "name": "target-data",
+        "mountPath": "/data/buckets",
+        "subPath": "buckets",
+        "readOnly": True,
+    } in mounts
     assert all(m["mountPath"] != "/scratch" for m in mounts)
     vol = next(v for v in pod["spec"]["volumes"] if v["name"] == "target-data")
     assert vol["persistentVolumeClaim"] == {"claimName": "data-target-0", "readOnly": True}
@@ -149,9 +154,12 @@ def test_an_aistore_class_etl_runs_in_the_runtime_with_the_targets_files():
     env = env_of(pod)
     assert EtlSpec.from_dict(json.loads(env["SLUICE_ETL_SPEC"]["value"])) == spec
     assert env["ETL_DIRECT_FQN"]["value"] == "true"
-    assert {"name": "target-data", "mountPath": "/data", "readOnly": True} in (
-        container["volumeMounts"]
-    )
+    assert {
+        "name": "target-data",
+        "mountPath": "/data/buckets",
+        "subPath": "buckets",
+        "readOnly": True,
+    } in (container["volumeMounts"])
 
 
 def test_token_secret_is_owned_and_round_trips():

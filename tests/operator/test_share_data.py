@@ -78,15 +78,21 @@ def target_mounts(pod: dict) -> list[dict]:
 
 def test_shared_the_targets_claim_is_mounted_read_only_at_the_targets_path():
     pod = build(BYTES, share=True, tpod=target_pod(data_dir="/srv/sluice"))
+    # only the objects: not the target's ETL output cache (other ETLs' answers) nor temp files
     assert target_mounts(pod) == [
-        {"name": "target-data", "mountPath": "/srv/sluice", "readOnly": True}
+        {
+            "name": "target-data",
+            "mountPath": "/srv/sluice/buckets",
+            "subPath": "buckets",
+            "readOnly": True,
+        }
     ]
     (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "target-data"]
     assert vol == {
         "name": "target-data",
         "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True},
     }
-    assert env(pod)["SLUICE_DATA_ROOTS"] == "/srv/sluice"
+    assert env(pod)["SLUICE_DATA_ROOTS"] == "/srv/sluice/buckets"
     # Beside its target, on its node: a ReadWriteOnce claim may be mounted there twice.
     assert pod["spec"]["nodeName"] == "node-a"
     # Nothing else of the target's: not its scratch space, not its bucket secrets.
@@ -100,7 +106,7 @@ def test_not_shared_bytes_etls_get_no_mount_and_no_data_roots():
     assert "SLUICE_DATA_ROOTS" not in env(pod)
     assert all("persistentVolumeClaim" not in v for v in pod["spec"]["volumes"])
     # argType fqn always needs the files: mounted either way.
-    assert env(build(FQN, share=False))["SLUICE_DATA_ROOTS"] == "/data"
+    assert env(build(FQN, share=False))["SLUICE_DATA_ROOTS"] == "/data/buckets"
 
 
 def test_turning_sharing_on_or_off_gives_bytes_etls_new_pods_not_fqn_ones():
@@ -140,7 +146,7 @@ def test_controller_mounts_the_claim_of_the_target_each_transformer_serves():
         (vol,) = [v for v in pod["spec"]["volumes"] if v["name"] == "target-data"]
         assert vol["persistentVolumeClaim"] == {"claimName": f"data-{target}", "readOnly": True}
         assert pod["spec"]["nodeName"] == node
-        assert env(pod)["SLUICE_DATA_ROOTS"] == "/data"
+        assert env(pod)["SLUICE_DATA_ROOTS"] == "/data/buckets"
 
 
 def test_switching_sharing_off_rolls_transformers_and_keeps_the_old_until_ready():
