@@ -40,7 +40,7 @@ def remote_bucket(client: Client, ref: str) -> RemoteBucket:
     return bucket
 
 
-def ls(client: Client, bucket: str, prefix: str, provider: str = "aws") -> None:
+def ls(client: Client, bucket: str, prefix: str, provider: str) -> None:
     """``sluice ls gs://b``: the backend's objects, with a cached column."""
     remote = client.bucket(bucket, provider=provider)
     assert isinstance(remote, RemoteBucket)

@@ -29,7 +29,7 @@ class JobError(SluiceError):
 
 
 class RemoteBucket(Bucket):
-    def __init__(self, client: Client, name: str, provider: str = "aws") -> None:
+    def __init__(self, client: Client, name: str, provider: str) -> None:
         super().__init__(client, name)
         found = providers.canonical(provider)
         if found is None or found == providers.AIS:

@@ -70,3 +70,32 @@ def test_bad_props_are_refused_by_name() -> None:
         check_backend_props("b", {"validate_interval": -1}, {})
     with pytest.raises(InvalidRequest, match="validate_warm_get"):
         check_backend_props("b", {"validate_warm_get": "yes"}, {})
+
+
+def test_one_list_of_providers_and_nothing_outside_the_seam_names_one() -> None:
+    """Every provider of core/providers.py is a module with a BACKEND whose props
+    are its own; no other module of the servers, CLI or SDK spells a provider's name."""
+    import ast
+    import importlib
+
+    from etl_runtime.core import providers
+
+    for p in providers.PROVIDERS:
+        module = importlib.import_module(p.module)
+        assert module.BACKEND.provider == p.name
+        assert set(p.props) <= set(providers.BACKEND_KEYS)
+        assert providers.canonical(p.name) == p.name
+        assert all(providers.canonical(a) == p.name for a in p.aliases)
+    assert providers.split_uri("gs://b/o") == ("gcp", "b/o")
+    assert providers.split_uri("az://b") == ("azure", "b")
+    assert providers.split_uri("b/o") == ("ais", "b/o")
+    root = Path(__file__).resolve().parents[2] / "etl_runtime"
+    seam = (root / "providers", root / "core" / "providers.py")
+    found = [
+        f"{path.relative_to(root)}:{node.lineno}: {node.value!r}"
+        for path in sorted(root.rglob("*.py"))
+        if not any(path == s or s in path.parents for s in seam)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and node.value in providers.names()
+    ]
+    assert found == [], "\n".join(found)
