@@ -128,3 +128,18 @@ def test_as_root_transformers_run_as_nobody_who_cannot_read_the_key(
         asyncio.run(scenario())
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.mark.skipif(not ROOT, reason="needs root and a system Python")
+def test_a_data_dir_other_uids_cannot_enter_keeps_etl_code_as_root_and_says_why(
+    tmp_path: Path,
+) -> None:
+    """Per-ETL uids (the default as root) need to enter the data dir: under a 0700
+    directory they cannot, and the line names it instead of claiming isolation."""
+    closed = tmp_path / "home"
+    closed.mkdir(mode=0o700)
+    choice, line = runas.choose(None, closed / "data")
+    assert choice is None
+    assert line.startswith("sluice: WARNING: ETL code runs as root"), line
+    assert f"cannot enter {closed} (mode 700)" in line or "cannot enter /" in line, line
+    assert not (closed / "data" / "runtime").exists()  # nothing built for nothing
