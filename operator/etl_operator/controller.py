@@ -26,10 +26,12 @@ from etl_operator import events
 from etl_operator import pods as manifests
 from etl_operator.actuator import FINALIZER, KubeActuator
 from etl_operator.status import (
+    PullFailure,
     error_status,
     etl_status,
     gave_up_message,
     observe,
+    pull_failure,
     status_changed,
     transformer_statuses,
 )
@@ -221,6 +223,7 @@ class Controller:
         targets = live_targets(list(target_pods.values()))
 
         observed: list[ObservedTransformer] = []
+        pulls: list[PullFailure] = []  # pods whose image the kubelet cannot pull
         now = dt.datetime.now(dt.UTC)
         for pod in self.kube.transformer_pods(namespace, name):
             owners = pod["metadata"].get("ownerReferences") or ()
@@ -231,6 +234,8 @@ class Controller:
             if pod["metadata"].get("deletionTimestamp"):
                 continue  # already going (e.g. replaced above): not a transformer any more
             observed.append(observe(pod, spec.init_timeout_seconds, now))
+            if (pull := pull_failure(pod)) is not None:
+                pulls.append(pull)
 
         share = self.config.share_target_data
         want_hash = manifests.pod_hash(spec, share)
@@ -317,6 +322,7 @@ class Controller:
             spec_hash=want_hash,
             rolling_out=rolling_out and not spec.stopped,
             previous=etl.get("status"),
+            pulls=pulls if not spec.stopped else [],
         )
         if status_changed(etl.get("status"), status):
             self.kube.patch_status(namespace, name, status)
@@ -330,6 +336,7 @@ class Controller:
         self.record(
             etl,
             failures
+            + events.pull_failed(pulls, previous)
             + events.created([p for p, ok in zip(new_pods, made, strict=True) if ok])
             + events.became_ready(previous, status)
             + events.phase_change(previous, status, rolled_out),

@@ -10,6 +10,9 @@ Reasons (``type`` Normal unless noted):
 ``TransformerFailed`` (Warning) a transformer of the current spec exited or
                     hung past ``initSeconds``; it is restarted or, if the
                     failure is permanent, the ETL goes to Error
+``ImagePullFailed`` (Warning) the kubelet cannot pull a transformer pod's image
+                    (``ErrImagePull``, ``ImagePullBackOff``, ``InvalidImageName``);
+                    the message names the image and the pod
 ``RolledOut``       a changed spec now runs on every target (the previous
                     spec's transformers are gone)
 ``Error``           (Warning) the ETL entered phase Error; the message says why
@@ -27,6 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from etl_operator.status import PULL_FAILURES, PullFailure
 from etl_runtime.cluster.reconcile import EXIT_CONFIG_ERROR, MAX_RESTARTS, ObservedTransformer
 
 NORMAL, WARNING = "Normal", "Warning"
@@ -87,6 +91,23 @@ def failed(
             )
         )
     return out
+
+
+def pull_failed(pulls: Iterable[PullFailure], previous: dict[str, Any] | None) -> list[EtlEvent]:
+    """``ImagePullFailed`` for each transformer pod newly seen waiting for its image.
+
+    Once per pod: the status written after the first report lists the pod with
+    a pull reason as its message (the kubelet alternates ``ErrImagePull`` and
+    ``ImagePullBackOff`` while it retries; that is not news).
+    """
+    reported = {
+        t.get("pod")
+        for t in (previous or {}).get("transformers") or ()
+        if str(t.get("message") or "").split(":")[0] in PULL_FAILURES
+    }
+    return [
+        EtlEvent("ImagePullFailed", p.describe(), WARNING) for p in pulls if p.pod not in reported
+    ]
 
 
 def became_ready(previous: dict[str, Any] | None, status: dict[str, Any]) -> list[EtlEvent]:

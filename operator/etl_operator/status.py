@@ -9,6 +9,8 @@ into the CR's ``status`` with Ready / Progressing / Degraded conditions.
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from etl_operator.pods import (
@@ -112,6 +114,54 @@ def _not_created(pod: dict[str, Any], container: dict[str, Any]) -> str | None:
         "(see the pod's FailedMount events; etl.shareTargetData=false in the chart, "
         "SLUICE_SHARE_TARGET_DATA=false for the operator, turns the data mount off)"
     )
+
+
+# A container's ``state.waiting.reason`` while the kubelet cannot get its image.
+PULL_FAILURES = ("ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull")
+
+
+@dataclass(frozen=True)
+class PullFailure:
+    """A transformer pod whose image the kubelet cannot pull (or refuses to)."""
+
+    pod: str
+    target: str
+    image: str
+    reason: str
+    detail: str
+
+    def describe(self) -> str:
+        head = (
+            f"transformer pod {self.pod} on target {self.target} cannot pull image "
+            f"{self.image} ({self.reason}"
+        )
+        if not self.detail:
+            return _clip(head + ")")
+        # The kubelet's message ends with the cause (no such host, not found, ...).
+        room = max(_MAX_MESSAGE - len(head) - 3, 20)
+        detail = self.detail if len(self.detail) <= room else "..." + self.detail[3 - room :]
+        return _clip(f"{head}: {detail})")
+
+
+def pull_failure(pod: dict[str, Any]) -> PullFailure | None:
+    """The image pull failure a pod's containers are waiting on, if any."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    specs = {c.get("name"): c for c in (pod.get("spec") or {}).get("containers") or ()}
+    status = pod.get("status") or {}
+    for c in (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or []):
+        waiting = ((c or {}).get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in PULL_FAILURES:
+            image = (specs.get(c.get("name")) or {}).get("image") or c.get("image") or "?"
+            return PullFailure(
+                pod=meta.get("name", ""),
+                target=annotations.get(TARGET_LABEL)
+                or (meta.get("labels") or {}).get(TARGET_LABEL, ""),
+                image=image,
+                reason=waiting["reason"],
+                detail=(waiting.get("message") or "").strip(),
+            )
+    return None
 
 
 def gave_up_message(annotations: dict[str, str]) -> str | None:
@@ -262,18 +312,28 @@ def etl_status(
     rolling_out: bool,
     previous: dict[str, Any] | None = None,
     now: str | None = None,
+    pulls: Sequence[PullFailure] = (),
 ) -> dict[str, Any]:
     """The CR ``status`` document; conditions keep their ``lastTransitionTime`` while unchanged.
 
     While a rollout replaces transformers that still serve the previous spec,
     the ETL stays ``Running`` (every target can transform) and
-    ``Progressing`` says how far the update got.
+    ``Progressing`` says how far the update got.  ``pulls`` (transformer pods
+    whose image cannot be pulled) turn ``ImagePulled`` False and, while the
+    ETL is starting, become its message.
     """
     phase, message = summary.phase, summary.message
     serving_ready = sum(1 for t in transformers if t.ready)
     if phase == "Initializing" and rolling_out and summary.total and serving_ready == summary.total:
         phase = "Running"
         message = f"updating: {summary.ready}/{summary.total} transformers run the new spec"
+    pulled = "no transformer pod is waiting for its image"
+    if pulls:
+        pulled = pulls[0].describe()
+        if len(pulls) > 1:
+            pulled = _clip(f"{pulled} (and {len(pulls) - 1} more pods)")
+        if phase == "Initializing":
+            message = pulled
     ready_count = serving_ready if phase == "Running" else summary.ready
     conditions = [
         _condition(
@@ -293,6 +353,12 @@ def etl_status(
             phase == "Error",
             "TransformerFailed" if phase == "Error" else "AsExpected",
             message or "",
+        ),
+        _condition(
+            "ImagePulled",
+            not pulls,
+            pulls[0].reason if pulls else "AsExpected",
+            pulled,
         ),
     ]
     old = {c.get("type"): c for c in (previous or {}).get("conditions") or ()}

@@ -106,12 +106,18 @@ def ensure(api: Api, path: str, obj: dict[str, Any]) -> None:
 
 
 def deploy_sluice(
-    plane: ControlPlane, api: Api, log: Path, image: str | None = "sluice:dev"
+    plane: ControlPlane,
+    api: Api,
+    log: Path,
+    image: str | None = "sluice:dev",
+    runtime: str | None = None,
 ) -> subprocess.Popen[bytes] | None:
     """CRDs, then (if present) the operator process and three target pods.
 
     ``image`` is the target pods' image; None (real nodes without the built
-    server image) starts no target pods.
+    server image) starts no target pods.  ``runtime`` is the transformer image
+    the operator gives ETL pods (``make images``'s, imported into the nodes), as
+    the chart passes ``images.runtime``; None leaves the operator's default.
     """
     crds = sorted(ROOT.glob("crds/*.yaml"))
     if crds:
@@ -127,6 +133,8 @@ def deploy_sluice(
     operator = None
     if (ROOT / "operator/etl_operator/__main__.py").exists() and crds:
         env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig), "SLUICE_CLUSTER_KEY": key}
+        if runtime is not None:
+            env["SLUICE_TRANSFORMER_IMAGE"] = runtime
         with open(log, "ab") as out:
             operator = subprocess.Popen(
                 [*DIE_WITH_PARENT, sys.executable, "-m", "etl_operator"],
@@ -152,6 +160,7 @@ def supervise(process_kubelet: bool = False) -> None:
     t0 = time.monotonic()
     kubelet = operator = real = None
     image: str | None = "sluice:dev"
+    runtime: str | None = None
     try:
         if process_kubelet:
             plane = ControlPlane(STATE, controllers=True, scheduler=True)
@@ -160,14 +169,19 @@ def supervise(process_kubelet: bool = False) -> None:
             kubelet = Kubelet(plane.kubeconfig, STATE / "kubelet", nodes=3)
             kubelet.start()
         else:
-            server = sluice_image("server")
+            server, built_runtime = sluice_image("server"), sluice_image("runtime")
             image = server[0] if server else None
-            real = RealCluster(STATE, nodes=3, extra_images=[server[1]] if server else [])
+            if built_runtime is None:
+                print("ETLs will not start: run `make images` for localhost/sluice/runtime:dev")
+            else:
+                runtime = built_runtime[0]
+            extra = [b[1] for b in (server, built_runtime) if b is not None]
+            real = RealCluster(STATE, nodes=3, extra_images=extra)
             real.start()
             plane = real.plane
             print(f"control plane and 3 real nodes ready in {time.monotonic() - t0:.1f}s")
         api = Api(plane.kubeconfig)
-        operator = deploy_sluice(plane, api, STATE / "logs" / "operator.log", image)
+        operator = deploy_sluice(plane, api, STATE / "logs" / "operator.log", image, runtime)
         (STATE / "ready").write_text(f"{time.monotonic() - t0:.1f}\n")
         print(f"cluster up in {time.monotonic() - t0:.1f}s", flush=True)
         stop.wait()

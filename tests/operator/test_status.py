@@ -114,7 +114,12 @@ def test_rollout_keeps_old_ready_pod_serving_and_phase_running():
     )
     assert st["phase"] == "Running" and st["ready"] == "2/2"
     conds = {c["type"]: c["status"] for c in st["conditions"]}
-    assert conds == {"Ready": "True", "Progressing": "True", "Degraded": "False"}
+    assert conds == {
+        "Ready": "True",
+        "Progressing": "True",
+        "Degraded": "False",
+        "ImagePulled": "True",
+    }
     assert st["observedGeneration"] == 3
 
 
@@ -156,4 +161,4 @@ def test_status_shape_and_transition_times_kept():
         now="T3",
     )
     times = {c["type"]: c["lastTransitionTime"] for c in done["conditions"]}
-    assert times == {"Ready": "T3", "Progressing": "T3", "Degraded": "T1"}
+    assert times == {"Ready": "T3", "Progressing": "T3", "Degraded": "T1", "ImagePulled": "T1"}
