@@ -57,7 +57,9 @@ def _hidden_bytes(data: Path) -> int:
 def test_the_sweep_aborts_old_uploads_and_frees_space(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("SLUICE_S3_UPLOAD_TTL", "3")
+    # Long enough for the six parts to be in before the first sweep on a busy machine.
+    monkeypatch.setenv("SLUICE_S3_UPLOAD_TTL", "8")
+    small = b"s" * (64 << 10)  # only CompleteMultipartUpload needs 5 MiB parts
     data = tmp_path / "data"
     with LocalCluster(data, targets=2) as c:
         endpoint = c.endpoint.rstrip("/")
@@ -66,8 +68,8 @@ def test_the_sweep_aborts_old_uploads_and_frees_space(
         for i in range(3):
             up = s3.create_multipart_upload(Bucket="swept", Key=f"k{i}")["UploadId"]
             for n in (1, 2):
-                s3.upload_part(Bucket="swept", Key=f"k{i}", UploadId=up, PartNumber=n, Body=PART)
-        assert _hidden_bytes(data) >= 6 * len(PART)
+                s3.upload_part(Bucket="swept", Key=f"k{i}", UploadId=up, PartNumber=n, Body=small)
+        assert _hidden_bytes(data) >= 6 * len(small)
         assert len(s3.list_multipart_uploads(Bucket="swept")["Uploads"]) == 3
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline and (
