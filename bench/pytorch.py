@@ -9,7 +9,24 @@
 3. ``ObjectDataset`` in a ``DataLoader(num_workers=8)`` ÷ single-thread GETs,
    1 KiB objects (worker start-up included).
 
-Run: ``.venv/bin/python bench/pytorch.py`` (``--quick`` for a smaller run).
+4. ``--loaders`` (alone): Sluice's ``ShardReader``, ``wds.WebDataset`` over the
+   same URLs, LitData's ``StreamingDataset`` and Mosaic's ``streaming``
+   reading the same JPEGs through Sluice's S3 API (each in its own format,
+   written by its own writer), samples/s and client CPU per sample, ETL off
+   and on (``bench/pytorch_loaders.py``), ``--rounds`` rounds.
+
+Run: ``.venv/bin/python bench/pytorch.py`` (``--quick`` for a smaller run);
+``.venv/bin/python bench/pytorch.py --loaders --rounds 3``. LitData is a dev
+dependency. mosaicml-streaming is not (its dependencies pull transformers,
+azure, oci and google-cloud); to include it::
+
+    pip install --target /tmp/mosaic --no-deps mosaicml-streaming==0.13.0 \
+        zstd python-snappy brotli cramjam catalogue
+    # and, under /tmp/mosaic-shim/transformers/, stubs of the three names that
+    # streaming imports from transformers at import time (no path here uses them):
+    # feature_extraction_utils.BatchFeature, tokenization_utils_base.BatchEncoding,
+    # models/auto/tokenization_auto.AutoTokenizer
+    PYTHONPATH=/tmp/mosaic:/tmp/mosaic-shim .venv/bin/python bench/pytorch.py --loaders
 aistore is not a Sluice dependency; to compare against it, make it importable,
 e.g. ``pip install --target /tmp/ais aistore==2.0.0`` plus its imports, then
 ``PYTHONPATH=/tmp/ais .venv/bin/python bench/pytorch.py``.
@@ -18,8 +35,11 @@ e.g. ``pip install --target /tmp/ais aistore==2.0.0`` plus its imports, then
 from __future__ import annotations
 
 import argparse
+import io
+import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import time
@@ -164,12 +184,165 @@ def bench_objects(client: Client, objects: int) -> None:
     print(f"  ratio              {t_single / t_workers:9.2f}")
 
 
+def make_images(n: int) -> list[tuple[str, bytes, int]]:
+    """``n`` JPEGs of 160 x 160 (smooth gradients plus noise: a photo's size, ~8 KB)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(4)
+    ramp = np.linspace(0, 255, 160)
+    out = []
+    for i in range(n):
+        base = np.stack([np.add.outer(ramp * rng.random(), ramp * rng.random()) / 2] * 3, -1)
+        pixels = np.clip(base + rng.normal(0, 12, base.shape), 0, 255).astype(np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="JPEG", quality=85)
+        out.append((f"img{i:06d}", buf.getvalue(), i % 10))
+    return out
+
+
+def lit_item(item: tuple[str, bytes, int]) -> dict[str, Any]:
+    return {"key": item[0], "jpg": item[1], "cls": item[2]}
+
+
+def bench_loaders(client: Client, images: int, workers: int, rounds: int) -> None:
+    """ShardReader, wds.WebDataset and LitData on the same images, ETL off and on."""
+    import cloudpickle
+    import httpx
+    import pytorch_loaders as loaders  # bench/pytorch_loaders.py: what the measuring child runs
+
+    cloudpickle.register_pickle_by_value(loaders)  # the ETL's code travels by value
+    data = make_images(images)
+    per_shard = 128
+    shards = (images + per_shard - 1) // per_shard
+    bucket = client.bucket("bench-loaders").create()
+    etl = client.etl("bench-resize")
+    etl.init_code(transform=loaders.resize_sample, mode="wds", workers=2, wait=False)
+    for s in range(shards):
+        buf = io.BytesIO()
+        with wds.TarWriter(buf) as w:
+            for key, jpg, cls in data[s * per_shard : (s + 1) * per_shard]:
+                w.write({"__key__": key, "jpg": jpg, "cls": cls})
+        bucket.object(f"shard-{s:03d}.tar").put_content(buf.getvalue())
+    etl.wait_until_running(300)
+    config: dict[str, Any] = {
+        "endpoint": client.endpoint,
+        "bucket": bucket.name,
+        "template": f"shard-{{000..{shards - 1:03d}}}.tar",
+        "etl": "bench-resize",
+        "workers": workers,
+        "rounds": rounds,
+    }
+    key = httpx.post(f"{client.endpoint}/v1/s3/keys", json={"permission": "write"}).json()
+    options = {
+        "endpoint_url": f"{client.endpoint}/s3",
+        "aws_access_key_id": key["access_key"],
+        "aws_secret_access_key": key["secret_key"],
+        "region_name": "us-east-1",
+    }
+    env = {
+        **os.environ,
+        "S3_ENDPOINT_URL": options["endpoint_url"],
+        "AWS_ACCESS_KEY_ID": key["access_key"],
+        "AWS_SECRET_ACCESS_KEY": key["secret_key"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",  # LitData downloads chunks with obstore: http needs this
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            config["litdata"] = litdata_over_s3(data, Path(tmp), options)
+        except ImportError as exc:
+            print(f"  litdata: not importable here ({exc}), no comparison")
+        try:
+            config["mosaic"] = mosaic_over_s3(data, Path(tmp), options)
+        except ImportError as exc:
+            print(f"  mosaicml-streaming: not importable here ({exc}), no comparison")
+        child = subprocess.run(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("pytorch_loaders.py")),
+                json.dumps(config),
+            ],
+            check=True,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+    results = json.loads(child.stdout)
+    size = sum(len(j) for _, j, _ in data) / len(data)
+    print(
+        f"Loaders, {images} JPEGs of 160x160 ({size / 1024:.1f} KiB), {shards} wds shards, "
+        f"DataLoader(num_workers={workers}), {rounds} rounds (median; each round's)"
+    )
+    print(f"  {'loader':34s} {'samples/s':>10s} {'CPU ms/sample':>14s}   rounds (samples/s)")
+    for key, runs in results.items():
+        failed = [r["error"] for r in runs if "error" in r]
+        if failed:
+            print(f"  {key:34s} failed: {failed[0]}")
+            continue
+        assert all(r["samples"] == images for r in runs), (key, runs)
+        rates = sorted(r["samples"] / r["seconds"] for r in runs)
+        cpus = sorted(1000 * r["cpu"] / r["samples"] for r in runs)
+        each = ", ".join(f"{r['samples'] / r['seconds']:.0f}" for r in runs)
+        print(f"  {key:34s} {rates[len(rates) // 2]:10.0f} {cpus[len(cpus) // 2]:14.2f}   {each}")
+
+
+def upload(directory: Path, bucket: str, options: dict[str, Any]) -> None:
+    """Every file of ``directory`` to ``s3://bucket/ds/``, through Sluice's S3 API (boto3)."""
+    import boto3
+    from botocore.config import Config
+
+    s3 = boto3.client("s3", **options, config=Config(s3={"addressing_style": "path"}))
+    s3.create_bucket(Bucket=bucket)
+    for path in sorted(directory.iterdir()):
+        s3.upload_file(str(path), bucket, f"ds/{path.name}")
+
+
+def litdata_over_s3(data: list, tmp: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """The images in LitData's format (``optimize()``), uploaded through Sluice's S3 API."""
+    import litdata
+
+    out = tmp / "litdata"
+    litdata.optimize(
+        fn=lit_item, inputs=data, output_dir=str(out), chunk_bytes="4MB", num_workers=1
+    )
+    upload(out, "bench-litdata", options)
+    return {"url": "s3://bench-litdata/ds", "storage_options": options, "cache": str(tmp / "lc")}
+
+
+def mosaic_over_s3(data: list, tmp: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """The images in Mosaic's MDS format, uploaded through Sluice's S3 API."""
+    from streaming import MDSWriter
+
+    out = tmp / "mds"
+    columns = {"key": "str", "jpg": "bytes", "cls": "int"}
+    with MDSWriter(out=str(out), columns=columns, size_limit="4mb") as writer:
+        for key, jpg, cls in data:
+            writer.write({"key": key, "jpg": jpg, "cls": cls})
+    upload(out, "bench-mosaic", options)
+    return {"url": "s3://bench-mosaic/ds", "cache": str(tmp / "mc")}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller data (a smoke run)")
     parser.add_argument("--targets", type=int, default=2)
+    parser.add_argument(
+        "--loaders", action="store_true", help="only the loaders side by side (ShardReader, ...)"
+    )
+    parser.add_argument("--images", type=int, default=2048)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     print(f"machine: {machine()}")
+    if args.loaders:
+        with (
+            tempfile.TemporaryDirectory() as data,
+            LocalCluster(Path(data), targets=args.targets, port=0) as cluster,
+            Client(str(cluster.endpoint)) as client,
+        ):
+            print(f"cluster: local, {args.targets} targets")
+            bench_loaders(client, args.images, args.workers, args.rounds)
+        return
     bench_sampler(1_000_000)
     with (
         tempfile.TemporaryDirectory() as data,

@@ -1,0 +1,150 @@
+"""The loaders side by side (``bench/pytorch.py --loaders``): one child runs them all.
+
+Each loader reads the same JPEG images, in a ``DataLoader(num_workers=W)``,
+ETL off (the stored bytes) and on (a per-sample resize: on the storage
+target for Sluice's ``ShardReader`` and for ``wds.WebDataset`` over ETL
+URLs; in the loader's workers for LitData, which reads its own chunk format
+through Sluice's S3 API). Client CPU is this process's and its reaped
+children's (the DataLoader workers, webdataset's curl) user + system time.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import resource
+import sys
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+SIZE = 64
+
+
+def resize(data: bytes) -> bytes:
+    """The per-sample ETL: decode a JPEG, resize it to SIZE x SIZE, encode it again."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data)).convert("RGB").resize((SIZE, SIZE))
+    out = io.BytesIO()
+    image.save(out, format="JPEG", quality=90)
+    return out.getvalue()
+
+
+def resize_sample(sample: dict) -> dict:
+    sample["jpg"] = resize(sample["jpg"])
+    return sample
+
+
+def cpu() -> float:
+    me, kids = (
+        resource.getrusage(resource.RUSAGE_SELF),
+        resource.getrusage(resource.RUSAGE_CHILDREN),
+    )
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def measure(make: Callable[[], Iterable[Any]]) -> dict[str, float]:
+    c0, t0 = cpu(), time.perf_counter()
+    loader = make()
+    n = sum(1 for _ in loader)
+    del loader  # its workers are joined (reaped) here
+    return {"samples": n, "seconds": time.perf_counter() - t0, "cpu": cpu() - c0}
+
+
+def run(config: dict[str, Any]) -> dict[str, Any]:
+    import webdataset as wds
+    from torch.utils.data import DataLoader
+
+    from etl_runtime import Client
+    from etl_runtime.pytorch import ShardReader, Source
+
+    endpoint, workers, etl = config["endpoint"], config["workers"], config["etl"]
+    client = Client(endpoint)
+    bucket = client.bucket(config["bucket"])
+    template = config["template"]
+    results: dict[str, Any] = {}
+
+    def sluice(on: bool) -> DataLoader:
+        reader = ShardReader(Source(bucket, template=template), etl_name=etl if on else None)
+        return DataLoader(reader, batch_size=None, num_workers=workers)
+
+    def webdataset(on: bool) -> DataLoader:
+        urls = bucket.object_urls(template, etl_name=etl if on else None)
+        data = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
+        return DataLoader(data, batch_size=None, num_workers=workers)
+
+    loaders: dict[str, Callable[[bool], Iterable[Any]]] = {
+        "ShardReader": sluice,
+        "wds.WebDataset": webdataset,
+    }
+    if config.get("litdata"):
+        import litdata
+        import litdata.streaming.downloader as lit_downloader
+
+        # LitData builds its obstore S3 store with client options that leave out
+        # allow_http (and override AWS_ALLOW_HTTP): without this, it cannot read an
+        # http:// endpoint at all ("builder error").
+        lit_downloader._OBSTORE_CLIENT_OPTIONS = {  # type: ignore[assignment]
+            **lit_downloader._OBSTORE_CLIENT_OPTIONS,
+            "allow_http": True,
+        }
+
+        class Resized(litdata.StreamingDataset):  # the same resize, in the loader's workers
+            def __getitem__(self, index: Any) -> Any:
+                item = super().__getitem__(index)
+                return {**item, "jpg": resize(item["jpg"])}
+
+        lit = config["litdata"]
+
+        def litdata_loader(on: bool) -> Any:
+            cls = Resized if on else litdata.StreamingDataset
+            data = cls(
+                lit["url"],
+                storage_options=lit["storage_options"],
+                cache_dir=lit["cache"] + ("-on" if on else "-off") + f"-{time.monotonic_ns()}",
+            )
+            return DataLoader(data, batch_size=None, num_workers=workers)
+
+        loaders["litdata.StreamingDataset"] = litdata_loader
+    if config.get("mosaic"):
+        import streaming  # S3_ENDPOINT_URL and the AWS_* keys come from the environment
+
+        class MosaicResized(streaming.StreamingDataset):
+            def __getitem__(self, index: Any) -> Any:
+                item = super().__getitem__(index)
+                return {**item, "jpg": resize(item["jpg"])}
+
+        mosaic = config["mosaic"]
+
+        def mosaic_loader(on: bool) -> Any:
+            cls = MosaicResized if on else streaming.StreamingDataset
+            streaming.base.util.clean_stale_shared_memory()
+            data = cls(
+                remote=mosaic["url"],
+                local=mosaic["cache"] + f"-{time.monotonic_ns()}",
+                shuffle=False,
+                batch_size=1,
+            )
+            return DataLoader(data, batch_size=None, num_workers=workers)
+
+        loaders["streaming.StreamingDataset"] = mosaic_loader
+    for rnd in range(config["rounds"]):
+        for name, make in loaders.items():
+            for on in (False, True):
+                key = f"{name} etl={'on' if on else 'off'}"
+                try:
+                    got: Any = measure(lambda m=make, o=on: m(o))
+                except Exception as exc:  # one library failing does not sink the others
+                    got = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+                print(key, got, file=sys.stderr, flush=True)
+                results.setdefault(key, []).append(got)
+        print(f"round {rnd + 1} done", file=sys.stderr)
+    return results
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(json.loads(sys.argv[1]))))
