@@ -6,13 +6,15 @@ pandas reading Parquet through s3fs, and both reading an ETL view's object whole
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
+import io
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import pytest
 from botocore.exceptions import ClientError
@@ -38,12 +40,26 @@ def aws(endpoint: str, writer: dict[str, Any], tmp_path_factory: pytest.TempPath
         "AWS_SHARED_CREDENTIALS_FILE": str(home / "credentials"),
         "AWS_MAX_ATTEMPTS": "1",
     }
+    import awscli  # noqa: F401  # its import names its data directory in AWS_DATA_PATH
+
+    env["AWS_DATA_PATH"] = os.environ["AWS_DATA_PATH"]
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        cmd = [sys.executable, "-m", "awscli", "--endpoint-url", f"{endpoint}/s3", *args]
-        p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
-        if check and p.returncode != 0:
-            raise AssertionError(f"aws {' '.join(args)}: rc {p.returncode}\n{p.stderr}")
+        # The CLI's own entry point (``aws`` is ``awscli.clidriver.main``), in this process:
+        # a subprocess would spend a second of CPU importing botocore for every command.
+        from awscli.clidriver import create_clidriver
+
+        argv = ["--endpoint-url", f"{endpoint}/s3", *args]
+        out, err = io.StringIO(), io.StringIO()
+        with (
+            mock.patch.dict(os.environ, env, clear=True),
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+        ):
+            rc = create_clidriver().main(argv)
+        p = subprocess.CompletedProcess(["aws", *argv], rc, out.getvalue(), err.getvalue())
+        if check and rc != 0:
+            raise AssertionError(f"aws {' '.join(args)}: rc {rc}\n{p.stderr}")
         return p
 
     return run
