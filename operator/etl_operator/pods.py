@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from etl_runtime.cluster.kube.records import ETL_API_VERSION, ETL_KIND
+from etl_runtime.cluster.kube.records import ETL_API_VERSION, ETL_KIND, TLS_SECRET_ENV
 from etl_runtime.cluster.reconcile import transformer_name
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.spec import EtlSpec
@@ -38,6 +39,7 @@ SCRAPE_ANNOTATIONS = {
 }
 CONTAINER_NAME = "transformer"
 DEPS_DIR = "/var/lib/sluice/deps"
+TLS_DIR = "/etc/sluice/tls"  # the tls Secret (tls.crt, tls.key, ca.crt) under TLS
 DEFAULT_IMAGE = "ghcr.io/sluice-dev/sluice-runtime:0.1.0"
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 # Numeric so runAsNonRoot can be verified whatever USER the image declares.
@@ -265,6 +267,14 @@ def transformer_pod(
         {"name": "deps", "mountPath": DEPS_DIR},
         {"name": "tmp", "mountPath": "/tmp"},
     ]
+    if tls_secret := os.environ.get(TLS_SECRET_ENV):  # HTTPS: the chart's tls Secret
+        volumes.append({"name": "tls", "secret": {"secretName": tls_secret}})
+        mounts.append({"name": "tls", "mountPath": TLS_DIR, "readOnly": True})
+        env += [
+            {"name": "SLUICE_TLS_CERT", "value": f"{TLS_DIR}/tls.crt"},
+            {"name": "SLUICE_TLS_KEY", "value": f"{TLS_DIR}/tls.key"},
+            {"name": "SLUICE_CA", "value": f"{TLS_DIR}/ca.crt"},
+        ]
     if shares_data(spec, share_target_data):
         extra_volumes, extra_mounts = data_mounts(target_pod)
         volumes += extra_volumes
@@ -284,7 +294,8 @@ def transformer_pod(
         # within a second of its transformers being ready; 6 failures in a row
         # (6 s, as before with 2 s x 3) before a busy transformer is taken out.
         "readinessProbe": {
-            "httpGet": {"path": "/health", "port": TRANSFORMER_PORT},
+            "httpGet": {"path": "/health", "port": TRANSFORMER_PORT}
+            | ({"scheme": "HTTPS"} if os.environ.get(TLS_SECRET_ENV) else {}),
             "periodSeconds": 1,
             "timeoutSeconds": 2,
             "failureThreshold": 6,

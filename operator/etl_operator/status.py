@@ -19,7 +19,7 @@ from etl_operator.pods import (
     SPEC_HASH_ANNOTATION,
     TARGET_LABEL,
 )
-from etl_runtime.cluster.kube.records import pod_is_ready
+from etl_runtime.cluster.kube.records import pod_is_ready, pod_url
 from etl_runtime.cluster.reconcile import MAX_RESTARTS, ObservedTransformer, Summary
 from etl_runtime.cluster.records import TargetInfo, TransformerStatus
 
@@ -49,7 +49,6 @@ def observe(
     terminated = state.get("terminated") or (container.get("lastState") or {}).get("terminated")
     phase = status.get("phase")
     done = phase in ("Failed", "Succeeded")
-    ip = status.get("podIP")
     try:
         restarts = int(annotations.get(RESTARTS_ANNOTATION, 0))
     except ValueError:
@@ -69,7 +68,7 @@ def observe(
             target=annotations.get(TARGET_LABEL) or labels.get(TARGET_LABEL, ""),
             spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""),
             node=(pod.get("spec") or {}).get("nodeName"),
-            endpoint=f"http://{ip}:8000" if ip else None,
+            endpoint=pod_url(pod, 8000),  # https:// by name under TLS
             ready=False,
             terminated=True,
             exit_code=None,
@@ -81,7 +80,7 @@ def observe(
         target=annotations.get(TARGET_LABEL) or labels.get(TARGET_LABEL, ""),
         spec_hash=annotations.get(SPEC_HASH_ANNOTATION, ""),
         node=(pod.get("spec") or {}).get("nodeName"),
-        endpoint=f"http://{ip}:8000" if ip else None,
+        endpoint=pod_url(pod, 8000),
         healthy_for=_ran_for(terminated) if done else None,
         ready=ready,
         terminated=done,

@@ -7,9 +7,11 @@ backend and the operator all call these.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from etl_runtime.cluster.records import EtlRecord, TargetInfo, TransformerStatus
+from etl_runtime.core import tls
 from etl_runtime.core.spec import EtlSpec
 
 ETL_GROUP = "sluice.dev"
@@ -95,13 +97,33 @@ def pod_http_port(pod: dict[str, Any], default: int = DEFAULT_TARGET_PORT) -> in
     return int(ports[0]["containerPort"]) if ports else default
 
 
-def target_from_pod(pod: dict[str, Any]) -> TargetInfo | None:
-    """A ``TargetInfo`` for a target pod that has an IP (``None`` otherwise)."""
+TLS_SECRET_ENV = "SLUICE_TLS_SECRET"  # the operator: the Secret its transformer pods mount
+
+
+def pod_url(pod: dict[str, Any], port: int) -> str | None:
+    """Where a pod serves: ``http://IP:PORT``; under TLS (``SLUICE_TLS_CERT``, or the
+    operator's ``SLUICE_TLS_SECRET``) by a name its certificate covers:
+    ``POD.SUBDOMAIN.NAMESPACE.svc`` (a StatefulSet's pods under their headless
+    Service), else ``A-B-C-D.NAMESPACE.pod`` (the cluster DNS's pod names)."""
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         return None
+    if not (tls.serving() or os.environ.get(TLS_SECRET_ENV)):
+        return f"http://{ip}:{port}"
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    ns = meta.get("namespace") or "default"
+    if spec.get("subdomain") and meta.get("name"):
+        return f"https://{meta['name']}.{spec['subdomain']}.{ns}.svc:{port}"
+    return f"https://{ip.replace('.', '-').replace(':', '-')}.{ns}.pod:{port}"
+
+
+def target_from_pod(pod: dict[str, Any]) -> TargetInfo | None:
+    """A ``TargetInfo`` for a target pod that has an IP (``None`` otherwise)."""
+    url = pod_url(pod, pod_http_port(pod))
+    if url is None:
+        return None
     return TargetInfo(
         id=pod["metadata"]["name"],
-        url=f"http://{ip}:{pod_http_port(pod)}",
+        url=url,
         node=(pod.get("spec") or {}).get("nodeName"),
     )

@@ -242,6 +242,42 @@ envFrom:
 {{- end }}
 {{- end -}}
 
+{{- define "sluice.tlsSecretName" -}}
+{{- default (printf "%s-tls" (include "sluice.fullname" .)) .Values.tls.existingSecret -}}
+{{- end -}}
+
+{{- /* tls.enabled: the certificate, its key and the CA, for every server (core/tls.py) */ -}}
+{{- define "sluice.tlsEnv" -}}
+{{- if .Values.tls.enabled }}
+- name: SLUICE_TLS_CERT
+  value: /etc/sluice/tls/tls.crt
+- name: SLUICE_TLS_KEY
+  value: /etc/sluice/tls/tls.key
+- name: SLUICE_CA
+  value: /etc/sluice/tls/ca.crt
+{{- end }}
+{{- end -}}
+
+{{- define "sluice.tlsMounts" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: /etc/sluice/tls
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{- define "sluice.tlsVolumes" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  secret:
+    secretName: {{ include "sluice.tlsSecretName" . }}
+{{- end }}
+{{- end -}}
+
+{{- define "sluice.probeScheme" -}}
+{{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end -}}
+{{- end -}}
+
 {{- define "sluice.remoteSecretMounts" -}}
 {{- range .Values.remote.bucketSecrets }}
 - name: remote-secret-{{ . }}
