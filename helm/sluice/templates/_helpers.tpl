@@ -274,10 +274,6 @@ envFrom:
 {{- end }}
 {{- end -}}
 
-{{- define "sluice.probeScheme" -}}
-{{- if .Values.tls.enabled }}HTTPS{{ else }}HTTP{{ end -}}
-{{- end -}}
-
 {{- define "sluice.remoteSecretMounts" -}}
 {{- range .Values.remote.bucketSecrets }}
 - name: remote-secret-{{ . }}
