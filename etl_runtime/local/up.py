@@ -255,6 +255,11 @@ class Supervisor:
 
     def start(self) -> str:
         """Start targets, then the gateway; return the gateway URL once all are healthy."""
+        # A data dir never used before holds no objects, buckets or ETLs the gateway
+        # must see on every target at once (seeding the cluster map, a mirror's
+        # repair): there the gateway starts beside the targets, not after them,
+        # and its imports overlap theirs. (Asked first: the probe below makes targets/.)
+        fresh = not (self.data / "targets").exists()
         key = load_cluster_key(self.data / "cluster-key")
         env = self.env(key)
         ids = [f"t{i}" for i in range(self.args.targets)] + self.leaving_ids()
@@ -282,11 +287,6 @@ class Supervisor:
                     policy=supervisor.RestartPolicy(down_delay=self.args.down_retry),
                 )
             )
-        # A data dir never used before holds no objects, buckets or ETLs the gateway
-        # must see on every target at once (seeding the cluster map, a mirror's
-        # repair): there the gateway starts beside the targets, not after them,
-        # and its imports overlap theirs (about a second less to ready on 2 cores).
-        fresh = not (self.data / "targets").exists()
         for child in self.targets:
             child.start({**env, **self.tls_env(child.name.removeprefix("target "))})
         self.record_children()
