@@ -277,3 +277,22 @@ def test_the_cli_env_points_at_the_ca(up: LocalCluster) -> None:
         timeout=60,
     )
     assert r.returncode == 0 and b"o0.txt" in r.stdout, r.stderr
+
+
+S3TORCH = """
+import sys
+from s3torchconnector import S3ClientConfig
+from s3torchconnector._s3client import S3Client
+config = S3ClientConfig(unsigned=True, force_path_style=True, max_attempts=1)
+client = S3Client("us-east-1", endpoint=sys.argv[1] + "/s3", s3client_config=config)
+sys.stdout.buffer.write(client.get_object("sec", "o3.txt").read())
+"""
+
+
+def test_s3torchconnector_trusts_the_ca_named_by_ssl_cert_file(up: LocalCluster) -> None:
+    """It takes no CA argument; its CRT client reads the trust store from SSL_CERT_FILE."""
+    env = {**os.environ, "SSL_CERT_FILE": up.ca}
+    r = subprocess.run(
+        [sys.executable, "-c", S3TORCH, up.endpoint], capture_output=True, env=env, timeout=60
+    )
+    assert r.returncode == 0 and r.stdout == b"object 3", r.stderr[-2000:]
