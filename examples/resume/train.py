@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import argparse
 import io
-import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import tarfile
 import tempfile
 from collections import Counter
@@ -110,27 +111,32 @@ def run(endpoint: str, workdir: Path, kill_after: int = 5, log=print) -> dict[st
         keys = prepare(client)
     checkpoint = workdir / "checkpoint.pt"
     checkpoint.unlink(missing_ok=True)
-    # Run 1 in a child process (forked: torch is imported already), killed mid-epoch.
-    first = multiprocessing.get_context("fork").Process(
-        target=train, args=(endpoint, checkpoint, 3, 2, kill_after)
-    )
-    first.start()
-    first.join()
-    assert first.exitcode is not None
-    log(f"run 1 (3 workers) ended by signal {-first.exitcode} after {kill_after} steps")
+    # Run 1 in a child process of its own (a fresh interpreter, as a crashed job's
+    # restart would be), killed mid-epoch.
+    first = subprocess.run(
+        [sys.executable, __file__, "--endpoint", endpoint, "--first-run", str(checkpoint),
+         "--kill-after", str(kill_after)],
+        check=False,
+    )  # fmt: skip
+    log(f"run 1 (3 workers) ended by signal {-first.returncode} after {kill_after} steps")
     saved = torch.load(checkpoint, weights_only=False)
     log(f"checkpoint: epoch 0, {len(saved['seen'][0])} of {len(keys)} samples trained on")
     seen = train(endpoint, checkpoint, workers=1, epochs=2, kill_after=None)  # run 2, here
     for epoch, got in enumerate(seen):
         once = Counter(got) == Counter(keys)
         log(f"epoch {epoch}: {len(got)} samples, each exactly once: {once}")
-    return {"keys": keys, "seen": seen, "killed": -first.exitcode}
+    return {"keys": keys, "seen": seen, "killed": -first.returncode}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--endpoint")
+    parser.add_argument("--first-run", type=Path, help=argparse.SUPPRESS)  # run 1's checkpoint
+    parser.add_argument("--kill-after", type=int, default=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.first_run is not None:  # run 1 of run(): 3 workers, killed after some steps
+        train(args.endpoint, args.first_run, 3, 2, args.kill_after)
+        return
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         endpoint = args.endpoint

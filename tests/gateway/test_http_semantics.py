@@ -171,7 +171,8 @@ def test_aistore_sdk(cluster: Cluster) -> None:
     assert obj.get_reader(byte_range="bytes=10-19").read_all() == data[10:20]
     with obj.get_reader(num_workers=4).read_all() as parallel:  # 4 ranged GETs at once
         assert bytes(parallel.buf) == data
-    attrs = obj.head()
+    assert obj.head().size == len(data)  # the SDK asks for name and size only
+    attrs = obj.head(props="checksum")
     assert attrs.size == len(data)
     assert attrs.checksum_type == "md5" and attrs.checksum_value == hashlib.md5(data).hexdigest()
     with pytest.raises(ErrObjNotFound):

@@ -4,6 +4,7 @@ silent ``Initializing``."""
 from __future__ import annotations
 
 import copy
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
@@ -22,26 +23,30 @@ PULL_ERROR = (
 
 
 def waiting_status(reason: str, message: str) -> dict:
-    """``status`` of a pod whose container waits for its image, as the apiserver returns it."""
+    """``status`` of a pod whose container waits for its image, as the apiserver returns it
+    (started a few seconds ago: an older pod would be past the ETL's init deadline)."""
+    now = datetime.now(UTC)
+    started = (now - timedelta(seconds=3)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ready = (now - timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
     return {
         "phase": "Pending",
         "conditions": [
             {"type": "PodReadyToStartContainers", "status": "True",
-             "lastTransitionTime": "2026-12-02T01:40:03Z"},
-            {"type": "Initialized", "status": "True", "lastTransitionTime": "2026-12-02T01:40:01Z"},
-            {"type": "Ready", "status": "False", "lastTransitionTime": "2026-12-02T01:40:01Z",
+             "lastTransitionTime": ready},
+            {"type": "Initialized", "status": "True", "lastTransitionTime": started},
+            {"type": "Ready", "status": "False", "lastTransitionTime": started,
              "reason": "ContainersNotReady",
              "message": "containers with unready status: [transformer]"},
             {"type": "ContainersReady", "status": "False",
-             "lastTransitionTime": "2026-12-02T01:40:01Z", "reason": "ContainersNotReady",
+             "lastTransitionTime": started, "reason": "ContainersNotReady",
              "message": "containers with unready status: [transformer]"},
             {"type": "PodScheduled", "status": "True",
-             "lastTransitionTime": "2026-12-02T01:40:01Z"},
+             "lastTransitionTime": started},
         ],
         "hostIP": "10.200.0.2",
         "podIP": "10.244.1.7",
         "podIPs": [{"ip": "10.244.1.7"}],
-        "startTime": "2026-12-02T01:40:01Z",
+        "startTime": started,
         "containerStatuses": [
             {
                 "name": "transformer",
