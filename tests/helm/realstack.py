@@ -319,7 +319,9 @@ def operator_log_problems(stack: Stack, pod: str) -> list[str]:
 
 def assert_transformers_read_target_files(st: Stack, etl: str) -> None:
     """etl.shareTargetData (the default): targets send every ETL the object's path, and
-    each transformer mounts the claim of the target it serves, read-only at /data."""
+    each transformer mounts the claim of the target it serves, read-only: only its
+    objects (the buckets/ subPath at /data/buckets), not the ETL output cache, temp
+    files or jobs beside them."""
     for target in st.pods("sluice.dev/role=target"):
         env = {e.name: e.value for e in target.spec.containers[0].env}
         assert env.get("SLUICE_ETL_FQN") == "always", env
@@ -330,10 +332,16 @@ def assert_transformers_read_target_files(st: Stack, etl: str) -> None:
         assert vol.persistent_volume_claim.read_only is True
         c = pod.spec.containers[0]
         (mount,) = [m for m in c.volume_mounts if m.name == vol.name]
-        assert (mount.mount_path, mount.read_only) == ("/data", True)
-        assert {e.name: e.value for e in c.env}["SLUICE_DATA_ROOTS"] == "/data"
-        probe = ("import os; print(os.access('/data', os.W_OK), sorted(os.listdir('/data')), "
-                 "sum(len(files) for _, _, files in os.walk('/data')))")  # fmt: skip
+        assert (mount.mount_path, mount.sub_path, mount.read_only) == (
+            "/data/buckets",
+            "buckets",
+            True,
+        )
+        assert {e.name: e.value for e in c.env}["SLUICE_DATA_ROOTS"] == "/data/buckets"
+        probe = (
+            "import os; d = '/data/buckets'; print(os.access(d, os.W_OK), "
+            "sorted(os.listdir(d)), sum(len(files) for _, _, files in os.walk(d)))"
+        )
         seen = st.kubectl("exec", pod.metadata.name, "--", "python", "-c", probe)
         held = st.kubectl("exec", target, "--", "python", "-c", probe)
         # The target's very files, read-only (the target itself may write them).
