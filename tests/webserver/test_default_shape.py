@@ -144,6 +144,20 @@ def test_defaults_inline_and_safe(loop_name: str) -> None:
         assert any("took longer than 2s" in e["error"] for e in stats["last_errors"])
 
 
+def health_once_settled(url: str) -> dict:
+    """``/health`` just after the fixture saw it answer. On asyncio, about one start in
+    ten resets this first connection (ECONNRESET, seen under load and on a quiet
+    machine alike); the reset is not what this module is about, so it is retried."""
+    for attempt in range(3):
+        try:
+            return httpx.get(f"{url}/health").json()
+        except httpx.ReadError:
+            if attempt == 2:
+                raise
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
 def test_a_client_that_leaves_frees_its_thread(loop_name: str) -> None:
     # requestSeconds 60: a thread held until the timeout would make the next request wait
     # about a minute; freed when the client leaves, it waits for a replacement server only
@@ -155,7 +169,7 @@ def test_a_client_that_leaves_frees_its_thread(loop_name: str) -> None:
         ) as url,
         httpx.Client(timeout=90) as c,
     ):
-        assert httpx.get(f"{url}/health").json()["servers"] == 1
+        assert health_once_settled(url)["servers"] == 1
         with pytest.raises(httpx.ReadTimeout):  # gives up long before requestSeconds
             c.put(f"{url}/b/o", params={"etl_args": "hang"}, headers=AUTH, timeout=1.0)
         started = time.monotonic()
