@@ -121,7 +121,14 @@ def run(endpoint: str, workdir: Path, kill_after: int = 5, log=print) -> dict[st
     log(f"run 1 (3 workers) ended by signal {-first.returncode} after {kill_after} steps")
     saved = torch.load(checkpoint, weights_only=False)
     log(f"checkpoint: epoch 0, {len(saved['seen'][0])} of {len(keys)} samples trained on")
-    seen = train(endpoint, checkpoint, workers=1, epochs=2, kill_after=None)  # run 2, here
+    # Run 2 in a fresh interpreter too (DataLoader workers are forked: a fork of a
+    # process with threads of its own, a test runner's say, can hang), to the end.
+    second = subprocess.run(
+        [sys.executable, __file__, "--endpoint", endpoint, "--second-run", str(checkpoint)],
+        check=True,
+    )  # fmt: skip
+    assert second.returncode == 0
+    seen = torch.load(checkpoint, weights_only=False)["seen"]
     for epoch, got in enumerate(seen):
         once = Counter(got) == Counter(keys)
         log(f"epoch {epoch}: {len(got)} samples, each exactly once: {once}")
@@ -133,9 +140,13 @@ def main() -> None:
     parser.add_argument("--endpoint")
     parser.add_argument("--first-run", type=Path, help=argparse.SUPPRESS)  # run 1's checkpoint
     parser.add_argument("--kill-after", type=int, default=5, help=argparse.SUPPRESS)
+    parser.add_argument("--second-run", type=Path, help=argparse.SUPPRESS)  # run 2's
     args = parser.parse_args()
     if args.first_run is not None:  # run 1 of run(): 3 workers, killed after some steps
         train(args.endpoint, args.first_run, 3, 2, args.kill_after)
+        return
+    if args.second_run is not None:  # run 2 of run(): 1 worker, from the checkpoint
+        train(args.endpoint, args.second_run, 1, 2, None)
         return
     with ExitStack() as stack:
         workdir = Path(stack.enter_context(tempfile.TemporaryDirectory()))
