@@ -12,6 +12,7 @@ from typing import Any
 import httpx._transports.default as _httpx_transports
 import pytest
 
+from tests import schedule
 from tests.servers import EVENT_LOOPS, SessionServers
 
 _create_ssl_context = _httpx_transports.create_ssl_context
@@ -49,22 +50,28 @@ def session_servers() -> Iterator[SessionServers]:
 
 
 # How `make test` spreads the suite over its pytest-xdist workers (`-n 2 --dist
-# loadgroup`): a module's tests run on one worker, so its module-scoped cluster
-# starts once (split, each worker would start its own); the modules that share one
-# heavy session resource run on one worker together: a second control plane or
-# real-node cluster per worker would cost minutes and contend for the node slots.
-_GROUPS = (
-    ("real_cluster", "realnode"),  # control plane + real kubelets (tests/k8s/realfixtures.py)
-    ("control_plane", "plane"),  # control plane + process kubelet (tests/k8s/fixtures.py)
-    ("kubelet", "plane"),
-    ("built_images", "images"),  # podman containers of the built images
-)
+# loadgroup`): tests sharing a slow resource on one worker, the longest group first
+# (tests/schedule.py).
+_recorder = schedule.Recorder()
+_WEIGHTS = pytest.StashKey[dict[str, float]]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.getoption("dist", default="no") == "loadgroup":
+        # the groups in collection order, which heaviest_first sets (xdist's own
+        # order, by number of tests, would leave a single slow test for the end)
+        config.option.loadscopereorder = False
+    if not hasattr(config, "workerinput"):
+        config.stash[_WEIGHTS] = schedule.weights()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:  # xdist, on the controller: one order for all
+    node.workerinput["sluice_group_weights"] = node.config.stash[_WEIGHTS]
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
-    names = set(getattr(item, "fixturenames", ()))
-    group = next((g for fixture, g in _GROUPS if fixture in names), None)
-    item.add_marker(pytest.mark.xdist_group(group or item.nodeid.split("::")[0]))
+    item.add_marker(pytest.mark.xdist_group(schedule.group_of(item)))
 
 
 @pytest.hookimpl(trylast=True)
@@ -74,17 +81,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     pytest 9 (xdist 3.8) the suffix never appears and the groups are ignored. Set it."""
     if not config.getoption("loadgroup", default=False):
         return
+    groups: dict[str, str] = {}
     for item in items:
         marks = [m.args[0] for m in item.iter_markers("xdist_group") if m.args]
         if not marks or "@" in item.nodeid:
             continue
-        grouped = f"{item.nodeid}@{'_'.join(sorted(set(marks)))}"
+        group = "_".join(sorted(set(marks)))
+        grouped = f"{item.nodeid}@{group}"
         if hasattr(item, "_id"):
             from _pytest.nodeid import coerce_node_id
 
             item._id = coerce_node_id(grouped)
         else:
             item._nodeid = grouped
+        groups[item.nodeid] = group
+    if len(groups) == len(items):
+        workerinput = getattr(config, "workerinput", {})
+        weights = workerinput.get("sluice_group_weights") or schedule.weights()
+        schedule.heaviest_first(items, groups, weights)
 
 
 # A skip hides a test as well as a failure does: under CI (``CI=true``) a run fails on
@@ -101,6 +115,7 @@ _unexpected_skips: list[str] = []
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _recorder.add(report)
     if not report.skipped or hasattr(report, "wasxfail"):
         return
     longrepr = report.longrepr
@@ -110,6 +125,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    config = session.config
+    whole_suite = config.args_source == pytest.Config.ArgsSource.TESTPATHS
+    if whole_suite and not hasattr(config, "workerinput"):
+        _recorder.save()  # the groups' seconds, for the next run's order
     if not _unexpected_skips or os.environ.get("CI", "").lower() not in ("1", "true"):
         return
     if hasattr(session.config, "workerinput"):  # an xdist worker: the controller decides
