@@ -3,7 +3,8 @@
 An epoch is a fixed sequence of *units* (objects, or whole shards), the seeded
 order of ``split.epoch_order``; a ``Position`` says which of them have been
 read (a set of order positions, stored as ranges) and, for shards read in
-part, how many samples of each were read and the key of the last one.
+part, how many samples of each were read, the key of the last one and the
+byte offset where it starts in the shard (so a resume reads from there).
 
 Reading splits what is left of the position between the readers: rank ``r``
 of ``R`` takes every ``R``-th remaining unit from ``r`` and its worker ``w``
@@ -36,6 +37,16 @@ from etl_runtime.pytorch.errors import DatasetError
 from etl_runtime.pytorch.split import Part, epoch_order
 
 FORMAT = 1
+# A shard read in part: samples read, the last one's key and its byte offset (None: unknown).
+At = tuple[int, str | None, int | None]
+
+
+def at_of(saved: Sequence[Any]) -> At:
+    """A saved ``[count, key]`` or ``[count, key, offset]`` as an ``At``."""
+    if len(saved) not in (2, 3):
+        raise ValueError(f"a shard position is [count, key, offset], not {list(saved)!r}")
+    offset = saved[2] if len(saved) == 3 else None
+    return int(saved[0]), saved[1], int(offset) if offset is not None else None
 
 
 def ranges_of(mask: np.ndarray) -> list[list[int]]:
@@ -63,7 +74,7 @@ class Position:
     shuffle: bool
     seed: int
     done: np.ndarray  # bool per order position
-    partial: dict[int, tuple[int, str | None]] = field(default_factory=dict)
+    partial: dict[int, At] = field(default_factory=dict)
 
     @classmethod
     def start(cls, epoch: int, items: int, shuffle: bool, seed: int) -> Position:
@@ -92,7 +103,7 @@ class Position:
             "shuffle": self.shuffle,
             "seed": self.seed,
             "done": ranges_of(self.done),
-            "partial": [[p, c, k] for p, (c, k) in sorted(self.partial.items())],
+            "partial": [[p, *at] for p, at in sorted(self.partial.items())],
         }
 
     @classmethod
@@ -102,7 +113,7 @@ class Position:
                 raise DatasetError(f"position: format {state.get('format')!r}, expected {FORMAT}")
             items = int(state["items"])
             done = mask_of(state["done"], items)
-            partial = {int(p): (int(c), k) for p, c, k in state["partial"]}
+            partial = {int(p[0]): at_of(p[1:]) for p in state["partial"]}
             return cls(
                 int(state["epoch"]),
                 items,
@@ -130,7 +141,7 @@ class Slot:
     part: Part
     skip: int = 0  # BatchIterDataset.resume(): the rank's first batches, read before
     taken: int = 0
-    at: tuple[int, str | None] | None = None
+    at: At | None = None
     group: int = 0  # units are batches of this many objects (BatchIterDataset), else single
     drop_last: bool = False
 
@@ -159,7 +170,7 @@ class Slot:
             part,
             int(s.get("skip", 0)),
             int(s["taken"]),
-            (int(at[0]), at[1]) if at is not None else None,
+            at_of(at) if at is not None else None,
             int(s.get("batch", 0)),
             bool(s.get("drop_last", False)),
         )
@@ -261,7 +272,7 @@ def merge_positions(states: Iterable[Any]) -> dict[str, Any]:
                 partial.pop(p, None)
         if slot.at is not None and slot.taken < len(units):
             p = int(units[slot.taken][0])
-            if slot.at[0] > partial.get(p, (0, None))[0]:
+            if slot.at[0] > partial.get(p, (0, None, None))[0]:
                 partial[p] = slot.at
     if layouts:
         world, workers, _, _ = layouts.pop()

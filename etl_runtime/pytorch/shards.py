@@ -27,6 +27,7 @@ from typing import Any
 from torch.utils.data import IterableDataset
 from webdataset import autodecode, tariterators
 
+from etl_runtime.pytorch import tar
 from etl_runtime.pytorch.errors import DatasetError, ShardError
 from etl_runtime.pytorch.sources import PrefixMap, Sources, build_catalog
 from etl_runtime.pytorch.stateful import Resumable
@@ -95,18 +96,18 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
             unit = int(units[k][0])
             start = slot.at if k == slot.taken and slot.at is not None else None
             start = start or base.partial.get(unit)
-            count, after = start if start is not None else (0, None)
-            samples = self.read_shard(int(order[unit]), decoder, skip=count, after=after)
+            count, after, offset = start if start is not None else (0, None, None)
+            samples = self._samples(int(order[unit]), decoder, count, after, offset)
             # One sample ahead: the state after a shard's last sample says it is read.
             ahead = next(samples, None)
             while ahead is not None:
-                sample, ahead = ahead, next(samples, None)
+                (key, fields, at), ahead = ahead, next(samples, None)
                 count += 1
                 if ahead is None:
                     slot.taken, slot.at = k + 1, None
                 else:
-                    slot.at = (count, sample[0])
-                yield sample
+                    slot.at = (count, key, at)
+                yield key, fields
             slot.taken, slot.at = k + 1, None
 
     def read_shard(
@@ -116,25 +117,47 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         *,
         skip: int = 0,
         after: str | None = None,
+        offset: int | None = None,
     ) -> Iterator[tuple[str, dict[str, Any]]]:
         """The samples of the ``index``-th shard of the catalog, in tar order.
 
         ``skip``: leave out the first ``skip`` samples (not decoded); ``after``:
         the key the last of them must have (a shard rewritten since a position
-        was saved raises ``DatasetError`` rather than resuming elsewhere).
+        was saved raises ``DatasetError`` rather than resuming elsewhere);
+        ``offset``: the byte offset where that last one starts, when known: the
+        shard is then read from there (a ``Range`` GET, without an ETL) instead
+        of from its first byte.
         """
+        for key, fields, _ in self._samples(index, decoder, skip, after, offset):
+            yield key, fields
+
+    def _samples(
+        self,
+        index: int,
+        decoder: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        skip: int,
+        after: str | None,
+        offset: int | None,
+    ) -> Iterator[tuple[str, dict[str, Any], int | None]]:
+        """``read_shard``'s samples with the offset each starts at (None through an ETL)."""
         bucket, name = self.catalog.buckets[index], self.catalog.names[index]
         obj = self.catalog.connection.client().bucket(bucket).object(name)
+        raw = self.etl_name is None
+        resume = offset if raw and skip > 0 and offset else 0
         key = None
         seen = 0
         try:
-            with obj.open(etl_name=self.etl_name, etl_args=self.etl_args) as reader:
-                stream = io.BufferedReader(reader, READ_BUFFER)
-                files = tariterators.tar_file_expander(
-                    [{"url": f"{bucket}/{name}", "stream": stream}]
-                )
-                for sample in tariterators.group_by_keys(files):
-                    key = sample["__key__"]
+            with obj.open(etl_name=self.etl_name, etl_args=self.etl_args, offset=resume) as reader:
+                if resume and reader.start == resume:
+                    seen = skip - 1  # the body starts at sample ``skip`` (the last one read)
+                src = tar.Chunks(reader.chunks(), offset=reader.start)
+                if tar.compressed(src.peek(8)):
+                    found: Iterator[tuple[str, dict[str, Any], int | None]] = _tarfile_samples(
+                        src, f"{bucket}/{name}"
+                    )
+                else:
+                    found = tar.samples(src)  # type: ignore[assignment]
+                for key, fields, at in found:
                     seen += 1
                     if seen <= skip:
                         if seen == skip and after is not None and key != after:
@@ -144,8 +167,9 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
                             )
                         continue
                     if decoder is not None:
-                        sample = decoder(sample)
-                    yield key, {k: v for k, v in sample.items() if not k.startswith("__")}
+                        sample = decoder({"__key__": key, "__url__": f"{bucket}/{name}", **fields})
+                        fields = {k: v for k, v in sample.items() if not k.startswith("__")}
+                    yield key, fields, at if raw else None
             if seen < skip:
                 raise DatasetError(
                     f"shard '{bucket}/{name}' changed since its position was saved: "
@@ -160,12 +184,47 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
             raise
         except DatasetError:
             raise
+        except tar.TarFormatError as exc:
+            if resume and key is None:  # the saved offset no longer starts a sample
+                raise DatasetError(
+                    f"shard '{bucket}/{name}' changed since its position was saved: "
+                    f"no sample starts at byte {resume} ({exc})"
+                ) from exc
+            raise self._failed(bucket, name, key, exc) from exc
         except Exception as exc:
-            after = f" after sample {key!r}" if key is not None else ""
-            raise ShardError(
-                f"shard '{bucket}/{name}' failed{after}: {type(exc).__name__}: {exc}",
-                bucket=bucket,
-                object=name,
-                etl=self.etl_name,
-                sample=key,
-            ) from exc
+            raise self._failed(bucket, name, key, exc) from exc
+
+    def _failed(self, bucket: str, name: str, key: str | None, exc: Exception) -> ShardError:
+        after = f" after sample {key!r}" if key is not None else ""
+        return ShardError(
+            f"shard '{bucket}/{name}' failed{after}: {type(exc).__name__}: {exc}",
+            bucket=bucket,
+            object=name,
+            etl=self.etl_name,
+            sample=key,
+        )
+
+
+class _ChunksFile(io.RawIOBase):
+    """``tar.Chunks`` as a file, for ``tarfile`` (a compressed shard)."""
+
+    def __init__(self, src: tar.Chunks) -> None:
+        super().__init__()
+        self.src = src
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.src.take(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+
+def _tarfile_samples(src: tar.Chunks, url: str) -> Iterator[tuple[str, dict[str, Any], int | None]]:
+    """A compressed shard's samples, through webdataset's own ``tarfile`` path."""
+    stream = io.BufferedReader(_ChunksFile(src), READ_BUFFER)
+    files = tariterators.tar_file_expander([{"url": url, "stream": stream}])
+    for sample in tariterators.group_by_keys(files):
+        fields = {k: v for k, v in sample.items() if not k.startswith("__")}
+        yield sample["__key__"], fields, None

@@ -202,17 +202,27 @@ class Object:
             return reader.read()
 
     def open(
-        self, etl_name: EtlName = None, etl_args: EtlArgs = None, progress: bool = False
+        self,
+        etl_name: EtlName = None,
+        etl_args: EtlArgs = None,
+        progress: bool = False,
+        offset: int = 0,
     ) -> ObjectReader:
         """A streaming reader; use it as a context manager so the connection is freed.
 
         ``progress=True`` shows a ``tqdm`` bar on stderr as the body is read
         (without a total when the size is not known, as for most ETL output).
+        ``offset``: ask for the bytes from there on (a ``Range`` GET, stored bytes
+        only); ``reader.start`` says where the body begins (0 if the whole object came).
         """
         etl = etl_name if isinstance(etl_name, str | None) else ",".join(etl_name)
         ctx = dict(self._context, etl=etl)
         cm = self.bucket.client.object_request(
-            "GET", self._path, params=etl_params(etl_name, etl_args), context=ctx
+            "GET",
+            self._path,
+            params=etl_params(etl_name, etl_args),
+            headers={"Range": f"bytes={offset}-"} if offset else None,
+            context=ctx,
         )
         response = cm.__enter__()
         reader = ObjectReader(response, cm, f"{self.bucket.name}/{self.name}")
@@ -247,6 +257,11 @@ class ObjectReader(io.RawIOBase):
         length = response.headers.get("content-length")
         self.size: int | None = int(length) if length and length.isdigit() else None
         self.etag = clean_etag(response.headers.get("etag"))
+        self.start = 0  # the offset of the body's first byte in the object (a Range GET's)
+        span = response.headers.get("content-range", "") if response.status_code == 206 else ""
+        if span.startswith("bytes ") and "-" in span:
+            first = span[6:].split("-", 1)[0]
+            self.start = int(first) if first.isdigit() else 0
 
     @property
     def what(self) -> str:
@@ -256,7 +271,7 @@ class ObjectReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def _next_chunk(self) -> bool:
+    def _fetch(self) -> bytes | None:
         try:
             chunk = next(self._chunks)
         except StopIteration:
@@ -265,14 +280,32 @@ class ObjectReader(io.RawIOBase):
                 raise errors.StreamError(
                     f"GET {self._what}: body ended after {self._received} of {self.size} bytes"
                 ) from None
-            return False
+            return None
         except httpx.TransportError as exc:
             raise errors.from_transport(exc, f"GET {self._what}") from exc
         self._received += len(chunk)
-        self._pending = memoryview(chunk)
         if self.bar is not None:
             self.bar.update(len(chunk))
+        return chunk
+
+    def _next_chunk(self) -> bool:
+        chunk = self._fetch()
+        if chunk is None:
+            return False
+        self._pending = memoryview(chunk)
         return True
+
+    def chunks(self) -> Iterator[bytes]:
+        """The rest of the body as it arrives, in chunks (no copy into a caller's
+        buffer); a short or broken body raises ``StreamError`` as ``read()`` does."""
+        if self._pending:
+            yield bytes(self._pending)
+            self._pending = memoryview(b"")
+        while not self._eof:
+            chunk = self._fetch()
+            if chunk is None:
+                return
+            yield chunk
 
     def readinto(self, buffer: Any) -> int:
         if self.closed:
