@@ -21,6 +21,8 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     ├── RangeNotSatisfiable (416)   ``Range`` starts past the end of the object
     ├── TransformError (422)        the user's function raised on this object/sample
     ├── BadResult (422)             the user's function returned something unusable
+    ├── TransformTimeout (422)      longer than ``spec.timeouts.requestSeconds`` (AIStore's
+    │                               ``obj_timeout``) on this object
     ├── UnsafeShard (422)           wds/GetBatch: a tar member name that is absolute, has
     │                               ``..`` or passes a symlink, or a header over its bound
     ├── BackendError (502)          a remote backend answered something unmappable
@@ -28,7 +30,6 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     │                               WorkerDied (a transformer's worker process died on
     │                               the call: it is replaced); each with ``Retry-After``
     ├── NotReady (503)              a transformer's code is still loading
-    ├── TransformTimeout (504)      longer than ``spec.timeouts.requestSeconds``
     ├── InsufficientStorage (507)   a target's disk is full (ENOSPC) or its quota spent
     │                               (EDQUOT); names the target, bucket and object
     ├── TransformerFailed           a target relays its transformer's status and body
@@ -352,7 +353,14 @@ class RegistryUnreadable(SluiceError):
 
 
 class TransformTimeout(SluiceError):
-    status = 504
+    """A transform ran past ``spec.timeouts.requestSeconds`` (AIStore's ``obj_timeout``).
+
+    422, not 504: the official SDK, boto3 and curl retry a 504, and each retry
+    waits the whole timeout again (the SDK's six tries took 100 s for a 2 s
+    timeout); the object fails once, at once, as AIStore fails it (which
+    answers such an object with a 400)."""
+
+    status = 422
 
 
 class InsufficientStorage(SluiceError):

@@ -49,7 +49,9 @@ from etl_runtime.core.errors import (
     EtlNotReady,
     EtlStopped,
     SluiceError,
+    Timeout,
     TransformerFailed,
+    TransformTimeout,
 )
 from etl_runtime.core.spec import SPEC_HASH_HEADER
 from etl_runtime.etl import aisimage
@@ -63,6 +65,9 @@ log = logging.getLogger(__name__)
 
 WHOLE_BODY_MAX = 4 << 20  # smaller objects go to the transformer in one piece
 ERROR_BODY_MAX = 64 << 10
+# Seconds past ``requestSeconds`` this side waits, so that a Sluice transformer's
+# own ``TransformTimeout`` (which says its worker was replaced) comes first.
+TIMEOUT_SLACK = 2.0
 LAST_ERRORS = 20
 FQN_ENV = "SLUICE_ETL_FQN"
 REDIRECT_ENV = "SLUICE_ETL_REDIRECT_BYTES"
@@ -197,10 +202,13 @@ class EtlForwarder:
 
         The one place a request reaches a transformer: ``transform`` and every step
         of a pipeline (``etl/pipeline.py``). A transformer that does not answer
-        is counted and is a 503 naming the ETL, target, bucket and object.
+        is counted and is a 503 naming the ETL, target, bucket and object; one silent
+        past ``requestSeconds`` (AIStore's ``obj_timeout``) is a ``TransformTimeout``
+        (422: no client retries it, as AIStore fails such an object once).
         """
         assert tf.endpoint is not None
         url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
+        limit = record.spec.request_timeout_seconds
         try:
             return await self.duplex.request(
                 "PUT",
@@ -208,13 +216,23 @@ class EtlForwarder:
                 params=params,
                 body=body,
                 headers=self._headers(record, size),
-                timeout=record.spec.request_timeout_seconds,
+                timeout=limit + TIMEOUT_SLACK,
             )
         except DuplexError as e:
             if isinstance(body, AsyncIterator):
                 await body.aclose()  # type: ignore[attr-defined]
             if (upstream := upstream_error(e, self.target_id, bucket, name)) is not None:
                 raise upstream from None  # the step before broke, not this transformer
+            if isinstance(e, Timeout):
+                self._fail(record.name, f"{bucket}/{name}", f"transformer timed out: {e}")
+                raise TransformTimeout(
+                    f"ETL {record.name!r} did not transform {bucket}/{name} within its "
+                    f"per-object timeout of {limit:g}s (obj_timeout, timeouts.requestSeconds) "
+                    f"on target {self.target_id!r}",
+                    etl=record.name,
+                    bucket=bucket,
+                    object=name,
+                ) from None
             self._fail(record.name, f"{bucket}/{name}", f"transformer unreachable: {e}")
             raise EtlNotReady(
                 f"the transformer of ETL {record.name!r} on target {self.target_id!r} "

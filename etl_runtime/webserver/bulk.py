@@ -22,7 +22,7 @@ are checked with its batch's directories resolved once.
 
 Every object keeps its own outcome: its output, or its JSON error body with
 the status an hpush ``PUT`` would have answered (a transform that raised:
-422; past its deadline: 504; a worker that died: its error), and the batch
+422; past its deadline: 422 ``TransformTimeout``; a worker that died: its error), and the batch
 goes on. A failure after an object's first chunk is its error frame too (the
 target drops the pieces it got). Counters are per object, as for hpush. A
 server that dies mid-batch cuts the answer: the target fails the objects it

@@ -16,7 +16,7 @@ What a process boundary gave, and how inline keeps it (``servers``): a
 transform that crashes the interpreter takes its server process down, its
 in-flight requests end without an answer (their callers see an error, never
 data), and the supervisor starts a new server in its place. A transform past
-``spec.timeouts.requestSeconds`` is answered 504; its thread cannot be
+``spec.timeouts.requestSeconds`` is answered 422 (``TransformTimeout``); its thread cannot be
 killed, so a new thread takes its place at once and the server retires: it
 stops taking connections, finishes the others, and exits (or the kernel ends
 it ``RETIRE_GRACE_SECONDS`` later), and the supervisor replaces it. This is

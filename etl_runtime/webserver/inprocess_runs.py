@@ -17,7 +17,7 @@ f8a3f49:docs/benchmarks.md``, "Batched objects in runs").
 Each object keeps the rules of ``outcome``: its own output or error, counted
 the same, and ``requestSeconds`` from its own start (a run waiting in the
 queue: from its hand-off). One timer per run follows the object in work; when
-that one passes its deadline it is answered 504, the objects finished before
+that one passes its deadline it is answered 422 (``TransformTimeout``), the objects finished before
 it are settled, the thread is given up and replaced (the server retires, as
 for a single object), and the objects not started go to the threads as a new
 run. Objects whose futures are done before they start (the batch's client

@@ -11,7 +11,7 @@ crossed two more process boundaries. So:
   the code *inline* in its own thread (the bytes never leave the process that
   read them), one thread per server unless ``workers`` asks for more. Safety
   comes from the supervisor (``servers``): a server that dies is replaced, and
-  one whose transform outlived ``spec.timeouts.requestSeconds`` answers 504,
+  one whose transform outlived ``spec.timeouts.requestSeconds`` answers 422,
   stops taking connections and is replaced (its thread cannot be stopped, its
   process can).
 - **wds mode**: one server and ``workers`` worker processes, which transform

@@ -5,6 +5,7 @@ runtime (docs/aistore.md)."""
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 from collections.abc import Iterator
 
@@ -53,13 +54,30 @@ class Picky(FastAPIServer):
         return data.upper()
 
 
+class Sleepy(FastAPIServer):
+    """Sleeps past its ``obj_timeout`` on objects that start with ``slow``; says so first."""
+
+    def transform(self, data: bytes, path: str, etl_args: str) -> bytes:
+        import time
+
+        if data.startswith(b"slow"):
+            print(f"sleepy-call {path}", flush=True)  # counted in the ETL's logs
+            time.sleep(6)
+        return data.upper()
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     with LocalCluster(tmp_path_factory.mktemp("aisetl") / "data", targets=2) as c:
         ais = Client(c.endpoint)
         bck = ais.bucket("src")
         bck.create(exist_ok=True)
-        for name, body in (("a.txt", b"hello"), ("dir/b.txt", b"world"), ("bad.txt", b"bad!")):
+        for name, body in (
+            ("a.txt", b"hello"),
+            ("dir/b.txt", b"world"),
+            ("bad.txt", b"bad!"),
+            ("slow.txt", b"slow"),
+        ):
             bck.object(name).get_writer().put_content(body)
         yield c.endpoint
 
@@ -131,6 +149,41 @@ def test_an_exception_in_transform_is_a_422_naming_etl_and_object(cluster: str) 
     assert "ValueError: src/bad.txt is bad" in body["error"]
     errors = ais.etl("picky-etl").view().obj_errors
     assert errors and errors[-1].obj_name == "src/bad.txt" and errors[-1].ecode == 422
+
+
+def test_an_object_past_obj_timeout_fails_once_naming_etl_object_and_timeout(cluster: str) -> None:
+    """AIStore fails such an object once; a 504 would have the SDK try it six times
+    (about 100 s). The ETL's logs count what the transformer was asked."""
+    ais = Client(cluster)
+    etl = ais.etl("sleepy-etl")
+    etl.init_class(obj_timeout="2s")(Sleepy)
+
+    def calls() -> int:
+        return sum(e.logs.count("sleepy-call src/slow.txt") for e in etl.logs())
+
+    src = ais.bucket("src")
+    assert src.object("a.txt").get_reader(etl=ETLConfig("sleepy-etl")).read_all() == b"HELLO"
+    with pytest.raises(AISError) as e:
+        src.object("slow.txt").get_reader(etl=ETLConfig("sleepy-etl")).read_all()
+    assert e.value.status_code == 422, e.value
+    body = json.loads(e.value.message)
+    assert body["kind"] == "TransformTimeout" and "2s" in body["error"], body
+    assert (body["etl"], body["object"]) == ("sleepy-etl", "slow.txt"), body
+    assert calls() == 1  # asked once: the SDK did not retry
+
+    # An offline transform counts it as one failed object and goes on.
+    job = src.objects(obj_names=["a.txt", "slow.txt"]).transform(
+        ais.bucket("sleepy-out"), "sleepy-etl", continue_on_error=True
+    )
+    result = ais.job(job).wait(timeout=60, verbose=False)
+    assert not result.success and "1 object(s) failed" in str(result.error), result
+    assert "src/slow.txt" in str(result.error) and "2s" in str(result.error), result
+    (err,) = etl.view(job).obj_errors or []
+    assert err.obj_name == "src/slow.txt" and "timeout" in err.msg, err
+    assert ais.bucket("sleepy-out").object("a.txt").get_reader().read_all() == b"HELLO"
+    assert calls() == 2
+    etl.stop()
+    etl.delete()
 
 
 def test_dependencies_are_installed_before_the_etl_runs(cluster: str) -> None:

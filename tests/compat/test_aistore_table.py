@@ -135,6 +135,14 @@ CALLS: list[tuple[str, str, str, str]] = [
         "compat/test_aistore_etl.py",
         "init_class",
     ),
+    (
+        "`init_class(obj_timeout=...)`: an object past it fails once (422 `TransformTimeout` "
+        "naming ETL, object and timeout; not retried by the SDK), one failed object of an "
+        "offline transform",
+        WORKS,
+        "compat/test_aistore_etl.py",
+        'obj_timeout="2s"',
+    ),
     ("`etl.init_spec()`", "refused on purpose: a whole pod spec; use `init(image=...)`", "", ""),
     ("dSort `content` / external key maps", "refused on purpose: a 400 naming the field", "", ""),
     (

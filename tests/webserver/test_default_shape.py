@@ -2,7 +2,7 @@
 servers, one per CPU; WebDataset with worker processes.
 
 The safety the worker processes gave must hold: a transform that hangs is
-answered 504 and the transformer keeps answering (its server is replaced, so
+answered 422 and the transformer keeps answering (its server is replaced, so
 the stuck thread dies with it); a transform that kills the interpreter fails
 only the requests on that server, never with data, and the next requests are
 answered; a client that leaves frees its thread at once; the logs of every
@@ -106,11 +106,11 @@ def test_defaults_inline_and_safe(loop_name: str) -> None:
         assert chunked.content == want
         assert put(c, url, big[:70_000]).content == big[:70_000].upper()
 
-        # A hang: 504 naming the limit; the transformer answers on, and the stuck
+        # A hang: 422 naming the limit; the transformer answers on, and the stuck
         # server is replaced (the supervisor stays).
         started = time.monotonic()
         r = put(c, url, etl_args="hang")
-        assert r.status_code == 504 and r.json()["kind"] == "TransformTimeout", r.text
+        assert r.status_code == 422 and r.json()["kind"] == "TransformTimeout", r.text
         assert time.monotonic() - started < 10
         for i in range(10):
             r = put(c, url, f"after-hang-{i}".encode())

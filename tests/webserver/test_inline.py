@@ -1,6 +1,6 @@
 """``--inline`` on one server process, on each event loop: what a user of the
 hpush route sees when the code runs in the server's threads (answers, JSON
-errors before the first byte, the 504 of a call past its deadline, the
+errors before the first byte, the 422 of a call past its deadline, the
 bearer token) and that ``/stats`` and ``/metrics`` count every request."""
 
 from __future__ import annotations
@@ -75,7 +75,7 @@ def test_answers_errors_deadline_and_counts(url: str) -> None:
         assert rose - before.value("sluice_http_requests_total", status=status, **HPUSH) == count
 
     r = put(url, "b/slow", b"x", etl_args="sleep")
-    assert r.status_code == 504, r.text
+    assert r.status_code == 422, r.text
     assert r.json()["kind"] == "TransformTimeout" and r.json()["object"] == "b/slow"
     # Another thread answers at once while the slow call runs on.
     assert put(url, "b/o3", b"after").content == b"AFTER"
@@ -93,7 +93,7 @@ def test_answers_errors_deadline_and_counts(url: str) -> None:
 
 def test_a_batch_goes_on_past_an_object_stuck_past_its_deadline(url: str, tmp_path: Path) -> None:
     """In ``POST /_sluice/batch`` each object keeps its own ``requestSeconds``: the stuck
-    one is 504, and the others are transformed while its thread sleeps on."""
+    one is 422 (TransformTimeout), and the others are transformed while its thread sleeps on."""
     items = []
     for i in range(20):
         f = tmp_path / f"o{i}"
@@ -113,7 +113,7 @@ def test_a_batch_goes_on_past_an_object_stuck_past_its_deadline(url: str, tmp_pa
     assert len(frames) == 20
     for i, (status, body) in enumerate(frames):
         if i == 5:
-            assert status == 504, body
+            assert status == 422, body
             err = json.loads(body)
             assert err["kind"] == "TransformTimeout" and err["object"] == "b/o5"
         else:
