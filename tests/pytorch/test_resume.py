@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import islice
 
+import httpx
 import pytest
 
 from etl_runtime.pytorch import (
@@ -20,7 +21,7 @@ from etl_runtime.pytorch import (
     Source,
     merge_positions,
 )
-from tests.pytorch.conftest import OBJECTS, PER_SHARD, SHARDS, sample_key
+from tests.pytorch.conftest import OBJECTS, PER_SHARD, SHARDS, make_shard, sample_key
 
 pytestmark = pytest.mark.torch
 stateful = pytest.importorskip("torchdata.stateful_dataloader")
@@ -149,3 +150,44 @@ def test_batches_2x2_resume_as_1x3_read_every_object_once(objects) -> None:
     got = [n for batch in first + rest for n, _ in batch]
     assert len(first) == 4
     assert Counter(got) == Counter(list(OBJECTS))
+
+
+def served_bytes(client) -> float:
+    """Bytes the targets have sent for object GETs (their /metrics, all targets)."""
+    total = 0.0
+    for target in client.cluster()["targets"]:
+        for line in httpx.get(f"{target['url']}/metrics").text.splitlines():
+            if line.startswith("sluice_http_sent_bytes_total{") and 'op="get"' in line:
+                if 'role="target"' in line and "/v1/objects/" in line:
+                    total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def test_a_mid_shard_resume_reads_from_the_last_sample_not_the_whole_shard(client) -> None:
+    bucket = client.bucket("pt-ranged").create()
+    pad = 20_000
+    shard = make_shard(9, samples=20, pad=pad)
+    bucket.object("big.tar").put_content(shard)
+    reader = ShardReader(bucket)
+    first = [key for key, _ in islice(iter(reader), 18)]
+    state = reader.state_dict()
+
+    before = served_bytes(client)
+    again = ShardReader(bucket)
+    again.load_state_dict(state)
+    rest = [key for key, _ in again]
+    sent = served_bytes(client) - before
+    assert first + rest == [sample_key(9, i) for i in range(20)]
+    # The 18th sample (checked to be the one read last) and the two after it, not 20.
+    assert 2 * pad < sent < 4 * pad, (sent, len(shard))
+
+    before = served_bytes(client)
+    assert len(list(ShardReader(bucket))) == 20
+    assert served_bytes(client) - before >= len(shard)
+
+    # The shard rewritten since: the saved sample is not where the position says.
+    bucket.object("big.tar").put_content(make_shard(8, samples=20, pad=pad + 1))
+    changed = ShardReader(bucket)
+    changed.load_state_dict(state)
+    with pytest.raises(DatasetError, match="pt-ranged/big.tar' changed since"):
+        list(changed)
