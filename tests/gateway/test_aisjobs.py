@@ -24,7 +24,7 @@ def view(**over: Any) -> dict[str, Any]:
         "kind": "etl-bck",
         "state": "Failed",
         "reason": "target 't1' not reachable (ConnectError) for more than 60s",
-        "spec": {"src": "a", "dst": "b", "num_workers": 3},
+        "spec": {"src": "bkt-a", "dst": "bkt", "num_workers": 3},
         "started": 1_795_390_000.5,
         "ended": 1_795_390_070.25,
         "targets": {
@@ -52,7 +52,7 @@ def test_a_failed_job_is_aborted_with_its_reason() -> None:
     assert t0.stats and t0.stats.objects == 4 and t0.stats.bytes == 400
     assert t0.start_time == "2026-11-22T23:26:40.500000Z" and t0.end_time.endswith("50.250000Z")
     assert t1.aborted and "t1" in t1.abort_err and t1.end_time != GO_ZERO_TIME
-    assert t0.source_bck and t0.source_bck.name == "a" and t0.destination_bck.name == "b"
+    assert t0.source_bck and t0.source_bck.name == "bkt-a" and t0.destination_bck.name == "bkt"
     assert got.get_num_workers() == 3
 
 

@@ -28,8 +28,8 @@ def test_create_list_delete_broadcast(cluster: Cluster) -> None:
 
 def test_bad_bucket_requests(cluster: Cluster) -> None:
     c = cluster.client
-    assert c.post("/v1/buckets/b", json={"action": "nope"}).status_code == 400
-    assert c.post("/v1/buckets/b", content=b"not json").status_code == 400
+    assert c.post("/v1/buckets/bkt", json={"action": "nope"}).status_code == 400
+    assert c.post("/v1/buckets/bkt", content=b"not json").status_code == 400
     r = c.post("/v1/buckets/bad!", json={"action": "create-bck"})
     assert r.status_code == 400 and r.json()["kind"] == "InvalidName"
     assert c.get("/v1/buckets").json() == {"buckets": []}
@@ -39,12 +39,12 @@ def test_bad_bucket_requests(cluster: Cluster) -> None:
 
 def test_listing_merges_targets_sorted_and_paginates(cluster: Cluster) -> None:
     c = cluster.client
-    c.post("/v1/buckets/b", json={"action": "create-bck"})
+    c.post("/v1/buckets/bkt", json={"action": "create-bck"})
     names = sorted([f"shard-{i:03d}.tar" for i in range(40)] + ["other/x", "other/y"])
     for n in names:
-        assert c.put(f"/v1/objects/b/{n}", content=n.encode()).status_code == 200
-    assert all(len(cluster.objects_on(t.id, "b")) < len(names) for t in cluster.targets)
-    full = c.get("/v1/buckets/b").json()
+        assert c.put(f"/v1/objects/bkt/{n}", content=n.encode()).status_code == 200
+    assert all(len(cluster.objects_on(t.id, "bkt")) < len(names) for t in cluster.targets)
+    full = c.get("/v1/buckets/bkt").json()
     assert [o["name"] for o in full["objects"]] == names and full["next"] is None
     assert full["objects"][0]["size"] == len(names[0])
     seen: list[str] = []
@@ -52,7 +52,7 @@ def test_listing_merges_targets_sorted_and_paginates(cluster: Cluster) -> None:
     pages = 0
     while True:
         page = c.get(
-            "/v1/buckets/b", params={"prefix": "shard-", "limit": 7, "start_after": start}
+            "/v1/buckets/bkt", params={"prefix": "shard-", "limit": 7, "start_after": start}
         ).json()
         seen += [o["name"] for o in page["objects"]]
         pages += 1
@@ -62,23 +62,23 @@ def test_listing_merges_targets_sorted_and_paginates(cluster: Cluster) -> None:
         start = page["next"]
     assert seen == [n for n in names if n.startswith("shard-")]
     assert pages == 6
-    assert c.get("/v1/buckets/b", params={"prefix": "other/"}).json()["objects"][1]["name"] == (
+    assert c.get("/v1/buckets/bkt", params={"prefix": "other/"}).json()["objects"][1]["name"] == (
         "other/y"
     )
 
 
 def test_bucket_mutations_need_token(secured: Cluster) -> None:
     url = secured.url
-    r = httpx.post(f"{url}/v1/buckets/b", json={"action": "create-bck"})
+    r = httpx.post(f"{url}/v1/buckets/bkt", json={"action": "create-bck"})
     assert r.status_code == 401 and r.json()["kind"] == "Unauthorized"
     assert httpx.get(f"{url}/v1/buckets").json() == {"buckets": []}
-    assert secured.client.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
-    assert httpx.delete(f"{url}/v1/buckets/b").status_code == 401
+    assert secured.client.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
+    assert httpx.delete(f"{url}/v1/buckets/bkt").status_code == 401
     wrong = {"Authorization": "Bearer wrong"}
-    assert httpx.delete(f"{url}/v1/buckets/b", headers=wrong).status_code == 401
-    assert httpx.get(f"{url}/v1/buckets").json() == {"buckets": ["b"]}
+    assert httpx.delete(f"{url}/v1/buckets/bkt", headers=wrong).status_code == 401
+    assert httpx.get(f"{url}/v1/buckets").json() == {"buckets": ["bkt"]}
     ok = {"Authorization": f"Bearer {TOKEN}"}
-    assert httpx.delete(f"{url}/v1/buckets/b", headers=ok).status_code == 200
+    assert httpx.delete(f"{url}/v1/buckets/bkt", headers=ok).status_code == 200
 
 
 def test_health_and_cluster(cluster: Cluster) -> None:

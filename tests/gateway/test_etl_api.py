@@ -51,11 +51,11 @@ def test_etl_lifecycle_and_transformed_reads(with_transformers: Cluster) -> None
         "etls": [{"name": "rev", "phase": "Initializing", "mode": "object", "ready": 2, "total": 2}]
     }
 
-    c.post("/v1/buckets/b", json={"action": "create-bck"})
+    c.post("/v1/buckets/bkt", json={"action": "create-bck"})
     for i in range(6):
-        c.put(f"/v1/objects/b/o{i}", content=f"object-{i}".encode())
+        c.put(f"/v1/objects/bkt/o{i}", content=f"object-{i}".encode())
     for i in range(6):
-        r = c.get(f"/v1/objects/b/o{i}", params={"etl_name": "rev"})
+        r = c.get(f"/v1/objects/bkt/o{i}", params={"etl_name": "rev"})
         assert r.status_code == 200 and r.content == f"object-{i}".encode()[::-1]
 
     d = c.get("/v1/etl/rev").json()
@@ -70,13 +70,13 @@ def test_etl_lifecycle_and_transformed_reads(with_transformers: Cluster) -> None
 
     r = c.post("/v1/etl/rev/stop")
     assert r.status_code == 200 and r.json()["phase"] == "Stopped"
-    r = c.get("/v1/objects/b/o1", params={"etl_name": "rev"})
+    r = c.get("/v1/objects/bkt/o1", params={"etl_name": "rev"})
     assert r.status_code == 409 and "POST /v1/etl/rev/start" in r.json()["error"]
     assert c.post("/v1/etl/rev/start").json()["phase"] == "Running"
-    assert c.get("/v1/objects/b/o1", params={"etl_name": "rev"}).content == b"1-tcejbo"
+    assert c.get("/v1/objects/bkt/o1", params={"etl_name": "rev"}).content == b"1-tcejbo"
 
     assert c.delete("/v1/etl/rev").json() == {"name": "rev", "deleted": True}
-    r = c.get("/v1/objects/b/o1", params={"etl_name": "rev"})
+    r = c.get("/v1/objects/bkt/o1", params={"etl_name": "rev"})
     assert r.status_code == 404 and r.json()["kind"] == "EtlNotFound"
     for call in (
         c.get("/v1/etl/rev"),

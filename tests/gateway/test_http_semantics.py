@@ -35,9 +35,9 @@ SIZE = 3 << 20
 
 @pytest.fixture
 def blob(cluster: Cluster) -> bytes:
-    cluster.client.post("/v1/buckets/b", json={"action": "create-bck"})
+    cluster.client.post("/v1/buckets/bkt", json={"action": "create-bck"})
     data = random.Random(14).randbytes(SIZE)
-    assert cluster.client.put("/v1/objects/b/big.bin", content=data).status_code == 200
+    assert cluster.client.put("/v1/objects/bkt/big.bin", content=data).status_code == 200
     return data
 
 
@@ -56,7 +56,7 @@ def test_100_random_ranges_match_slices(cluster: Cluster, blob: bytes) -> None:
         else:
             n = rng.randrange(1, SIZE + 10)
             spec, want = f"-{n}", blob[-n:]
-        r = c.get("/v1/objects/b/big.bin", headers={"Range": f"bytes={spec}"})
+        r = c.get("/v1/objects/bkt/big.bin", headers={"Range": f"bytes={spec}"})
         assert r.status_code == 206, (spec, r.status_code)
         assert r.content == want, spec
         start = SIZE - len(want)
@@ -66,7 +66,7 @@ def test_100_random_ranges_match_slices(cluster: Cluster, blob: bytes) -> None:
 
 
 def test_range_edges_and_conditionals(cluster: Cluster, blob: bytes) -> None:
-    c, url = cluster.client, "/v1/objects/b/big.bin"
+    c, url = cluster.client, "/v1/objects/bkt/big.bin"
     etag = f'"{hashlib.md5(blob).hexdigest()}"'
     r = c.get(url, headers={"Range": f"bytes={SIZE}-"})
     assert r.status_code == 416 and r.headers["content-range"] == f"bytes */{SIZE}"
@@ -94,7 +94,7 @@ def test_range_edges_and_conditionals(cluster: Cluster, blob: bytes) -> None:
 
 
 def test_etl_get_with_range_is_400(cluster: Cluster, blob: bytes) -> None:
-    r = cluster.client.get("/v1/objects/b/big.bin?etl_name=x", headers={"Range": "bytes=0-9"})
+    r = cluster.client.get("/v1/objects/bkt/big.bin?etl_name=x", headers={"Range": "bytes=0-9"})
     assert r.status_code == 400 and "Range" in r.json()["error"]
 
 
@@ -105,17 +105,17 @@ def test_unknown_query_parameters_are_400_by_name(cluster: Cluster, blob: bytes)
         ("DELETE", "force=1"),
         ("PUT", "etl_fqn=/etc/passwd"),
     ]:
-        r = httpx.request(method, f"{cluster.url}/v1/objects/b/big.bin?{query}")
+        r = httpx.request(method, f"{cluster.url}/v1/objects/bkt/big.bin?{query}")
         assert r.status_code == 400, (method, query)
         if method != "HEAD":
             assert query.split("&")[-1].split("=")[0] in r.json()["error"]
     # and on the target itself
-    r = httpx.get(f"{cluster.targets[0].url}/v1/objects/b/big.bin?etl_pipeline=a")
+    r = httpx.get(f"{cluster.targets[0].url}/v1/objects/bkt/big.bin?etl_pipeline=a")
     assert r.status_code == 400 and "etl_pipeline" in r.json()["error"]
 
 
 def test_head_bucket(cluster: Cluster, blob: bytes) -> None:
-    assert httpx.head(f"{cluster.url}/v1/buckets/b").status_code == 200
+    assert httpx.head(f"{cluster.url}/v1/buckets/bkt").status_code == 200
     assert httpx.head(f"{cluster.url}/v1/buckets/nope").status_code == 404
 
 
@@ -144,16 +144,16 @@ def bytes_sent() -> Iterator[list[int]]:
 
 
 def test_upload_crosses_the_wire_once(cluster: Cluster) -> None:
-    cluster.client.post("/v1/buckets/b", json={"action": "create-bck"})
+    cluster.client.post("/v1/buckets/bkt", json={"action": "create-bck"})
     data = os.urandom(SIZE)
-    url = f"{cluster.url}/v1/objects/b/up.bin"
+    url = f"{cluster.url}/v1/objects/bkt/up.bin"
     with bytes_sent() as sent:
         assert httpx.put(url, content=data, follow_redirects=True).status_code == 200
     assert SIZE <= sent[0] < 1.2 * SIZE, f"httpx sent {sent[0]} bytes for {SIZE}"
     with bytes_sent() as sent:
         assert requests.put(url, data=data, timeout=60).status_code == 200
     assert SIZE <= sent[0] < 1.2 * SIZE, f"requests sent {sent[0]} bytes for {SIZE}"
-    assert cluster.client.get("/v1/objects/b/up.bin").content == data
+    assert cluster.client.get("/v1/objects/bkt/up.bin").content == data
 
 
 def test_aistore_sdk(cluster: Cluster) -> None:
@@ -184,6 +184,6 @@ def test_aistore_sdk(cluster: Cluster) -> None:
     with pytest.raises(ErrBckNotFound):
         bck.delete()
     # Sluice's own create of an existing bucket still answers created: false
-    cluster.client.post("/v1/buckets/s", json={"action": "create-bck"})
-    r = cluster.client.post("/v1/buckets/s", json={"action": "create-bck"})
+    cluster.client.post("/v1/buckets/bkt-s", json={"action": "create-bck"})
+    r = cluster.client.post("/v1/buckets/bkt-s", json={"action": "create-bck"})
     assert r.status_code == 200 and r.json()["created"] is False

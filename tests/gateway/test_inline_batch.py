@@ -33,7 +33,10 @@ from tests.servers import serve_in_thread
 from tests.storage_target.fakes import CLUSTER_KEY, DictRegistry
 from tests.storage_target.test_inline import _metric
 
-BODY = b'{"in": [{"objname": "o1", "bucket": "b"}, {"objname": "o0", "bucket": "b"}], "strm": true}'
+BODY = (
+    b'{"in": [{"objname": "o1", "bucket": "bkt"}, {"objname": "o0", "bucket": "bkt"}],'
+    b' "strm": true}'
+)
 READ = "r-secret"
 
 
@@ -93,10 +96,10 @@ def _serve(tmp_path: Path, loop: str, read_token: str | None) -> Iterator[Served
             httpx.Client(base_url=inline_url, timeout=30) as inline,
             httpx.Client(base_url=route_url, timeout=30) as route,
         ):
-            route.post("/v1/buckets/b", json={"action": "create-bck"}).raise_for_status()
+            route.post("/v1/buckets/bkt", json={"action": "create-bck"}).raise_for_status()
             for i in range(2):
                 route.put(
-                    f"/v1/objects/b/o{i}", content=b"%d" % i * 10, follow_redirects=True
+                    f"/v1/objects/bkt/o{i}", content=b"%d" % i * 10, follow_redirects=True
                 ).raise_for_status()
             yield Served(inline, route, turl, answers, cmap.get().version)
 
@@ -131,10 +134,10 @@ def _names(raw: bytes) -> list[tuple[str, bytes]]:
 @pytest.mark.parametrize(
     "url",
     [
-        "/v1/ml/moss/b",
-        "/v1/ml/moss/b?provider=ais&coloc=1",
+        "/v1/ml/moss/bkt",
+        "/v1/ml/moss/bkt?provider=ais&coloc=1",
         "/v1/ml/moss?provider=",  # each item names its bucket
-        "/v1/ml/moss/b?sluice_exp=1&sluice_sig=x",  # a caller's signature: dropped
+        "/v1/ml/moss/bkt?sluice_exp=1&sluice_sig=x",  # a caller's signature: dropped
     ],
 )
 def test_the_inline_redirect_is_the_routes(served: Served, url: str) -> None:
@@ -148,18 +151,18 @@ def test_the_inline_redirect_is_the_routes(served: Served, url: str) -> None:
     # the redirect takes the client to its batch
     r = _get(httpx.Client(timeout=30), location)
     assert r.status_code == 200, r.text
-    assert _names(r.content) == [("b/o1", b"1" * 10), ("b/o0", b"0" * 10)]
+    assert _names(r.content) == [("bkt/o1", b"1" * 10), ("bkt/o0", b"0" * 10)]
 
 
 @pytest.mark.parametrize(
     "url",
     [
-        "/v1/ml/moss/b?bogus=1",  # the route's 400 names it
-        "/v1/ml/moss/b?provider=ais&provider=ais",
-        "/v1/ml/moss/b?provider=oci",  # a provider Sluice does not serve
-        "/v1/ml/moss/b?sluice_map=1",  # only the gateway adds it
-        "/v1/ml/moss/b?etl_name=nope",  # the ETL is looked up: no such ETL
-        "/v1/ml/moss/b?etl_args=x",  # no ETL to pass them to
+        "/v1/ml/moss/bkt?bogus=1",  # the route's 400 names it
+        "/v1/ml/moss/bkt?provider=ais&provider=ais",
+        "/v1/ml/moss/bkt?provider=oci",  # a provider Sluice does not serve
+        "/v1/ml/moss/bkt?sluice_map=1",  # only the gateway adds it
+        "/v1/ml/moss/bkt?etl_name=nope",  # the ETL is looked up: no such ETL
+        "/v1/ml/moss/bkt?etl_args=x",  # no ETL to pass them to
         "/v1/ml/moss/Bad%20Name",
         "/v1/ml/mossy",
     ],
@@ -179,23 +182,23 @@ def test_a_body_the_answerer_does_not_wait_for_gets_the_routes_redirect(served: 
         yield BODY
 
     for c in (served.inline, served.route):
-        assert _get(c, "/v1/ml/moss/b", big).status_code == 307
-        r = c.request("GET", "/v1/ml/moss/b", content=chunked())
+        assert _get(c, "/v1/ml/moss/bkt", big).status_code == 307
+        r = c.request("GET", "/v1/ml/moss/bkt", content=chunked())
         assert r.status_code == 307
     assert served.answers == []
 
 
 def test_a_read_needs_the_token_and_the_redirect_is_signed(secured: Served) -> None:
-    r = _get(secured.inline, "/v1/ml/moss/b")
+    r = _get(secured.inline, "/v1/ml/moss/bkt")
     assert r.status_code == 401 and "SLUICE_READ_TOKEN" in r.json()["error"]
-    _same(r, _get(secured.route, "/v1/ml/moss/b"))
+    _same(r, _get(secured.route, "/v1/ml/moss/bkt"))
     assert secured.answers == []
-    r = _get(secured.inline, "/v1/ml/moss/b", Authorization=f"Bearer {READ}")
+    r = _get(secured.inline, "/v1/ml/moss/bkt", Authorization=f"Bearer {READ}")
     assert r.status_code == 307 and secured.answers == [True]
     location = r.headers["location"]
     assert {"sluice_exp", "sluice_sig", "sluice_map"} <= set(parse_qs(urlsplit(location).query))
     with httpx.Client(timeout=30) as c:  # no token: the signature lets the target serve it
-        assert _names(_get(c, location).content) == [("b/o1", b"1" * 10), ("b/o0", b"0" * 10)]
+        assert _names(_get(c, location).content) == [("bkt/o1", b"1" * 10), ("bkt/o0", b"0" * 10)]
         other = b'{"in": [{"objname": "o0"}], "strm": true}'  # signed for its body alone
         assert _get(c, location, other).status_code == 401
 
@@ -205,7 +208,7 @@ def test_the_inline_redirect_is_counted_as_the_routes(served: Served) -> None:
     before = _metric(served.inline, "sluice_http_requests_total", **labels)
     received = _metric(served.inline, "sluice_http_received_bytes_total", route=labels["route"])
     for _ in range(3):
-        assert _get(served.inline, "/v1/ml/moss/b").status_code == 307
+        assert _get(served.inline, "/v1/ml/moss/bkt").status_code == 307
     assert served.answers == [True] * 3
     assert _metric(served.inline, "sluice_http_requests_total", **labels) - before == 3
     assert _metric(

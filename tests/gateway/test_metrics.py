@@ -14,13 +14,13 @@ def test_redirected_gets_are_counted_on_the_gateway_and_served_by_targets(
     cluster: Cluster,
 ) -> None:
     c = cluster.client
-    assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+    assert c.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
     names = [f"obj-{i}" for i in range(4)]
     for name in names:
-        assert c.put(f"/v1/objects/b/{name}", content=name.encode() * 100).status_code == 200
+        assert c.put(f"/v1/objects/bkt/{name}", content=name.encode() * 100).status_code == 200
     for _ in range(7):
-        assert c.get("/v1/objects/b/obj-0").status_code == 200
-    assert c.get("/v1/buckets/b").status_code == 200
+        assert c.get("/v1/objects/bkt/obj-0").status_code == 200
+    assert c.get("/v1/buckets/bkt").status_code == 200
 
     gw = scrape(cluster.url)
     get = {"role": "gateway", "route": OBJECT_ROUTE, "op": "get"}

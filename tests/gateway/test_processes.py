@@ -75,11 +75,11 @@ def test_gateway_and_targets_as_processes(tmp_path: Path) -> None:
         )
         assert c.get("/v1/health").json()["targets"] == 2
         assert [t["alive"] for t in c.get("/v1/cluster").json()["targets"]] == [True, True]
-        assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert c.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
         data = os.urandom(300_000)
-        assert c.put("/v1/objects/b/d/o.bin", content=data).status_code == 200
-        assert c.get("/v1/objects/b/d/o.bin").content == data
-        assert httpx.put(f"{gw}/v1/objects/b/x", content=b"x").status_code == 401
+        assert c.put("/v1/objects/bkt/d/o.bin", content=data).status_code == 200
+        assert c.get("/v1/objects/bkt/d/o.bin").content == data
+        assert httpx.put(f"{gw}/v1/objects/bkt/x", content=b"x").status_code == 401
 
         # a transformer the targets find through their file registry
         tf = stack.enter_context(serve_in_thread(transformer_app("rev", uid="u1", key=key)))
@@ -93,7 +93,7 @@ def test_gateway_and_targets_as_processes(tmp_path: Path) -> None:
             ),
         )
         (registry / "rev.json").write_text(json.dumps(record.to_dict()))
-        r = c.get("/v1/objects/b/d/o.bin", params={"etl_name": "rev"})
+        r = c.get("/v1/objects/bkt/d/o.bin", params={"etl_name": "rev"})
         assert r.status_code == 200 and r.content == data[::-1]
-        r = c.get("/v1/objects/b/d/o.bin", params={"etl_name": "nope"})
+        r = c.get("/v1/objects/bkt/d/o.bin", params={"etl_name": "nope"})
         assert r.status_code == 404 and r.json()["kind"] == "EtlNotFound"

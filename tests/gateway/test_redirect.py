@@ -16,7 +16,7 @@ from etl_runtime.cluster.hrw import hrw_owner
 from tests.gateway.conftest import TOKEN, Cluster
 
 
-def mkbucket(c: Cluster, b: str = "b") -> None:
+def mkbucket(c: Cluster, b: str = "bkt") -> None:
     assert c.client.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).status_code == 200
 
 
@@ -26,12 +26,12 @@ def curl(*args: str) -> subprocess.CompletedProcess[bytes]:
 
 def test_redirect_goes_to_hrw_owner_with_query(cluster: Cluster) -> None:
     mkbucket(cluster)
-    r = httpx.get(f"{cluster.url}/v1/objects/b/dir/x.bin?etl_name=e&etl_args=a%20b&provider=")
+    r = httpx.get(f"{cluster.url}/v1/objects/bkt/dir/x.bin?etl_name=e&etl_args=a%20b&provider=")
     assert r.status_code == 307
     loc = urlsplit(r.headers["location"])
-    owner = hrw_owner(cluster.targets, "b/dir/x.bin")
+    owner = hrw_owner(cluster.targets, "bkt/dir/x.bin")
     assert f"{loc.scheme}://{loc.netloc}" == owner.url
-    assert loc.path == "/v1/objects/b/dir/x.bin"
+    assert loc.path == "/v1/objects/bkt/dir/x.bin"
     assert parse_qs(loc.query, keep_blank_values=True) == {
         "etl_name": ["e"],
         "etl_args": ["a b"],
@@ -45,20 +45,20 @@ def test_httpx_put_get_head_delete_follow_redirects(cluster: Cluster) -> None:
     c = cluster.client
     blobs = {f"dir/{i}/obj.bin": os.urandom(1 << 20 if i == 0 else 1000 + i) for i in range(20)}
     for name, data in blobs.items():
-        r = c.put(f"/v1/objects/b/{name}", content=data)
+        r = c.put(f"/v1/objects/bkt/{name}", content=data)
         assert r.status_code == 200, r.text
         assert not r.history  # the gateway streamed it to the owner: sent once
         assert r.json()["etag"] == hashlib.md5(data).hexdigest()
     for name, data in blobs.items():
-        owner = hrw_owner(cluster.targets, f"b/{name}").id
-        assert name in cluster.objects_on(owner, "b")  # stored on its owner only
+        owner = hrw_owner(cluster.targets, f"bkt/{name}").id
+        assert name in cluster.objects_on(owner, "bkt")  # stored on its owner only
         other = next(t.id for t in cluster.targets if t.id != owner)
-        assert name not in cluster.objects_on(other, "b")
-        assert c.get(f"/v1/objects/b/{name}").content == data
-        assert c.head(f"/v1/objects/b/{name}").headers["content-length"] == str(len(data))
-    assert all(cluster.objects_on(t.id, "b") for t in cluster.targets)  # both got some
-    assert c.delete("/v1/objects/b/dir/0/obj.bin").status_code == 200
-    r = c.get("/v1/objects/b/dir/0/obj.bin")
+        assert name not in cluster.objects_on(other, "bkt")
+        assert c.get(f"/v1/objects/bkt/{name}").content == data
+        assert c.head(f"/v1/objects/bkt/{name}").headers["content-length"] == str(len(data))
+    assert all(cluster.objects_on(t.id, "bkt") for t in cluster.targets)  # both got some
+    assert c.delete("/v1/objects/bkt/dir/0/obj.bin").status_code == 200
+    r = c.get("/v1/objects/bkt/dir/0/obj.bin")
     assert r.status_code == 404 and r.json()["object"] == "dir/0/obj.bin"
 
 
@@ -66,7 +66,7 @@ def test_curl_follows(cluster: Cluster, tmp_path: Path) -> None:
     mkbucket(cluster)
     src = tmp_path / "in.bin"
     src.write_bytes(os.urandom(3 << 20))  # big enough for curl to use Expect: 100-continue
-    url = f"{cluster.url}/v1/objects/b/curl/obj.bin"
+    url = f"{cluster.url}/v1/objects/bkt/curl/obj.bin"
     put = curl("-T", str(src), url)
     assert put.returncode == 0, put.stderr
     assert b'"etag"' in put.stdout
@@ -79,7 +79,7 @@ def test_curl_follows(cluster: Cluster, tmp_path: Path) -> None:
 
 def test_requests_follows(cluster: Cluster) -> None:
     mkbucket(cluster)
-    url = f"{cluster.url}/v1/objects/b/req/o.bin"
+    url = f"{cluster.url}/v1/objects/bkt/req/o.bin"
     data = os.urandom(200_000)
     r = requests.put(url, data=data, timeout=30)
     assert r.status_code == 200 and not r.history  # proxied, not redirected
@@ -91,10 +91,10 @@ def test_requests_follows(cluster: Cluster) -> None:
 @pytest.mark.parametrize(
     "path",
     [
-        "/v1/objects/b/a//b",
-        "/v1/objects/b/%2E%2E/x",
-        "/v1/objects/b/a%00",
-        "/v1/objects/b/",
+        "/v1/objects/bkt/a//b",
+        "/v1/objects/bkt/%2E%2E/x",
+        "/v1/objects/bkt/a%00",
+        "/v1/objects/bkt/",
         "/v1/objects/b",
         "/v1/objects/b%21/x",
     ],
@@ -108,7 +108,7 @@ def test_bad_names_are_400_at_the_gateway(cluster: Cluster, path: str) -> None:
 
 def test_no_live_targets_is_503(cluster: Cluster) -> None:
     cluster.discovery.live = []
-    r = httpx.get(f"{cluster.url}/v1/objects/b/o")
+    r = httpx.get(f"{cluster.url}/v1/objects/bkt/o")
     assert r.status_code == 503 and r.json()["kind"] == "NoTargets"
     assert "retry-after" in r.headers
     assert httpx.get(f"{cluster.url}/v1/buckets").status_code == 503
@@ -117,7 +117,7 @@ def test_no_live_targets_is_503(cluster: Cluster) -> None:
 
 def test_token_signed_redirects(secured: Cluster) -> None:
     mkbucket(secured)
-    url = f"{secured.url}/v1/objects/b/sec/o.bin"
+    url = f"{secured.url}/v1/objects/bkt/sec/o.bin"
     bearer = {"Authorization": f"Bearer {TOKEN}"}
     # no or wrong token: refused at the gateway, nothing stored
     r = httpx.put(url, content=b"x", follow_redirects=True)
@@ -151,12 +151,12 @@ def test_an_empty_put_is_redirected_not_proxied(cluster: Cluster) -> None:
     """
     mkbucket(cluster)
     c = cluster.client
-    assert c.put("/v1/objects/b/kept", content=b"v1").status_code == 200
-    r = httpx.put(f"{cluster.url}/v1/objects/b/kept", content=b"")
-    assert r.status_code == 307 and r.headers["location"].endswith("/v1/objects/b/kept")
-    assert c.get("/v1/objects/b/kept").content == b"v1"
+    assert c.put("/v1/objects/bkt/kept", content=b"v1").status_code == 200
+    r = httpx.put(f"{cluster.url}/v1/objects/bkt/kept", content=b"")
+    assert r.status_code == 307 and r.headers["location"].endswith("/v1/objects/bkt/kept")
+    assert c.get("/v1/objects/bkt/kept").content == b"v1"
     from etl_runtime import Client
 
     with Client(cluster.url) as sdk:
-        sdk.bucket("b").object("kept").put_content(b"v2")
-    assert c.get("/v1/objects/b/kept").content == b"v2"
+        sdk.bucket("bkt").object("kept").put_content(b"v2")
+    assert c.get("/v1/objects/bkt/kept").content == b"v2"
