@@ -6,6 +6,8 @@
 #   kubelet kube-proxy                                            (same build: shared cache)
 #   etcd                                                          (go.etcd.io/etcd/server/v3)
 #   helm                                                          (helm.sh/helm/v3)
+#   coredns: the dev cluster's DNS (github.com/coredns/coredns), with only
+#            the plugins it uses (tests/k8s/clusterdns.py)
 #   pause and echo test images (tests/k8s/images/*, static Go on an empty
 #   image, packed by tests/k8s/ociimage.py) into ~/.cache/sluice/k8s-images/
 #
@@ -26,13 +28,14 @@
 # that requires the main module and replaces every staging module by its
 # published version, then `go build -o`.
 #
-# Env overrides: K8S_VERSION, ETCD_VERSION, HELM_VERSION, SLUICE_CACHE,
+# Env overrides: K8S_VERSION, ETCD_VERSION, HELM_VERSION, COREDNS_VERSION, SLUICE_CACHE,
 # K8S_TOOLS_JOBS (go build -p, default 2).
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 HELM_VERSION="${HELM_VERSION:-v3.19.0}"
+COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
 CACHE="${SLUICE_CACHE:-$HOME/.cache/sluice}"
 BIN="$CACHE/bin"
 BUILD="$CACHE/build"
@@ -185,6 +188,54 @@ if ! up_to_date helm "$helm_stamp"; then
   log "helm done in $((SECONDS - t))s"
 else
   log "helm $helm_stamp up to date"
+fi
+
+# --- coredns -----------------------------------------------------------------
+# Only the plugins the dev cluster's Corefile uses (tests/k8s/clusterdns.py),
+# in CoreDNS's own execution order (its plugin.cfg): the full set pulls in
+# every cloud SDK and builds several times slower.  A main package of our own
+# sets the list with dnsserver.SetDirectives instead of `go generate` in a
+# checkout.  The stamp names the plugins, so changing the list rebuilds.
+coredns_plugins=(bind ready health errors log cache kubernetes loop forward)
+coredns_stamp="$COREDNS_VERSION ${coredns_plugins[*]}"
+if ! up_to_date coredns "$coredns_stamp"; then
+  t=$SECONDS
+  log "building coredns $COREDNS_VERSION (plugins: ${coredns_plugins[*]})"
+  dir="$(gomodule coredns github.com/coredns/coredns "$COREDNS_VERSION" "")"
+  imports="" names=""
+  for p in "${coredns_plugins[@]}"; do
+    imports+="	_ \"github.com/coredns/coredns/plugin/$p\""$'\n'
+    names+="\"$p\", "
+  done
+  cat >"$dir/main.go" <<EOF
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+$imports)
+
+func main() {
+	if err := dnsserver.SetDirectives([]string{$names}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	coremain.Run()
+}
+EOF
+  (
+    cd "$dir"
+    go mod tidy
+    go build -p "$JOBS" -ldflags="-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
+      -o "$BIN/coredns" .
+  )
+  echo "$coredns_stamp" >"$BIN/.coredns.version"
+  log "coredns done in $((SECONDS - t))s"
+else
+  log "coredns $coredns_stamp up to date"
 fi
 
 # --- test images: pause (pod sandbox) and echo --------------------------------

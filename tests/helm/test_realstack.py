@@ -14,9 +14,10 @@ One install for the module (tests run in file order and share it; each test
 makes its own bucket and ETL). Later tests change the release as a user
 would: ``helm upgrade --reuse-values`` (the keys survive), ``target.replicas=4``,
 ``operator.replicas=2`` (kopf peering, a fail-over), and the last one runs
-``helm uninstall`` (only the claims stay). Not covered here: NetworkPolicy (the bridge
-CNI does not enforce it) and Service DNS names (no cluster DNS; the chart
-needs none).
+``helm uninstall`` (only the claims stay). Pods resolve Services by name (the
+harness's cluster DNS, ``tests/k8s/clusterdns.py``). TLS on this cluster:
+``test_realstack_tls.py``; NetworkPolicy is not enforced by the bridge CNI
+(``test_realstack_tls.py`` shows it).
 """
 
 from __future__ import annotations
@@ -131,7 +132,8 @@ def test_kubectl_apply_etl_yaml_and_get_transformed_bytes(stack: Stack) -> None:
         got = httpx.get(first.headers["location"], follow_redirects=True, timeout=60)
         assert (got.status_code, got.content) == (200, data.upper()), got.text
 
-    # Through the gateway Service (kube-proxy), from a client pod without a token.
+    # Through the gateway Service by its DNS name (the cluster DNS, then kube-proxy),
+    # from a client pod without a token.
     client_pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "client"},
         "spec": {"nodeName": "node-0", "automountServiceAccountToken": False,
@@ -141,13 +143,26 @@ def test_kubectl_apply_etl_yaml_and_get_transformed_bytes(stack: Stack) -> None:
     stack.kubectl("apply", "-f", "-", stdin=json.dumps(client_pod))
     core = stack.cluster.core
     service = core.read_namespaced_service(f"{RELEASE}-sluice-gateway", stack.namespace)
-    svc_url = f"http://{service.spec.cluster_ip}:8080/v1/objects/plain/obj-3?etl_name=upper"
+    fqdn = f"{RELEASE}-sluice-gateway.{stack.namespace}.svc.cluster.local"
+    svc_url = f"http://{fqdn}:8080/v1/objects/plain/obj-3?etl_name=upper"
     # Retried: kube-proxy may not have synced the Service yet.
     via_service = wait_for(
         lambda: stack.kubectl("exec", "client", "--", "/echo", "get", svc_url), 120
     )
     assert via_service == "OBJECT 3 ON A REAL NODE"
     stack.kubectl("delete", "pod", "client", "--wait=false")
+    # glibc's resolver in a transformer pod too: the full name, and the short one
+    # through the pod's search path; the pods' resolv.conf names the kube-dns Service.
+    resolve = ("import socket, sys; print(*(socket.gethostbyname(n) for n in sys.argv[1:]), "
+               "open('/etc/resolv.conf').read())")  # fmt: skip
+    seen = stack.kubectl("exec", transformers[0].metadata.name, "--", "python", "-c", resolve,
+                         fqdn, f"{RELEASE}-sluice-gateway").split()  # fmt: skip
+    dns = core.read_namespaced_service("kube-dns", "kube-system").spec.cluster_ip
+    assert seen[:2] == [service.spec.cluster_ip] * 2, seen
+    assert dns in seen[2:] and f"{stack.namespace}.svc.cluster.local" in seen[2:], seen
+    events = stack.kubectl("get", "events", "--field-selector=reason=MissingClusterDNS", "-o",
+                           "name")  # fmt: skip
+    assert events == ""  # the kubelets have a cluster DNS to give pods
 
 
 def test_wds_etl_is_read_by_webdataset(stack: Stack) -> None:

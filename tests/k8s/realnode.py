@@ -13,8 +13,10 @@
    CNI plugins on the node's pod subnet, network namespaces mounted under its
    state dir), the test images imported into its ``k8s.io`` namespace, a
    **kubelet** (cgroupfs driver, ``cgroupRoot`` = the node cgroup, x509 client
-   auth against the cluster CA, its own root dir and pod log dir) and a
-   **kube-proxy** (iptables mode, in the node's namespace).
+   auth against the cluster CA, its own root dir and pod log dir, cluster DNS
+   ``10.0.0.10``) and a **kube-proxy** (iptables mode, in the node's namespace);
+   beside them the cluster DNS (``tests/k8s/clusterdns.py``: CoreDNS on the
+   bridge address behind a ``kube-dns`` Service);
 4. a local-path provisioner (``tests/k8s/provisioner.py``, a thread here):
    default StorageClass ``standard``, hostPath PVs in ``<state>/node-i/pv``.
 
@@ -48,6 +50,7 @@ from typing import IO
 
 from tests.k8s import nodenet
 from tests.k8s.api import Api
+from tests.k8s.clusterdns import DNS_IP, DOMAIN, ClusterDNS
 from tests.k8s.controlplane import (
     BIN_DIR,
     DIE_WITH_PARENT,
@@ -99,7 +102,7 @@ def sluice_image(name: str) -> tuple[str, Path] | None:
 
 def check_node_tools() -> None:
     """Fail with what to run when a node binary, package or image is missing."""
-    for name in ("kubelet", "kube-proxy"):
+    for name in ("kubelet", "kube-proxy", "coredns"):
         binary(name)
     missing = sorted({pkg for cmd, pkg in NODE_TOOLS.items() if not _which(cmd)})
     if not (CNI_BIN / "bridge").exists() or not (CNI_BIN / "host-local").exists():
@@ -173,7 +176,7 @@ def _kubelet_config(d: Path, slot: nodenet.Slot, node: int, ca: Path) -> str:
         "containerRuntimeEndpoint": f"unix://{d}/containerd.sock",
         "failSwapOn": False, "failCgroupV1": False,
         "podLogsDir": f"{d}/pod-logs", "resolvConf": "/etc/resolv.conf",
-        "clusterDomain": "cluster.local",
+        "clusterDNS": [DNS_IP], "clusterDomain": DOMAIN,
         # No image GC and near-zero eviction thresholds: the imported images
         # cannot be pulled again, and the shared disk is not ours to judge.
         "imageGCHighThresholdPercent": 100, "imageGCLowThresholdPercent": 99,
@@ -307,6 +310,7 @@ class RealCluster:
     _lock: IO[bytes] | None = None
     _reaper: subprocess.Popen[bytes] | None = None
     provisioner: LocalPathProvisioner | None = None
+    dns: ClusterDNS | None = None
     timings: dict[str, float] = field(default_factory=dict)  # seconds since start, cumulative
 
     def __enter__(self) -> RealCluster:
@@ -350,6 +354,8 @@ class RealCluster:
             self.timings["network+containerd"] = time.monotonic() - t0
             self.plane.start(timeout)
             self.timings["control plane"] = time.monotonic() - t0
+            self.dns = ClusterDNS(self.state_dir, self.slot.host_ip, self.kubeconfig)
+            self.dns.start()  # from this thread: it dies with it
             archives = [IMAGES_DIR / "pause.tar", IMAGES_DIR / "echo.tar", *self.extra_images]
             with ThreadPoolExecutor(len(self.node_list)) as pool:  # imports are IO-bound
                 list(pool.map(lambda n: n.import_images(archives), self.node_list))
@@ -358,6 +364,7 @@ class RealCluster:
                 node.start_kubelet_and_proxy()
             self.wait_nodes_ready(timeout - (time.monotonic() - t0))
             self.timings["nodes Ready"] = time.monotonic() - t0
+            self.dns.wait_ready()
             # StorageClass "standard" (default): hostPath PVs in <state>/node-i/pv.
             self.provisioner = LocalPathProvisioner(
                 Api(self.kubeconfig), self.state_dir,
@@ -419,6 +426,9 @@ class RealCluster:
             self._reaper = None
         for node in self.node_list:
             node.reap()
+        if self.dns is not None:
+            self.dns.stop()
+            self.dns = None
         if hasattr(self, "plane"):
             self.plane.stop(grace=3)  # its state is thrown away: no need to wait long
         if self._lock is not None:
