@@ -17,7 +17,9 @@ object's bucket, a view's source, every bucket of a GetBatch, a job's source
 and destination. A call that names no bucket is cluster-wide: a signed token
 may not make it (403), so a route that forgets its buckets fails closed, and
 managing ETLs and tokens stays with the user token and the cluster key.
-``tests/auth/test_routes.py`` checks that every route of every app calls it.
+``tests/auth/test_routes.py`` walks the gateway's and a target's route tables: with
+both tokens set, every route but a short allow-list (health, metrics, the API's
+description, the static status page) refuses a call without a token.
 
 401: no usable credentials (none, wrong, expired, revoked); 403 ``Forbidden``:
 a valid token whose scope does not cover the call, naming the bucket.

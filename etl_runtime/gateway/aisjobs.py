@@ -43,7 +43,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
-from etl_runtime.core.access import IN_BODY, carries_token
+from etl_runtime.core.access import IN_BODY
 from etl_runtime.core.errors import InvalidRequest, JobNotFound, SluiceError
 from etl_runtime.core.jsonbody import read_json
 from etl_runtime.core.params import refuse_unknown, refuse_what
@@ -295,10 +295,10 @@ def cluster_router(gw: Gateway) -> APIRouter:
 
     @router.get("/v1/cluster")
     async def cluster(request: Request) -> Any:
+        if request.query_params.get("what") != "status":  # status: a job's buckets, below
+            gw.require_read(request)  # cluster-wide: the read or user token (core/access.py)
         refuse_unknown(request, ("what",))
         if "what" not in request.query_params:
-            if carries_token(request):  # open as before (sluice up reads it), but not to
-                gw.require_read(request)  # a token limited to buckets: core/access.py
             return await cluster_view(gw)
         refuse_what(request, CLUSTER_WHATS)
         what = request.query_params["what"]
@@ -310,7 +310,6 @@ def cluster_router(gw: Gateway) -> APIRouter:
             view = await _one(views, _str(body, "ID"), _str(body, "Kind"))
             gw.require_read(request, *sum(spec_buckets(view.get("spec") or {}), []))
             return status(view)
-        gw.require_read(request)
         if what == "qryxstats":
             return await xact_stats(gw, views, await _body(request, ARGS_FIELDS))
         return await statuses(views, await _body(request, QUERY_FIELDS), what == "running_all")

@@ -162,7 +162,8 @@ def redirect_router(gw: Gateway) -> FastRouter:
     router = FastRouter()
 
     @each_method(router, "/v1/objects/{bucket}", METHODS)
-    async def missing_object_name(bucket: str) -> None:
+    async def missing_object_name(bucket: str, request: Request) -> None:
+        gw.require_read(request, bucket)  # the credentials first, like every route
         raise InvalidName(f"missing object name: use /v1/objects/{bucket}/<object>", bucket=bucket)
 
     @each_method(router, "/v1/objects/{bucket}/{name:path}", METHODS)

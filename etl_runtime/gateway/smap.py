@@ -73,6 +73,7 @@ def daemon_router(gw: Gateway) -> APIRouter:
 
     @router.get("/v1/daemon")
     async def daemon(request: Request) -> dict[str, Any]:
+        gw.require_read(request)  # the targets and their addresses: cluster-wide
         refuse_unknown(request, ("what",))
         refuse_what(request, DAEMON_WHATS)
         return smap(gw, request)

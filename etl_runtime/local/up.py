@@ -251,7 +251,9 @@ class Supervisor:
 
     def client(self, timeout: float) -> httpx.Client:
         verify = tls.client_context(self.ca) if self.args.tls else True
-        return httpx.Client(timeout=timeout, trust_env=False, verify=verify)
+        held = self.args.token or self.args.read_token  # /v1/cluster needs one when set
+        headers = {"Authorization": f"Bearer {held}"} if held else {}
+        return httpx.Client(timeout=timeout, trust_env=False, verify=verify, headers=headers)
 
     def start(self) -> str:
         """Start targets, then the gateway; return the gateway URL once all are healthy."""

@@ -34,7 +34,8 @@ from collections.abc import Callable
 import httpx
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
-from etl_runtime.core import tls
+from etl_runtime.core import auth, tls
+from etl_runtime.storage.peers import INTERNAL_HEADER
 
 log = logging.getLogger(__name__)
 DEFAULT_TIMEOUT = 25.0
@@ -70,7 +71,11 @@ async def decommission(
     log.warning("%s is leaving the cluster: handing its objects over (up to %.0fs)",
                 self_id, timeout)  # fmt: skip
     verify = tls.client_context()
-    async with httpx.AsyncClient(trust_env=False, timeout=5.0, verify=verify) as http:
+    key = auth.cluster_key_from_env()  # GET /v1/_rebalance is internal
+    internal = {INTERNAL_HEADER: auth.internal_token(key)} if key else {}
+    async with httpx.AsyncClient(
+        trust_env=False, timeout=5.0, verify=verify, headers=internal
+    ) as http:
         while time.monotonic() < deadline:
             m = cmap.get()
             if self_id not in m.members:

@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlRegistry
 from etl_runtime.cluster.smap import smap_doc
-from etl_runtime.core.access import require_read
+from etl_runtime.core.access import check, require_read
 from etl_runtime.core.metrics import RemoteCacheCollector, StorageCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown, refuse_what
 from etl_runtime.etl.cacheindex import OutputCacheCollector
@@ -126,7 +126,7 @@ def create_target_app(
     install_metrics(app, "target", *collectors)
     app.state.answerer = answerer(target, app.state.http_metrics)  # for run_server
     app.include_router(object_router(target))
-    app.include_router(internal_router(store, cluster_key or None, rebalancer))
+    app.include_router(internal_router(store, cluster_key or None, rebalancer, target))
     app.include_router(remote_router(target))
     app.include_router(jobs.router)
     app.include_router(batch_router(target))  # GetBatch: this target's share
@@ -139,6 +139,7 @@ def create_target_app(
     @app.get("/v1/daemon")
     async def daemon(request: Request) -> dict[str, Any]:
         """AIStore's Smap from this target's map (the aistore SDK asks again after a 404)."""
+        check(target, request, "read")  # the targets and their addresses: cluster-wide
         refuse_unknown(request, ("what",))
         refuse_what(request, ("smap",))
         if cluster_map is None:

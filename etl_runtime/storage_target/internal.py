@@ -16,7 +16,7 @@ import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
 
-from etl_runtime.core import auth
+from etl_runtime.core import access, auth
 from etl_runtime.core.errors import InvalidRequest, NotFound, Unauthorized
 from etl_runtime.core.names import validate_names
 from etl_runtime.core.params import refuse_unknown
@@ -30,7 +30,10 @@ from etl_runtime.storage_target.meta import internal_meta
 
 
 def internal_router(
-    store: ObjectStore, cluster_key: str | None, rebalancer: Rebalancer | None
+    store: ObjectStore,
+    cluster_key: str | None,
+    rebalancer: Rebalancer | None,
+    holder: access.Holder | None = None,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -41,6 +44,11 @@ def internal_router(
 
     @router.get("/v1/_rebalance")
     async def rebalance_status(request: Request) -> dict[str, Any]:
+        # Other targets, the gateway (its token) and decommission (the internal token).
+        if holder is not None and not auth.internal_ok(
+            request.headers.get(INTERNAL_HEADER), cluster_key
+        ):
+            access.check(holder, request, "read")
         refuse_unknown(request, ())
         if rebalancer is None:
             return {"state": "idle", "rebalance_id": None}

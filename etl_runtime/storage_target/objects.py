@@ -130,7 +130,8 @@ def object_router(target: Target) -> FastRouter:
         return {"objects": [o.to_dict() for o in page], "next": nxt}
 
     @each_method(router, "/v1/objects/{bucket}", ("GET", "HEAD", "PUT", "DELETE"))
-    async def missing_object_name(bucket: str) -> None:
+    async def missing_object_name(bucket: str, request: Request) -> None:
+        may_read(request, bucket)  # the credentials first, like every route
         raise InvalidName(f"missing object name: use /v1/objects/{bucket}/<object>", bucket=bucket)
 
     @router.head("/v1/buckets/{bucket}")
