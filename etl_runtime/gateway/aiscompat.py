@@ -13,8 +13,9 @@ requests and answers them in kind:
   and sizes, only), ``NO_RECURSION`` (the names right under ``prefix``, and
   each directory there once, as ``dir/`` with AIStore's directory flag);
   ``CACHED``, ``BCK_PRESENT``, ``DONT_HEAD_REMOTE``, ``DONT_ADD_REMOTE`` and
-  ``NO_DIRS`` change nothing Sluice lists; any other flag (``ARCH_DIR`` among
-  them) and any other field of the message is a 400 naming it;
+  ``NO_DIRS`` change nothing Sluice lists; ``ARCH_DIR`` follows each shard
+  with its files (``ais_shards.py``); any other flag and any other field of
+  the message is a 400 naming it;
 * ``cluster().list_buckets()`` is ``GET /v1/buckets`` with ``{"action": "list"}``
   and wants ``[{"name", "provider", "namespace"}]``;
 * the ETL list and details (``GET /v1/etl[/name]``) from a client whose
@@ -44,6 +45,8 @@ DEFAULT_PAGE = 1_000
 ENTRY_IS_CACHED = 1 << 6  # LsoEntry flag: a remote object a target holds (apc.EntryIsCached)
 IN_PROGRESS = ".s3-multipart/"  # gateway/s3/multipart.HIDDEN: parts not yet an object
 ENTRY_IS_DIR = 1 << 8  # LsoEntry flag: a virtual directory of a non-recursive listing
+ENTRY_IN_ARCH = 1 << 7  # LsoEntry flag: a file inside a shard (ARCH_DIR)
+ENTRY_IS_ARCHIVE = 1 << 9  # LsoEntry flag: a shard whose files follow it (ARCH_DIR)
 # ListObjectFlag bits (the SDK's list_object_flag.py, AIStore's apc.Ls*).
 LIST_FLAGS = {
     "CACHED": 0,
@@ -65,7 +68,7 @@ LIST_FLAGS = {
 }
 LIST_FLAGS_TAKEN = frozenset(
     {"CACHED", "NAME_ONLY", "NAME_SIZE", "BCK_PRESENT", "DONT_HEAD_REMOTE", "DONT_ADD_REMOTE"}
-    | {"NO_RECURSION", "NO_DIRS"}
+    | {"NO_RECURSION", "NO_DIRS", "ARCH_DIR"}
 )
 LIST_FIELDS = (
     "prefix",
@@ -174,6 +177,15 @@ def page_args(value: dict[str, Any], bucket: str) -> tuple[str, str, int]:
     return prefix, token, min(size, MAX_PAGE)
 
 
+def _entry_flags(o: dict[str, Any]) -> int:
+    if o.get("dir"):
+        return ENTRY_IS_DIR
+    flags = ENTRY_IS_CACHED if o.get("cached") else 0
+    if o.get("archive"):
+        flags |= ENTRY_IS_ARCHIVE
+    return (flags | ENTRY_IN_ARCH) if o.get("in_arch") else flags
+
+
 def lso_result(
     objects: list[dict[str, Any]],
     next_name: str | None,
@@ -191,7 +203,7 @@ def lso_result(
             "v": "",
             "t": "",
             "c": 1,
-            "f": ENTRY_IS_DIR if o.get("dir") else ENTRY_IS_CACHED if o.get("cached") else 0,
+            "f": _entry_flags(o),
         }
         for o in objects
     ]

@@ -35,7 +35,14 @@ from etl_runtime.core.errors import (
 )
 from etl_runtime.core.names import read_bucket_action, validate_bucket
 from etl_runtime.core.params import refuse_repeated, refuse_unknown
-from etl_runtime.gateway import ais_archive, ais_buckets, aiscompat, bucket_delete, views
+from etl_runtime.gateway import (
+    ais_archive,
+    ais_buckets,
+    ais_shards,
+    aiscompat,
+    bucket_delete,
+    views,
+)
 from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.bucket_action import is_job_action as bucket_action_is_job
 from etl_runtime.gateway.bucket_action import start_transform
@@ -197,6 +204,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
             objects = aiscompat.finished(page["objects"])
             if "NO_RECURSION" in flags:
                 objects = aiscompat.shallow(objects, prefix)
+            if "ARCH_DIR" in flags:  # list_archive(): each shard's files after it
+                objects = await ais_shards.expand(gw, bucket, objects)
             return aiscompat.lso_result(objects, page["next"], request, uuid, flags)
         return await list_page(bucket, prefix, start_after, limit)
 

@@ -43,7 +43,7 @@ from etl_runtime.core.errors import InvalidName, InvalidRequest, NoTargets
 from etl_runtime.core.names import validate_names
 from etl_runtime.core.params import refuse_unknown_object_params
 from etl_runtime.etl.pipeline import check_chain_async, parse_chain
-from etl_runtime.gateway import ais_objects, ais_props, ais_writes, views
+from etl_runtime.gateway import ais_objects, ais_props, ais_shards, ais_writes, views
 from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
@@ -177,6 +177,8 @@ def redirect_router(gw: Gateway) -> FastRouter:
             if ais_writes.is_ais_write(request):  # multipart, append: parts, then the object
                 gw.require_write(request, bucket)
                 return await ais_writes.answer(gw, request, bucket, name)
+            if ais_shards.is_arch_read(request):  # archpath / archregx: files in a shard
+                return await ais_shards.read(gw, request, bucket, name)
             if ais_props.is_props_head(request):  # obj.head(props=): AIStore's headers
                 gw.require_read(request, bucket)
                 return await ais_props.head(gw, request, bucket, name)

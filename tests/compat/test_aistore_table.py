@@ -38,11 +38,25 @@ CALLS: list[tuple[str, str, str, str]] = [
         "NO_RECURSION",
     ),
     (
-        "listing flags `ARCH_DIR` (`list_archive()`), `MISSING`, `DELETED`, `NOT_CACHED`, "
-        "`ONLY_REMOTE_PROPS`, `DIFF`, `IS_S3`, `NBI`",
+        "listing flag `ARCH_DIR`, `bucket.list_archive(shard)`: the files inside `.tar`, "
+        "`.tgz`/`.tar.gz` and `.zip` shards (`shard.tar/member`, sizes, AIStore's archive flags)",
+        WORKS,
+        "compat/test_aistore_listing.py",
+        "list_archive",
+    ),
+    (
+        "`get_reader(archive_config=ArchiveConfig(archpath=...))`, `ArchiveConfig(regex, mode)` "
+        "(`regexp`, `prefix`, `suffix`, `substr`, `wdskey`: a tar of the matches)",
+        WORKS,
+        "compat/test_aistore_listing.py",
+        "ArchiveMode.WDSKEY",
+    ),
+    (
+        "listing flags `MISSING`, `DELETED`, `NOT_CACHED`, `ONLY_REMOTE_PROPS`, `DIFF`, `IS_S3`, "
+        "`NBI`",
         "refused: a 400 naming the flag (not listed by Sluice yet)",
         "compat/test_aistore_listing.py",
-        "ARCH_DIR",
+        "DIFF",
     ),
     (
         "`obj.get_writer().put_content()`, `put_file()`",
