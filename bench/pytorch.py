@@ -10,26 +10,17 @@
    1 KiB objects (worker start-up included).
 
 4. ``--loaders`` (alone): Sluice's ``ShardReader``, ``wds.WebDataset`` over the
-   same URLs, LitData's ``StreamingDataset`` and Mosaic's ``streaming``
-   reading the same JPEGs through Sluice's S3 API (each in its own format,
-   written by its own writer), samples/s and client CPU per sample, ETL off
-   and on (``bench/pytorch_loaders.py``), ``--rounds`` rounds.
+   same URLs and LitData's ``StreamingDataset`` reading the same JPEGs through
+   Sluice's S3 API (in its own format, written by ``litdata.optimize()``),
+   samples/s and client CPU per sample, ETL off and on
+   (``bench/pytorch_loaders.py``), ``--rounds`` rounds. LitData is a dev
+   dependency. Mosaic's ``streaming`` is not compared: its dependencies
+   (transformers, the azure, oci and google-cloud SDKs, CUDA torch wheels) do
+   not belong in this project's lock (``docs/benchmarks.md``).
 
 Run: ``.venv/bin/python bench/pytorch.py`` (``--quick`` for a smaller run);
-``.venv/bin/python bench/pytorch.py --loaders --rounds 3``. LitData is a dev
-dependency. mosaicml-streaming is not (its dependencies pull transformers,
-azure, oci and google-cloud); to include it::
-
-    pip install --target /tmp/mosaic --no-deps mosaicml-streaming==0.13.0 \
-        zstd python-snappy brotli cramjam catalogue
-    # and, under /tmp/mosaic-shim/transformers/, stubs of the three names that
-    # streaming imports from transformers at import time (no path here uses them):
-    # feature_extraction_utils.BatchFeature, tokenization_utils_base.BatchEncoding,
-    # models/auto/tokenization_auto.AutoTokenizer
-    PYTHONPATH=/tmp/mosaic:/tmp/mosaic-shim .venv/bin/python bench/pytorch.py --loaders
-aistore is not a Sluice dependency; to compare against it, make it importable,
-e.g. ``pip install --target /tmp/ais aistore==2.0.0`` plus its imports, then
-``PYTHONPATH=/tmp/ais .venv/bin/python bench/pytorch.py``.
+``.venv/bin/python bench/pytorch.py --loaders --rounds 3``.
+The ``aistore`` SDK (a test dependency) gives figure 1 its baseline.
 """
 
 from __future__ import annotations
@@ -241,7 +232,6 @@ def bench_loaders(client: Client, images: int, workers: int, rounds: int) -> Non
     }
     env = {
         **os.environ,
-        "S3_ENDPOINT_URL": options["endpoint_url"],
         "AWS_ACCESS_KEY_ID": key["access_key"],
         "AWS_SECRET_ACCESS_KEY": key["secret_key"],
         "AWS_DEFAULT_REGION": "us-east-1",
@@ -252,10 +242,6 @@ def bench_loaders(client: Client, images: int, workers: int, rounds: int) -> Non
             config["litdata"] = litdata_over_s3(data, Path(tmp), options)
         except ImportError as exc:
             print(f"  litdata: not importable here ({exc}), no comparison")
-        try:
-            config["mosaic"] = mosaic_over_s3(data, Path(tmp), options)
-        except ImportError as exc:
-            print(f"  mosaicml-streaming: not importable here ({exc}), no comparison")
         child = subprocess.run(
             [
                 sys.executable,
@@ -307,19 +293,6 @@ def litdata_over_s3(data: list, tmp: Path, options: dict[str, Any]) -> dict[str,
     )
     upload(out, "bench-litdata", options)
     return {"url": "s3://bench-litdata/ds", "storage_options": options, "cache": str(tmp / "lc")}
-
-
-def mosaic_over_s3(data: list, tmp: Path, options: dict[str, Any]) -> dict[str, Any]:
-    """The images in Mosaic's MDS format, uploaded through Sluice's S3 API."""
-    from streaming import MDSWriter
-
-    out = tmp / "mds"
-    columns = {"key": "str", "jpg": "bytes", "cls": "int"}
-    with MDSWriter(out=str(out), columns=columns, size_limit="4mb") as writer:
-        for key, jpg, cls in data:
-            writer.write({"key": key, "jpg": jpg, "cls": cls})
-    upload(out, "bench-mosaic", options)
-    return {"url": "s3://bench-mosaic/ds", "cache": str(tmp / "mc")}
 
 
 def main() -> None:

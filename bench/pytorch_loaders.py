@@ -110,28 +110,6 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
             return DataLoader(data, batch_size=None, num_workers=workers)
 
         loaders["litdata.StreamingDataset"] = litdata_loader
-    if config.get("mosaic"):
-        import streaming  # S3_ENDPOINT_URL and the AWS_* keys come from the environment
-
-        class MosaicResized(streaming.StreamingDataset):
-            def __getitem__(self, index: Any) -> Any:
-                item = super().__getitem__(index)
-                return {**item, "jpg": resize(item["jpg"])}
-
-        mosaic = config["mosaic"]
-
-        def mosaic_loader(on: bool) -> Any:
-            cls = MosaicResized if on else streaming.StreamingDataset
-            streaming.base.util.clean_stale_shared_memory()
-            data = cls(
-                remote=mosaic["url"],
-                local=mosaic["cache"] + f"-{time.monotonic_ns()}",
-                shuffle=False,
-                batch_size=1,
-            )
-            return DataLoader(data, batch_size=None, num_workers=workers)
-
-        loaders["streaming.StreamingDataset"] = mosaic_loader
     for rnd in range(config["rounds"]):
         for name, make in loaders.items():
             for on in (False, True):
