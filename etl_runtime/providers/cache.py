@@ -118,6 +118,12 @@ class Fill:
             await self._progress.wait()
 
 
+def _write_all(f: IO[bytes], chunk: bytes | memoryview) -> None:
+    view, done = memoryview(chunk), 0
+    while done < len(view):
+        done += f.write(view[done:]) or 0
+
+
 class RemoteCache:
     def __init__(
         self,
@@ -234,11 +240,12 @@ class RemoteCache:
         try:
             self.counters.backend_fetches += 1
             meta, chunks = await backend.open(fill.name)
-            f = open(fill.tmp, "wb")  # noqa: SIM115 - closed below
+            # Unbuffered: a byte readers are told of is in the file (sent from it by sendfile).
+            f = open(fill.tmp, "wb", buffering=0)  # noqa: SIM115 - closed below
             fill.meta = meta
             fill.ready.set()
             async for chunk in chunks:
-                f.write(chunk)
+                _write_all(f, chunk)
                 self.counters.backend_fetch_bytes += len(chunk)
                 fill.append(chunk)
             if fill.written != meta.size:
@@ -288,6 +295,13 @@ class RemoteCache:
             os.utime(fill.tmp, (time.time(), meta.last_modified))
         bdir = self.store.bucket_dir(fill.bucket)
         self.store._publish(fill.tmp, bdir, fill.bucket, fill.name, False)
+
+    def open_fill(self, fill: Fill) -> IO[bytes] | None:
+        """The fill's temp file for reading, or None once it is published (or failed)."""
+        try:
+            return open(fill.tmp, "rb", buffering=0)  # noqa: SIM115 - the caller closes it
+        except FileNotFoundError:
+            return None
 
     async def reader(self, fill: Fill) -> AsyncIterator[bytes | memoryview]:
         """The object's bytes as the fill writes them (call after ``fill.ready``)."""

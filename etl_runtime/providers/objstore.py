@@ -156,7 +156,17 @@ class ObstoreBackend:
         except Exception as e:
             raise self.error(e, name, "GET") from None
         meta = RemoteMeta.of(result.meta)
+        if meta.size <= STREAM_CHUNK:  # one chunk anyway: one await, not a stream's three
+            return meta, self._whole(result, name)
         return meta, self._chunks(result.stream(min_chunk_size=STREAM_CHUNK), name)
+
+    async def _whole(self, result: Any, name: str) -> AsyncIterator[bytes]:
+        try:
+            data = await result.bytes_async()
+        except Exception as e:
+            raise self.error(e, name, "GET") from None
+        if len(data):
+            yield data
 
     async def _chunks(self, stream: Any, name: str) -> AsyncIterator[bytes]:
         try:

@@ -14,12 +14,14 @@ from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from etl_runtime.core import providers
 from etl_runtime.core.errors import InvalidRequest, ObjectNotFound
 from etl_runtime.etl.forward import EtlForwarder
-from etl_runtime.providers.cache import RemoteCache
+from etl_runtime.providers.cache import Fill, RemoteCache
 from etl_runtime.storage.store import BeforePublish
+from etl_runtime.wire.http.zerocopy import EXTENSION, offers_zerocopy
 
 # A cold GET with one of these waits for the whole object, then is served from
 # the cache by the ordinary path (ranges and validators need the stored file).
@@ -76,11 +78,53 @@ async def get(
 
     meta = fill.meta
     assert meta is not None
+    headers = _headers(meta.size, meta.etag, meta.last_modified)
+    if offers_zerocopy(request.scope):
+        src = cache.open_fill(fill)
+        if src is None:  # published meanwhile: a warm GET
+            return None
+        return FillResponse(fill, src, headers)
     return StreamingResponse(
-        cache.reader(fill),
-        headers=_headers(meta.size, meta.etag, meta.last_modified),
-        media_type="application/octet-stream",
+        cache.reader(fill), headers=headers, media_type="application/octet-stream"
     )
+
+
+class FillResponse(Response):
+    """A cold GET's answer sent by ``sendfile`` from the fill's temp file as it grows.
+
+    Each time the fill wrote more, the new bytes go from the page cache to the
+    socket (``http.response.zerocopysend`` with ``more_body``): no Python
+    buffer holds them and no copy is made on the way, as for a warm GET. A fill
+    that breaks ends the answer short (the connection is closed).
+    """
+
+    def __init__(self, fill: Fill, src: Any, headers: dict[str, str]) -> None:
+        super().__init__(None, 200, headers, "application/octet-stream")
+        self.fill, self.src = fill, src
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fill, offset = self.fill, 0
+        assert fill.meta is not None
+        size = fill.meta.size
+        with self.src:
+            await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
+            while offset < size:
+                await fill.wait_beyond(offset)
+                if fill.error is not None:
+                    raise fill.error
+                end = min(fill.written, size)
+                if end > offset:
+                    await send(
+                        {
+                            "type": EXTENSION,
+                            "file": self.src,
+                            "offset": offset,
+                            "count": end - offset,
+                            "more_body": True,
+                        }
+                    )
+                    offset = end
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
 async def head(cache: RemoteCache | None, bucket: str, name: str) -> Response | None:

@@ -27,6 +27,7 @@ from tests.providers.conftest import CACHE_BYTES, metric, per_target
 from tests.providers.minio import MinioServer
 
 FETCHES = "sluice_remote_backend_fetches_total"
+SENDFILE = "sluice_sendfile_bytes_total"
 
 
 def eventually(check: Callable[[], Any], want: Any, timeout: float = 15.0) -> None:
@@ -60,8 +61,10 @@ def get(endpoint: str, bucket: str, name: str, **params: str) -> httpx.Response:
 def test_cold_get_streams_from_the_backend_then_warm_get_serves_the_cache(
     endpoint: str, minio: MinioServer
 ) -> None:
-    data = os.urandom(3 << 20)
-    bucket = new_bucket(minio, {"dir/shard.bin": data, "dir/ranged.bin": data})
+    data, small = os.urandom(3 << 20), os.urandom(1 << 20)
+    bucket = new_bucket(
+        minio, {"dir/shard.bin": data, "dir/ranged.bin": data, "dir/small.bin": small}
+    )
     before = metric(endpoint, FETCHES)
 
     # HEAD of a cold object asks the backend; a ranged cold GET is the right slice.
@@ -72,10 +75,18 @@ def test_cold_get_streams_from_the_backend_then_warm_get_serves_the_cache(
     assert ranged.status_code == 206 and ranged.content == data[100:200]
     before += 1
 
+    # The cold bytes go from the cache file to the socket by sendfile as they arrive,
+    # for a small object (fetched in one piece) and a streamed one alike.
+    sent = metric(endpoint, SENDFILE)
     cold = get(endpoint, bucket, "dir/shard.bin")
     assert cold.status_code == 200 and cold.content == data
     assert cold.headers["x-sluice-cache"] == "miss"
     assert cold.headers["content-length"] == str(len(data))
+    cold_small = get(endpoint, bucket, "dir/small.bin")
+    assert cold_small.status_code == 200 and cold_small.content == small
+    assert cold_small.headers["x-sluice-cache"] == "miss"
+    assert metric(endpoint, SENDFILE) >= sent + len(data) + len(small)
+    before += 1
     etag = minio.client().head_object(Bucket=bucket, Key="dir/shard.bin")["ETag"]
     assert cold.headers["etag"] == etag
 
