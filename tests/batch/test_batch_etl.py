@@ -81,10 +81,11 @@ def cluster(
             env.delenv("SLUICE_LOOP")
             url = c.endpoint.rstrip("/")
             sc = SluiceClient(url)
-            sc.etl("shout").init_code(transform=shout, timeout=180)
-            sc.etl("picky").init_code(transform=picky, timeout=180)
-            sc.etl("wds-up").init_code(transform=upper_txt, mode="wds", timeout=180)
-            sc.etl("shout-cached").init_code(transform=shout, cache=True, timeout=180)
+            # the four ETLs start together, and while the objects are uploaded
+            sc.etl("shout").init_code(transform=shout, wait=False)
+            sc.etl("picky").init_code(transform=picky, wait=False)
+            sc.etl("wds-up").init_code(transform=upper_txt, mode="wds", wait=False)
+            sc.etl("shout-cached").init_code(transform=shout, cache=True, wait=False)
             with httpx.Client(base_url=url, timeout=120, trust_env=False) as h:
                 for b in ("src", "shards"):
                     h.post(f"/v1/buckets/{b}", json={"action": "create-bck"}).raise_for_status()
@@ -92,6 +93,8 @@ def cluster(
                     h.put(f"/v1/objects/src/o{i:03d}", content=data_of(i)).raise_for_status()
                 for s in range(4):
                     h.put(f"/v1/objects/shards/s{s}.tar", content=make_shard(s)).raise_for_status()
+            for name in ("shout", "picky", "wds-up", "shout-cached"):
+                sc.etl(name).wait_until_running(180)
             sc.bucket("loud").create(view_of="src", etl="shout", etl_args="!")
             yield url, data
 
