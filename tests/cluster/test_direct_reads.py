@@ -21,14 +21,14 @@ def setup(c: MapCluster, read_token: str | None = None) -> dict[str, str]:
     urls = {t: c.add_target(t, read_token=read_token).url for t in ("t0", "t1")}
     c.start_gateway(read_token=read_token)
     with c.client() as http:
-        assert http.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert http.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
         for n in NAMES:
-            assert http.put(f"/v1/objects/b/{n}", content=n.encode()).status_code == 200
+            assert http.put(f"/v1/objects/bkt/{n}", content=n.encode()).status_code == 200
     return urls
 
 
 def owner_and_other(c: MapCluster, name: str) -> tuple[str, str]:
-    owner = c.cmap.get().owners("b", name)[0]
+    owner = c.cmap.get().owners("bkt", name)[0]
     return owner, "t1" if owner == "t0" else "t0"
 
 
@@ -37,11 +37,11 @@ def test_a_target_redirects_a_read_it_does_not_own_once(map_cluster: MapCluster)
     urls = setup(c)
     for n in NAMES:
         owner, other = owner_and_other(c, n)
-        url = f"{urls[other]}/v1/objects/b/{n}"
+        url = f"{urls[other]}/v1/objects/bkt/{n}"
         r = httpx.get(url, params={"provider": "ais"})
         assert r.status_code == 307, r.text
         location = r.headers["location"]
-        assert location.startswith(f"{urls[owner]}/v1/objects/b/{n}?"), location
+        assert location.startswith(f"{urls[owner]}/v1/objects/bkt/{n}?"), location
         assert "provider=ais" in location and f"sluice_from={other}" in location
         assert httpx.get(url, follow_redirects=True).content == n.encode()
         head = httpx.head(url, follow_redirects=True)
@@ -52,7 +52,7 @@ def test_a_target_redirects_a_read_it_does_not_own_once(map_cluster: MapCluster)
         assert r.headers["retry-after"]
         # writes are never redirected by a target
         assert httpx.put(url, content=b"x").status_code == 503
-        assert httpx.get(f"{urls[owner]}/v1/objects/b/{n}").content == n.encode()
+        assert httpx.get(f"{urls[owner]}/v1/objects/bkt/{n}").content == n.encode()
     r = httpx.get(f"{urls['t0']}/v1/objects/nosuch/x", follow_redirects=True)
     assert r.status_code == 404 and r.json()["kind"] == "BucketNotFound"
 
@@ -62,7 +62,7 @@ def test_with_a_read_token_the_targets_redirect_is_signed(map_cluster: MapCluste
     urls = setup(c, read_token=READ)
     for n in NAMES[:4]:
         _owner, other = owner_and_other(c, n)
-        url = f"{urls[other]}/v1/objects/b/{n}"
+        url = f"{urls[other]}/v1/objects/bkt/{n}"
         assert httpx.get(url).status_code == 401  # no redirect before the token is checked
         # requests drops Authorization when the port changes: the signature carries the read
         r = requests.get(url, headers={"Authorization": f"Bearer {READ}"}, timeout=30)

@@ -121,7 +121,7 @@ class CacheTarget:
         return record
 
     def get(self, name: str, etl: str, **params: str) -> httpx.Response:
-        return self.client.get(f"/v1/objects/b/{name}", params={"etl_name": etl, **params})
+        return self.client.get(f"/v1/objects/bkt/{name}", params={"etl_name": etl, **params})
 
     def entries(self) -> list[Path]:
         root = self.data_dir / ".etlcache"
@@ -165,5 +165,5 @@ def running_target(data_dir: Path, transformers: Transformers) -> Iterator[Cache
         serve_in_thread(app, http=zerocopy.http_protocol({})) as url,
         httpx.Client(base_url=url, timeout=30) as client,
     ):
-        assert client.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert client.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
         yield CacheTarget(url, data_dir, registry, client, app, transformers)

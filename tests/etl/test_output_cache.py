@@ -29,7 +29,7 @@ def test_second_get_is_a_hit_byte_identical(ctarget: CacheTarget) -> None:
     c, tf = ctarget.client, ctarget.transformers
     ctarget.register("up", "v1")
     data = os.urandom(300_000)
-    c.put("/v1/objects/b/dir/img.bin", content=data)
+    c.put("/v1/objects/bkt/dir/img.bin", content=data)
     before = tf.objects("v1")
 
     first = ctarget.get("dir/img.bin", "up")
@@ -57,16 +57,16 @@ def test_second_get_is_a_hit_byte_identical(ctarget: CacheTarget) -> None:
     assert (stats["cache_hits"], stats["cache_misses"], stats["cache_bytes"]) == (1, 1, len(data))
 
     # The entries are not objects: listings and the stored-bytes gauge see the object only.
-    listed = c.get("/v1/buckets/b").json()["objects"]
+    listed = c.get("/v1/buckets/bkt").json()["objects"]
     assert [o["name"] for o in listed] == ["dir/img.bin"]
-    assert c.get("/v1/objects/b/dir/img.bin").content == data  # the plain GET is unchanged
+    assert c.get("/v1/objects/bkt/dir/img.bin").content == data  # the plain GET is unchanged
 
 
 def test_streamed_answer_is_kept_and_served_whole(ctarget: CacheTarget) -> None:
     """An answer of unknown length (chunked, relayed as a stream) goes through the tee."""
     ctarget.register("up", "v1")
     data = os.urandom(1_000_000)
-    ctarget.client.put("/v1/objects/b/o", content=data)
+    ctarget.client.put("/v1/objects/bkt/o", content=data)
     first = ctarget.get("o", "up", etl_args="pieces")
     assert first.headers.get("transfer-encoding") == "chunked" and first.headers[CACHE] == "miss"
     ctarget.wait_entries(1)
@@ -80,11 +80,11 @@ def test_streamed_answer_is_kept_and_served_whole(ctarget: CacheTarget) -> None:
 def test_changed_object_is_a_miss_and_drops_the_old_entry(ctarget: CacheTarget) -> None:
     c, tf = ctarget.client, ctarget.transformers
     ctarget.register("up", "v1")
-    c.put("/v1/objects/b/o", content=b"first version")
+    c.put("/v1/objects/bkt/o", content=b"first version")
     assert ctarget.get("o", "up").content == b"FIRST VERSION"
     ctarget.wait_entries(1)
 
-    c.put("/v1/objects/b/o", content=b"second version")
+    c.put("/v1/objects/bkt/o", content=b"second version")
     assert ctarget.entries() == [] and len(ctarget.cache.index) == 0  # dropped at the PUT
     before = tf.objects("v1")
     r = ctarget.get("o", "up")
@@ -94,10 +94,10 @@ def test_changed_object_is_a_miss_and_drops_the_old_entry(ctarget: CacheTarget) 
     assert ctarget.get("o", "up").headers[CACHE] == "hit"
 
     # Same bytes again: same ETag, same key; and a DELETE drops the entries too.
-    c.put("/v1/objects/b/o", content=b"second version")
+    c.put("/v1/objects/bkt/o", content=b"second version")
     assert ctarget.get("o", "up").headers[CACHE] == "miss"
     ctarget.wait_entries(1)
-    assert c.delete("/v1/objects/b/o").status_code == 200
+    assert c.delete("/v1/objects/bkt/o").status_code == 200
     assert ctarget.entries() == []
     assert ctarget.get("o", "up").status_code == 404
 
@@ -105,7 +105,7 @@ def test_changed_object_is_a_miss_and_drops_the_old_entry(ctarget: CacheTarget) 
 def test_changed_etl_args_is_a_miss(ctarget: CacheTarget) -> None:
     tf = ctarget.transformers
     ctarget.register("up", "v1")
-    ctarget.client.put("/v1/objects/b/o", content=b"abc")
+    ctarget.client.put("/v1/objects/bkt/o", content=b"abc")
     before = tf.objects("v1")
     answers = {}
     for args in (None, "", "x=1", "x=2"):
@@ -126,7 +126,7 @@ def test_changed_etl_args_is_a_miss(ctarget: CacheTarget) -> None:
 def test_new_spec_is_a_miss(ctarget: CacheTarget) -> None:
     tf = ctarget.transformers
     ctarget.register("conv", "v1")
-    ctarget.client.put("/v1/objects/b/o", content=b"MiXeD")
+    ctarget.client.put("/v1/objects/bkt/o", content=b"MiXeD")
     assert ctarget.get("o", "conv").content == b"MIXED"
     ctarget.wait_entries(1)
 
@@ -152,7 +152,7 @@ def test_an_answer_of_another_generation_is_not_kept(ctarget: CacheTarget) -> No
     """During a rollover the record names the new spec while the old transformer still
     answers: its answer goes to the client but is not kept under the new spec's key."""
     ctarget.register("roll", "v2", endpoint=ctarget.transformers.urls["v1"])
-    ctarget.client.put("/v1/objects/b/o", content=b"abc")
+    ctarget.client.put("/v1/objects/bkt/o", content=b"abc")
     for _ in range(2):
         r = ctarget.get("o", "roll")
         assert r.status_code == 200 and r.content == b"ABC" and CACHE not in r.headers
@@ -163,8 +163,8 @@ def test_an_answer_of_another_generation_is_not_kept(ctarget: CacheTarget) -> No
 def test_failed_answers_are_not_kept(ctarget: CacheTarget) -> None:
     c, tf = ctarget.client, ctarget.transformers
     ctarget.register("up", "v1")
-    c.put("/v1/objects/b/o", content=os.urandom(1 << 20))
-    url = f"{ctarget.url}/v1/objects/b/o?etl_name=up&etl_args=failmid"
+    c.put("/v1/objects/bkt/o", content=os.urandom(1 << 20))
+    url = f"{ctarget.url}/v1/objects/bkt/o?etl_name=up&etl_args=failmid"
     for _ in range(2):  # fails mid-stream: the client sees the break, nothing is kept
         got = bytearray()
         with pytest.raises(httpx.RemoteProtocolError):
@@ -185,10 +185,10 @@ def test_failed_answers_are_not_kept(ctarget: CacheTarget) -> None:
 
 def test_client_gone_mid_answer_keeps_nothing(ctarget: CacheTarget) -> None:
     ctarget.register("up", "v1")
-    ctarget.client.put("/v1/objects/b/o", content=os.urandom(4 << 20))
+    ctarget.client.put("/v1/objects/bkt/o", content=os.urandom(4 << 20))
     # Slow pieces: with a fast answer all of it can be in the kernel's socket buffers
     # (written out, from the server's side) before the hang-up reaches the server.
-    with httpx.stream("GET", f"{ctarget.url}/v1/objects/b/o?etl_name=up&etl_args=slow") as r:
+    with httpx.stream("GET", f"{ctarget.url}/v1/objects/bkt/o?etl_name=up&etl_args=slow") as r:
         next(r.iter_raw(65536))  # the first bytes, then hang up
     deadline = time.monotonic() + 10
     while ctarget.temp_files() and time.monotonic() < deadline:
@@ -209,7 +209,7 @@ def test_eviction_keeps_the_cache_under_budget(small_budget: None, ctarget: Cach
     assert ctarget.cache.budget == budget
     blobs = {f"o{i}": os.urandom(300_000) for i in range(6)}
     for name, data in blobs.items():
-        c.put(f"/v1/objects/b/{name}", content=data)
+        c.put(f"/v1/objects/bkt/{name}", content=data)
     for i, name in enumerate(blobs):
         assert ctarget.get(name, "up").headers[CACHE] == "miss"
         ctarget.wait_entries(min(i + 1, 3))  # 3 x 300,000 fit, a 4th does not
@@ -225,7 +225,7 @@ def test_eviction_keeps_the_cache_under_budget(small_budget: None, ctarget: Cach
     assert [ctarget.get(n, "up").headers[CACHE] for n in ("o4", "o5")] == ["hit", "hit"]
     assert tf.objects("v1") == before + 1
     # An answer bigger than the whole budget is served, never kept.
-    c.put("/v1/objects/b/huge", content=os.urandom(budget + 1))
+    c.put("/v1/objects/bkt/huge", content=os.urandom(budget + 1))
     r = ctarget.get("huge", "up", etl_args="pieces")
     assert r.status_code == 200 and len(r.content) == budget + 1
     assert ctarget.get("huge", "up", etl_args="pieces").headers[CACHE] == "miss"
@@ -236,7 +236,7 @@ def test_eviction_keeps_the_cache_under_budget(small_budget: None, ctarget: Cach
 def test_cache_false_never_stores(ctarget: CacheTarget) -> None:
     c = ctarget.client
     ctarget.register("plain", "v1", cache=False)
-    c.put("/v1/objects/b/o", content=b"abc")
+    c.put("/v1/objects/bkt/o", content=b"abc")
     r = ctarget.get("o", "plain")
     assert r.status_code == 307  # the default answer path: the client goes to the transformer
     assert httpx.get(r.headers["location"]).content == b"ABC"
@@ -254,7 +254,7 @@ def test_wds_shards_are_cached(ctarget: CacheTarget) -> None:
     tf = ctarget.transformers
     ctarget.register("shout", "wds")
     shard = text_shard([f"s{i:03d}" for i in range(50)], size=10_000)
-    ctarget.client.put("/v1/objects/b/shard-0.tar", content=shard)
+    ctarget.client.put("/v1/objects/bkt/shard-0.tar", content=shard)
     first = ctarget.get("shard-0.tar", "shout")
     assert first.status_code == 200 and first.headers[CACHE] == "miss"
     ctarget.wait_entries(1)
@@ -275,7 +275,7 @@ def test_in_process_callers_get_the_cached_answer(ctarget: CacheTarget) -> None:
     tf = ctarget.transformers
     ctarget.register("up", "v1")
     ctarget.register("low", "v2", cache=False)
-    ctarget.client.put("/v1/objects/b/o", content=b"Some Text")
+    ctarget.client.put("/v1/objects/bkt/o", content=b"Some Text")
     assert ctarget.get("o", "up").content == b"SOME TEXT"
     ctarget.wait_entries(1)
     before = tf.objects("v1")
@@ -288,7 +288,7 @@ def test_in_process_callers_get_the_cached_answer(ctarget: CacheTarget) -> None:
 
 def test_entries_survive_a_restart(ctarget: CacheTarget, transformers: Transformers) -> None:
     ctarget.register("up", "v1")
-    ctarget.client.put("/v1/objects/b/o", content=b"abc")
+    ctarget.client.put("/v1/objects/bkt/o", content=b"abc")
     ctarget.get("o", "up")
     ctarget.wait_entries(1)
     record = ctarget.registry.get("up")
@@ -327,7 +327,7 @@ def test_without_xattrs_the_lookup_goes_to_a_thread(
     """A file system without extended attributes: the ETag is not stored with the
     object, the store hashes the file (in a thread, never on the loop), hits still hit."""
     ctarget.register("up", "v1")
-    ctarget.client.put("/v1/objects/b/o", content=b"no xattrs here")
+    ctarget.client.put("/v1/objects/bkt/o", content=b"no xattrs here")
 
     def no_xattrs(*args: object) -> bytes:
         raise OSError(95, "Operation not supported")
@@ -349,7 +349,7 @@ def test_many_hits_without_a_publish_are_applied_in_the_background(
     monkeypatch.setattr(cacheindex, "TOUCH_BATCH", 3)
     ctarget.register("up", "v1")
     for name in ("a", "b"):
-        ctarget.client.put(f"/v1/objects/b/{name}", content=name.encode())
+        ctarget.client.put(f"/v1/objects/bkt/{name}", content=name.encode())
         ctarget.get(name, "up")
     ctarget.wait_entries(2)
     for _ in range(4):  # a, a, a, a: the 4th is over the batch
@@ -358,6 +358,6 @@ def test_many_hits_without_a_publish_are_applied_in_the_background(
     index = ctarget.cache.index
     record = ctarget.registry.get("up")
     assert record is not None
-    a = cacheindex.object_dir(f"up/{ctarget.cache.spec_hash(record)}", "b", "a")
+    a = cacheindex.object_dir(f"up/{ctarget.cache.spec_hash(record)}", "bkt", "a")
     assert not index._touched and list(index._lru)[-1].startswith(f"{a}/")  # a: used last
     assert [ctarget.get(n, "up").headers[CACHE] for n in ("b", "a")] == ["hit", "hit"]

@@ -101,10 +101,10 @@ def test_retries_zero_raises_unavailable_naming_the_status_and_target(server, fl
 def test_503_forever_gives_up_after_the_bounded_tries(server, flaky: Flaky) -> None:
     flaky.failures = -1
     with Client(server[0], retries=3) as client, pytest.raises(Unavailable) as info:
-        client.bucket("b").object("x").get_bytes()
+        client.bucket("bkt").object("x").get_bytes()
     assert len(flaky.calls) == 4 and info.value.tries == 4
     assert "gave up after 4 tries" in str(info.value)
-    assert info.value.bucket == "b" and info.value.object == "x"
+    assert info.value.bucket == "bkt" and info.value.object == "x"
 
 
 def test_default_is_five_retries(server, flaky: Flaky) -> None:
@@ -119,7 +119,7 @@ def test_put_file_is_sent_whole_again_after_a_503(server, flaky: Flaky, tmp_path
     path = tmp_path / "blob"
     path.write_bytes(b"0123456789" * 100_000)
     with Client(server[0]) as client:
-        info = client.bucket("b").object("blob").put_file(path)
+        info = client.bucket("bkt").object("blob").put_file(path)
     assert info.size == 1_000_000
     assert flaky.bodies == [path.read_bytes()] * 3
 
@@ -128,7 +128,7 @@ def test_429_waits_as_long_as_retry_after_says(server, flaky: Flaky) -> None:
     flaky.failures, flaky.status, flaky.retry_after = 1, 429, "1"
     with Client(server[0]) as client:
         started = time.monotonic()
-        assert client.bucket("b").object("x").get_bytes() == b"stored"
+        assert client.bucket("bkt").object("x").get_bytes() == b"stored"
     assert time.monotonic() - started >= 0.9
     assert len(flaky.calls) == 2
 
@@ -138,7 +138,7 @@ def test_a_streamed_iterator_body_is_not_sent_twice(server, flaky: Flaky) -> Non
     with (
         Client(server[0]) as client,
         pytest.raises(Unavailable) as info,
-        client.object_request("PUT", "/v1/objects/b/once", content=iter([b"abc"])),
+        client.object_request("PUT", "/v1/objects/bkt/once", content=iter([b"abc"])),
     ):
         pass
     assert flaky.bodies == [b"abc"] and info.value.tries == 1
@@ -231,5 +231,5 @@ def test_a_read_whose_transformer_just_died_goes_back_to_the_target() -> None:
             return Response(b"HELLO")
 
         with serve_in_thread(app) as url, Client(url, retries=RetryPolicy(2, backoff=0.01)) as c:
-            assert c.bucket("b").object("o").get_bytes(etl_name="up") == b"HELLO"
+            assert c.bucket("bkt").object("o").get_bytes(etl_name="up") == b"HELLO"
     assert calls == ["gateway", "target etl_name=up", "target etl_name=up", "transformer"]

@@ -210,8 +210,8 @@ def test_cap_with_every_connection_busy_answers_503(capped: tuple[int, int]) -> 
     """Nothing idle to close: a connection over the cap is answered 503, the busy ones go on."""
     port, _ = capped
     url = f"http://127.0.0.1:{port}"
-    assert httpx.post(f"{url}/v1/buckets/b", json={"action": "create-bck"}).is_success
-    head = b"PUT /v1/objects/b/slow HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n"
+    assert httpx.post(f"{url}/v1/buckets/bkt", json={"action": "create-bck"}).is_success
+    head = b"PUT /v1/objects/bkt/slow HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n"
     busy = []
     try:
         for _ in range(50):  # uploads in progress: the app waits for their bodies
