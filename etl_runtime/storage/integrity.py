@@ -208,14 +208,18 @@ class Verified:
         self._lock = threading.Lock()
         self._at: dict[tuple[int, int], tuple[Stamp, str, float]] = {}
 
-    def fresh(self, stamp: Stamp | None, cs: Checksum) -> bool:
+    def fresh(self, stamp: Stamp | None, cs: Checksum | None = None) -> bool:
+        """``stamp``'s file matched within ``seconds`` and is unchanged since. ``cs``
+        None: a ``stat`` alone asks (an ETL GET, whose transformer reads the file): the
+        stored checksum cannot have changed under an unchanged ctime (an xattr set
+        moves it), and ``note`` never remembers a file changed within a tick."""
         if stamp is None or self.seconds <= 0:
             return False
         entry = self._at.get((stamp[0], stamp[1]))
         return (
             entry is not None
             and entry[0] == stamp
-            and entry[1] == cs.value
+            and (cs is None or entry[1] == cs.value)
             and time.monotonic() - entry[2] < self.seconds
         )
 

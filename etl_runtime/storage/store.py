@@ -32,6 +32,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -128,6 +129,7 @@ class ObjectStore:
         self.on_change: Callable[[str, str | None], None] | None = None
         make_dirs(self.buckets_dir)
         make_dirs(self.tmp_dir)
+        self._real_buckets = os.path.realpath(self._buckets_fspath)  # object_file's
         for leftover in self.tmp_dir.iterdir():  # interrupted writes of a previous run
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
 
@@ -322,7 +324,20 @@ class ObjectStore:
         return info
 
     def object_file(self, bucket: str, name: str) -> Path:
-        """Absolute path of an existing object (for transformers with direct access)."""
+        """Absolute path of an existing object (for transformers with direct access).
+
+        The real path of the buckets' directory and the object's name: the store makes
+        no links below it, and a transformer resolves what it opens anyway
+        (``webserver/fqn.py``), so one ``stat`` does (``Path.resolve`` cost an ETL GET's
+        target 0.05-0.1 ms, an ``lstat`` per component)."""
+        if self.bucket_known(bucket) is not False:
+            try:
+                st = os.stat(self.local_fspath(bucket, name))
+            except OSError:
+                pass  # the slow path below says what is missing
+            else:
+                if stat.S_ISREG(st.st_mode):
+                    return Path(f"{self._real_buckets}/{bucket}/{name}")
         path = self._object_path(bucket, name)
         if not path.is_file():
             raise self._not_found(bucket, name)

@@ -10,13 +10,18 @@ have sent (the manifest, then each TAR entry: header, bytes, padding) from
 the opened share itself, with the reads ``getbatch/exchange.py``'s
 ``ShareBody`` offers. Small files are already in memory; a bigger one is
 read with ``os.pread`` when its turn comes, in a worker thread beyond
-``LOOP_READ`` bytes. A share through an ETL comes the same way: the target
-transforms its items (``getbatch_etl.py``) and the outputs are read as files are.
+``LOOP_READ`` bytes. A file not matched lately (``integrity.VERIFIED``) is
+checked as it is read, its last piece only once the hash matched (a mismatch
+breaks the answer, as the HTTP share's dropped connection does); one that
+matched is sent by ``sendfile`` where the server can. A share through an ETL
+comes the same way: the target transforms its items (``getbatch_etl.py``) and
+the outputs are read as files are.
 """
 
 from __future__ import annotations
 
 import os
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import IO, Any
@@ -24,6 +29,7 @@ from typing import IO, Any
 import anyio.to_thread
 
 from etl_runtime.getbatch.exchange import PIECE, FileSlice, ShareBroken, encode_manifest, padding
+from etl_runtime.storage import integrity
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.getbatch_share import Share, open_share
 
@@ -31,10 +37,24 @@ LOOP_READ = 64 << 10  # a file's bytes read on the event loop up to this much a 
 
 
 class _File:
-    __slots__ = ("file", "offset", "size")
+    """A file's part of the answer; ``check``: its stored checksum while not yet matched
+    (``Share`` leaves it None for a file that matched lately, ``integrity.VERIFIED``)."""
 
-    def __init__(self, file: IO[bytes], offset: int, size: int) -> None:
+    __slots__ = ("file", "offset", "size", "check", "stamp", "what", "hash", "started")
+
+    def __init__(
+        self,
+        file: IO[bytes],
+        offset: int,
+        size: int,
+        check: integrity.Checksum | None = None,
+        stamp: integrity.Stamp | None = None,
+        what: str = "",
+    ) -> None:
         self.file, self.offset, self.size = file, offset, size
+        self.check, self.stamp, self.what = check, stamp, what
+        self.hash = integrity.new_hash() if check is not None else None
+        self.started = time.time_ns()
 
 
 Buffer = bytes | bytearray | memoryview
@@ -49,6 +69,7 @@ class LocalBody:
 
     def __init__(self, share: Share) -> None:
         self._share: Share | None = share
+        self._target_id = share.target.id
         segs: deque[Segment] = deque([encode_manifest(share.manifest)])
         for e in share.entries:
             segs.append(e.head)
@@ -56,7 +77,7 @@ class LocalBody:
                 if e.size:
                     segs.append(e.data)
             elif e.file is not None and e.size:
-                segs.append(_File(e.file, e.offset, e.size))
+                segs.append(_File(e.file, e.offset, e.size, e.check, e.stamp, e.what))
             if pad := padding(e.size):
                 segs.append(bytes(pad))
         self._segs = segs
@@ -77,6 +98,8 @@ class LocalBody:
                 return seg
             self._segs[0] = seg[n:]
             return seg[:n]
+        if seg.check is not None and (seg.offset, seg.size) != (0, seg.check.size):
+            await self._check_whole(seg)  # a part of a big object: all of it first
         want = min(n, seg.size, PIECE)
         fd = seg.file.fileno()
         if want <= LOOP_READ:
@@ -85,11 +108,33 @@ class LocalBody:
             got = await anyio.to_thread.run_sync(os.pread, fd, want, seg.offset)
         if len(got) != want:  # objects are replaced by rename, never cut: a disk fault
             raise ShareBroken(f"a short read ({len(got)} of {want} bytes)")
+        if seg.hash is not None:  # checked as it goes; the last piece once it matched
+            seg.hash.update(got)
         seg.offset += want
         seg.size -= want
         if not seg.size:
+            if seg.check is not None and seg.hash is not None:
+                if seg.hash.hexdigest() != seg.check.digest:
+                    raise self._bad(seg)
+                integrity.VERIFIED.note(seg.stamp, seg.check, seg.started)
             self._segs.popleft()
         return got
+
+    async def _check_whole(self, seg: _File) -> None:
+        assert seg.check is not None
+        started = time.time_ns()
+        if not await anyio.to_thread.run_sync(integrity.file_matches, seg.file.fileno(), seg.check):
+            raise self._bad(seg)
+        integrity.VERIFIED.note(seg.stamp, seg.check, started)
+        seg.check = seg.hash = None
+
+    def _bad(self, seg: _File) -> ShareBroken:
+        """A mismatch: the answer breaks before the entry's last byte (as the HTTP share's
+        connection drops), so no reader takes the archive for whole."""
+        integrity.VERIFIED.forget(seg.stamp)
+        bucket, _, name = seg.what.partition("/")
+        integrity.found_bad(bucket, name, self._target_id)
+        return ShareBroken(f"ais://{seg.what} does not match its checksum: the batch was cut short")
 
     async def _drop(self) -> None:
         n, self._skip = self._skip, 0
@@ -135,6 +180,11 @@ class LocalBody:
         while n:
             seg = self._segs[0]
             if not isinstance(seg, _File):
+                piece = await self._front(n)
+                n -= len(piece)
+                yield piece
+                continue
+            if seg.check is not None:  # not matched lately: read through the hash
                 piece = await self._front(n)
                 n -= len(piece)
                 yield piece

@@ -84,6 +84,7 @@ class _Entry:
     data: bytes | None = None  # a small file, already read
     check: Checksum | None = None  # a file's stored checksum, checked as it is sent
     what: str = ""  # bucket/object, for the log of a mismatch
+    stamp: integrity.Stamp | None = None  # which file ``check`` is of (a match is noted)
 
 
 Row = tuple[str, str, int, int, str, str]  # bucket, object, start, length, name, archpath
@@ -210,6 +211,12 @@ class Share:
                 offset = start
                 n = size - start if length == -1 else min(length, size - start)
             entry = _Entry(tar_header(arcname, n, self.mtime), n, None, offset)
+            if cs is not None and size > SMALL:
+                stamp = integrity.stamp_of(st)
+                if integrity.VERIFIED.fresh(stamp, cs):  # matched lately, unchanged since:
+                    cs = None  # sent as an unchecked file is (sendfile)
+                else:
+                    entry.stamp = stamp
             if cs is not None and size <= SMALL and self.inline + size <= self.budget:
                 data = os.pread(fd, size, 0)  # the whole object, checked before it is sent
                 if not cs.matches(data):
@@ -358,8 +365,10 @@ class ShareResponse(Response):
                 await self._send_checked(send, e, e.check)
                 return
             # A part of a big object: all of it checked first.
+            started = time.time_ns()
             if not await anyio.to_thread.run_sync(integrity.file_matches, e.file.fileno(), e.check):
                 raise self._cut(e)
+            integrity.VERIFIED.note(e.stamp, e.check, started)
         if self.zerocopy:
             await send(
                 {
@@ -384,11 +393,13 @@ class ShareResponse(Response):
         """A mismatch found while the answer is sent: the connection drops before the
         entry's last byte, so the gateway (and a tar reader) never takes it as whole."""
         bucket, _, name = e.what.partition("/")
+        integrity.VERIFIED.forget(e.stamp)
         integrity.found_bad(bucket, name, self.share.target.id)
         return OSError(f"ais://{e.what} does not match its checksum: the batch was cut short")
 
     async def _send_checked(self, send: Send, e: _Entry, cs: Checksum) -> None:
         assert e.file is not None
+        started = time.time_ns()
         fd, offset, h, held = e.file.fileno(), 0, integrity.new_hash(), None
         while offset < e.size:
             block = await anyio.to_thread.run_sync(
@@ -403,6 +414,7 @@ class ShareResponse(Response):
             held = block
         if offset != e.size or h.hexdigest() != cs.digest:
             raise self._cut(e)
+        integrity.VERIFIED.note(e.stamp, cs, started)  # the next GET or batch: no hash
         if held is not None:
             await send({"type": "http.response.body", "body": held, "more_body": True})
 

@@ -258,28 +258,30 @@ def members(raw: bytes) -> dict[str, bytes]:
 def test_etl_get_and_getbatch_never_answer_flipped_bytes(
     up: LocalCluster, http: httpx.Client, upper_etl: str
 ) -> None:
-    make(http, "bt")
+    make(http, "btx")
     good, bad, big = payload(SMALL, 5), payload(SMALL, 6), payload(BIG, 7)
     shard = shard_of({"a.txt": b"a" * 3000, "b.txt": b"b" * 3000})
     for name, data in (("good.bin", good), ("bad.bin", bad), ("big.bin", big), ("s.tar", shard)):
-        put(http, "bt", name, data)
-    flip(files_of(up, "bt", "bad.bin")[0])
-    flip(files_of(up, "bt", "big.bin")[0], at=BIG - 10)
-    flip(files_of(up, "bt", "s.tar")[0], at=600)  # inside a.txt
-    flipped = {n: files_of(up, "bt", n)[0].read_bytes() for n in ("bad.bin", "big.bin", "s.tar")}
+        put(http, "btx", name, data)
+    flip(files_of(up, "btx", "bad.bin")[0])
+    flip(files_of(up, "btx", "big.bin")[0], at=BIG - 10)
+    flip(files_of(up, "btx", "s.tar")[0], at=600)  # inside a.txt
+    flipped = {n: files_of(up, "btx", n)[0].read_bytes() for n in ("bad.bin", "big.bin", "s.tar")}
 
     for name in ("bad.bin", "big.bin"):
-        r = http.get(f"/v1/objects/bt/{name}", params={"etl_name": "up-bt"})
+        r = http.get(f"/v1/objects/btx/{name}", params={"etl_name": "up-bt"})
         assert r.status_code == 503 and r.json()["kind"] == "ObjectCorrupted", r.text[:300]
         assert r.json()["object"] == name
-    assert http.get("/v1/objects/bt/good.bin", params={"etl_name": "up-bt"}).content == good.upper()
+    assert (
+        http.get("/v1/objects/btx/good.bin", params={"etl_name": "up-bt"}).content == good.upper()
+    )
 
     def never_flipped(got: dict[str, bytes]) -> None:
         for data in got.values():
             assert data not in flipped.values() and data != flipped["s.tar"][512:3512]
 
     for names in (["good.bin", "bad.bin"], ["good.bin", "big.bin"]):
-        items = [{"objname": n, "bucket": "bt"} for n in names]
+        items = [{"objname": n, "bucket": "btx"} for n in names]
         for coer in (False, True):
             for params in ({}, {"etl_name": "up-bt"}):
                 status, raw, complete = moss(up, {"in": items, "coer": coer}, **params)
@@ -289,7 +291,7 @@ def test_etl_get_and_getbatch_never_answer_flipped_bytes(
                     assert coer, (names, params, list(got))
                     want = good.upper() if params else good
                     assert [d for d in got.values() if d] == [want], (names, params)
-    items = [{"objname": "s.tar", "bucket": "bt", "archpath": "a.txt"}]
+    items = [{"objname": "s.tar", "bucket": "btx", "archpath": "a.txt"}]
     status, raw, complete = moss(up, {"in": items})
     got = members(raw) if status == 200 and complete else {}
     never_flipped(got)
@@ -340,6 +342,34 @@ def test_a_hot_object_changed_on_disk_is_checked_again(
             r = http.get(f"/v1/objects/hot/{name}", params=params)
             assert r.status_code == 503, (name, params, r.status_code, r.text[:200])
             assert r.json()["kind"] == "ObjectCorrupted" and r.json()["object"] == name
+
+
+def test_getbatch_sends_a_remembered_object_by_sendfile_and_checks_a_changed_one(
+    up: LocalCluster, http: httpx.Client
+) -> None:
+    """GetBatch reads a whole object as a GET does: the first batch checks it as it
+    streams, the next one (the file unchanged) sends it by sendfile; after bytes
+    flipped on disk no batch carries them as a whole archive."""
+    make(http, "bkt-batch")
+    data = payload(BIG, 9)
+    put(http, "bkt-batch", "big.bin", data)
+    time.sleep(1.1)  # a file changed within the last second is never remembered
+    path = files_of(up, "bkt-batch", "big.bin")[0]
+    owner = r_target(up, path)
+    items = [{"objname": "big.bin", "bucket": "bkt-batch"}]  # strm: one plain tar
+    sent = []
+    for _ in range(2):
+        before = sendfile_bytes(http, owner)
+        status, raw, complete = moss(up, {"in": items, "strm": True})
+        assert status == 200 and complete and list(members(raw).values()) == [data]
+        sent.append(sendfile_bytes(http, owner) - before)
+    assert sent[0] < BIG <= sent[1], sent  # through the hash first, then remembered
+    flip(path, at=BIG - 10)
+    bad_before = corrupted_reads(http, owner)
+    status, raw, complete = moss(up, {"in": items, "strm": True})
+    got = members(raw) if status == 200 and complete else {}
+    assert path.read_bytes() not in got.values(), (status, complete)
+    assert corrupted_reads(http, owner) == bad_before + 1
 
 
 def test_head_of_a_bad_object_is_not_a_200(up: LocalCluster, http: httpx.Client) -> None:
