@@ -192,6 +192,13 @@ CALLS: list[tuple[str, str, str, str]] = [
         "multipart_upload",
     ),
     (
+        "`multipart_upload()` and `append_content()` / `as_file()` over HTTPS "
+        "(`Client(ca_cert=...)`, `sluice up --tls`)",
+        WORKS,
+        "tls/test_tls.py",
+        "multipart_upload",
+    ),
+    (
         '`get_writer().append_content(handle, flush)`, `as_file(mode="a"|"w")`, `flush()`',
         WORKS,
         "compat/test_aistore_multipart.py",
