@@ -17,7 +17,8 @@ a temporary file (its directory is at its end). Member names follow the safe
 shard rules (``targuard.unsafe_name``): an absolute name or one with ``..`` is
 left out of a listing, and read by ``archpath`` it is a 422 ``UnsafeShard``;
 ``./`` and empty segments are dropped. A shard that does not parse is a 400
-``NotATar`` naming it.
+``NotATar`` naming it. An ETL view's shards are refused (a 400): they are
+transformed when read, whole.
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from etl_runtime.core.errors import (
     UnsafeShard,
 )
 from etl_runtime.core.params import refuse_unknown
+from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway, passthrough
 from etl_runtime.gateway.placement import route
 from etl_runtime.getbatch.archive import ArchiveWriter
@@ -68,6 +70,16 @@ def shard_kind(name: str) -> str | None:
 
 def _shard(bucket: str, name: str) -> str:
     return f"ais://{bucket}/{name}"
+
+
+def _refuse_view(gw: Gateway, bucket: str, name: str | None = None) -> None:
+    if views.view_of(gw, bucket) is not None:
+        raise InvalidRequest(
+            f"bucket {bucket!r} is an ETL view: its shards are transformed on reading, so "
+            "files inside them are not listed or read one by one; use its source bucket",
+            bucket=bucket,
+            object=name,
+        )
 
 
 async def _chunks(gw: Gateway, bucket: str, name: str) -> AsyncIterator[bytes]:
@@ -147,6 +159,7 @@ async def members(gw: Gateway, bucket: str, name: str) -> list[tuple[str, int]]:
 
 async def expand(gw: Gateway, bucket: str, objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """An ``ARCH_DIR`` page: every shard followed by its files."""
+    _refuse_view(gw, bucket)
     out: list[dict[str, Any]] = []
     for o in objects:
         out.append(o)
@@ -229,6 +242,7 @@ async def read(gw: Gateway, request: Request, bucket: str, name: str) -> Respons
             object=name,
         )
     gw.require_read(request, bucket)
+    _refuse_view(gw, bucket, name)
     if archpath:
         if (why := unsafe_name(archpath)) is not None:
             raise UnsafeShard(
