@@ -135,6 +135,13 @@ CALLS: list[tuple[str, str, str, str]] = [
         "compat/test_aistore_jobs.py",
         "dsort",
     ),
+    (
+        "on the Kubernetes chart: `objects(...).copy()`, `objects(...).transform()` and "
+        "`dsort().start()`, each followed by `Job.wait()`",
+        WORKS,
+        "helm/test_realstack.py",
+        "AisClient",
+    ),
     ("`client.batch(...)` (GetBatch)", WORKS, "batch/test_getbatch.py", "batch"),
     (
         '`job(job_kind="get-batch").wait()`, `list_running_jobs(job_kind="get-batch")` (always '

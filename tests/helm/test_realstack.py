@@ -5,8 +5,9 @@ each node's containerd (no registry), ``helm install`` with
 ``images.pullPolicy=Never``, the targets' claims bound by the cluster's
 default StorageClass (a local-path provisioner, as kind and k3s ship), ETLs
 written as YAML and applied with ``kubectl``, data through the gateway with
-the SDK, curl-like HTTP and ``webdataset`` from the host (which routes to pod
-IPs, as a laptop does to a local cluster), and through the gateway Service
+the SDK (jobs with the official ``aistore`` SDK too), curl-like HTTP and
+``webdataset`` from the host (which routes to pod IPs, as a laptop does to a
+local cluster), and through the gateway Service
 from a client pod. Every Sluice pod runs under the chart's securityContext,
 which the real runtime enforces.
 
@@ -23,8 +24,11 @@ harness's cluster DNS, ``tests/k8s/clusterdns.py``). TLS on this cluster:
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import random
+import tarfile
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -34,6 +38,7 @@ from typing import Any
 import httpx
 import pytest
 import webdataset as wds
+from aistore.sdk import Client as AisClient
 from kubernetes import client
 
 from etl_runtime import Client
@@ -179,6 +184,49 @@ def test_wds_etl_is_read_by_webdataset(stack: Stack) -> None:
         f"s{i:02d}-{j:02d}" for i in range(3) for j in range(5) if j != 3
     ]
     assert {s["png"].size for s in samples} == {(4, 2)}
+
+
+def test_aistore_sdk_jobs_copy_transform_and_dsort_on_the_chart(stack: Stack) -> None:
+    """One job of each kind through the official aistore SDK, each followed by Job.wait():
+    copy-listrange, etl-listrange (the YAML ETL) and dSort over the chart's targets."""
+    apply_etl(stack, UPPER, "upper")
+    ais = AisClient(endpoint(stack), token=TOKEN)
+    src = ais.bucket("ais-src")
+    src.create(exist_ok=True)
+    for i in range(6):
+        src.object(f"o-{i}.txt").get_writer().put_content(f"object {i}".encode())
+    for i in range(3):
+        src.object(f"shard-{i:06d}.tar").get_writer().put_content(make_shard(i))
+    names = ["o-0.txt", "o-3.txt", "o-5.txt"]
+    (copy,) = src.objects(obj_names=names).copy(ais.bucket("ais-copy"))
+    etl = src.objects(obj_names=names).transform(ais.bucket("ais-upper"), "upper")
+    spec = {
+        "extension": ".tar",
+        "bck": {"name": "ais-src", "provider": "ais"},
+        "input_format": "shard-{000000..000002}",
+        "output_format": "sorted-%06d.tar",
+        "output_shard_size": "10KB",
+        "algorithm": {"kind": "alphanumeric"},
+        "output_bck": {"name": "ais-sorted", "provider": "ais"},
+    }
+    spec_file = Path(tempfile.mkdtemp()) / "spec.json"
+    spec_file.write_text(json.dumps(spec))
+    dsort = ais.dsort().start(spec_file)
+    for job in (copy, etl, dsort):
+        result = ais.job(job).wait(timeout=120, verbose=False)
+        assert result.success, (job, result)
+    for name in names:
+        data = src.object(name).get_reader().read_all()
+        assert ais.bucket("ais-copy").object(name).get_reader().read_all() == data
+        assert ais.bucket("ais-upper").object(name).get_reader().read_all() == data.upper()
+    out = [e.name for e in ais.bucket("ais-sorted").list_all_objects()]
+    assert out and all(n.startswith("sorted-") for n in out), out
+    keys: list[str] = []
+    for name in sorted(out):
+        data = ais.bucket("ais-sorted").object(name).get_reader().read_all()
+        with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+            keys += sorted({m.name.split(".")[0] for m in tar})
+    assert keys == sorted(f"s{i:02d}-{j:02d}" for i in range(3) for j in range(5)), keys
 
 
 def test_boto3_reads_an_etl_view_and_helm_upgrade_keeps_the_keys(stack: Stack) -> None:
