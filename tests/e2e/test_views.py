@@ -47,14 +47,17 @@ def make_shard(shard: int, samples: int = 4) -> bytes:
 @pytest.fixture(scope="module")
 def client(endpoint: str) -> Any:
     with Client(endpoint) as c:
-        c.etl(SHOUT).init_code(transform=shout, timeout=120)
-        c.etl(WDS).init_code(transform=upper_txt, mode="wds", decode=None, timeout=120)
+        # both ETLs start together, and while the objects are uploaded
+        c.etl(SHOUT).init_code(transform=shout, wait=False)
+        c.etl(WDS).init_code(transform=upper_txt, mode="wds", decode=None, wait=False)
         src = c.bucket("view-src").create()
         for name in ("a.txt", "dir/b.txt"):
             src.object(name).put_content(f"hello {name}".encode())
         shards = c.bucket("view-shards").create()
         for s in range(3):
             shards.object(f"train/shard-{s:03d}.tar").put_content(make_shard(s))
+        c.etl(SHOUT).wait_until_running(120)
+        c.etl(WDS).wait_until_running(120)
         yield c
 
 

@@ -287,10 +287,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
     data = tmp_path_factory.mktemp("safe") / "data"
     with LocalCluster(data, targets=3) as c:
         sluice = SluiceClient(c.endpoint)
-        sluice.etl("same").init_code(transform=same, mode="wds")
-        sluice.etl("same-fqn").init_code(transform=same, mode="wds", arg_type="fqn")
-        sluice.etl("up-fqn").init_code(transform=bytes.upper, arg_type="fqn")
-        bck = Client(c.endpoint).bucket("b")
+        # the three ETLs start together, and while the shards are uploaded
+        sluice.etl("same").init_code(transform=same, mode="wds", wait=False)
+        sluice.etl("same-fqn").init_code(transform=same, mode="wds", arg_type="fqn", wait=False)
+        sluice.etl("up-fqn").init_code(transform=bytes.upper, arg_type="fqn", wait=False)
+        bck = Client(c.endpoint).bucket("bkt")
         bck.create(exist_ok=True)
         bck.object("dotdot.tar").get_writer().put_content(shard(HOSTILE["dotdot"][0]))
         late = shard(HOSTILE["symlinked-dir"][0], at=LATE)
@@ -298,6 +299,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Pat
         bck.object("pax.tar").get_writer().put_content(huge_pax_shard())
         for name in ("gone", "dir", "fine"):
             bck.object(name).get_writer().put_content(b"some bytes")
+        for name in ("same", "same-fqn", "up-fqn"):
+            sluice.etl(name).wait_until_running(120)
         yield c.endpoint.rstrip("/"), data
 
 
@@ -310,16 +313,16 @@ def object_file(data: Path, bucket: str, name: str) -> Path:
 @pytest.mark.parametrize("etl", ["same", "same-fqn"])
 def test_etl_get_of_a_hostile_shard(cluster: tuple[str, Path], etl: str) -> None:
     url, data = cluster
-    r = requests.get(f"{url}/v1/objects/b/dotdot.tar", params={"etl_name": etl}, timeout=60)
+    r = requests.get(f"{url}/v1/objects/bkt/dotdot.tar", params={"etl_name": etl}, timeout=60)
     assert r.status_code == 422, r.text[:300]
     err = r.json()
     assert err["kind"] == "UnsafeShard" and err["sample"] == "../../../../X/dd", err
     assert "dotdot.tar" in err["error"] and str(data) not in r.text
-    r = requests.get(f"{url}/v1/objects/b/pax.tar", params={"etl_name": etl}, timeout=60)
+    r = requests.get(f"{url}/v1/objects/bkt/pax.tar", params={"etl_name": etl}, timeout=60)
     assert r.status_code == 422 and "pax header" in r.json()["error"], r.text[:300]
     # a refusal after output began: the bytes that came end in the marker
     with requests.get(
-        f"{url}/v1/objects/b/late.tar", params={"etl_name": etl}, stream=True, timeout=60
+        f"{url}/v1/objects/bkt/late.tar", params={"etl_name": etl}, stream=True, timeout=60
     ) as r:
         assert r.status_code == 200
         got = bytearray()
@@ -334,7 +337,7 @@ def test_etl_get_of_a_hostile_shard(cluster: tuple[str, Path], etl: str) -> None
 
 def test_error_bodies_carry_no_filesystem_path(cluster: tuple[str, Path]) -> None:
     url, data = cluster
-    gone, folder = object_file(data, "b", "gone"), object_file(data, "b", "dir")
+    gone, folder = object_file(data, "bkt", "gone"), object_file(data, "bkt", "dir")
     gone.unlink()
     folder.unlink()
     folder.mkdir()
@@ -342,11 +345,11 @@ def test_error_bodies_carry_no_filesystem_path(cluster: tuple[str, Path]) -> Non
         bodies: list[tuple[str, str, int, str]] = []
         for name in ("gone", "dir"):
             for params in ({}, {"etl_name": "up-fqn"}):
-                r = requests.get(f"{url}/v1/objects/b/{name}", params=params, timeout=60)
+                r = requests.get(f"{url}/v1/objects/bkt/{name}", params=params, timeout=60)
                 bodies.append((name, f"GET {params}", r.status_code, r.text))
             for streaming in (True, False):
                 r = requests.get(
-                    f"{url}/v1/ml/moss/b",
+                    f"{url}/v1/ml/moss/bkt",
                     json={"in": [{"objname": "fine"}, {"objname": name}], "strm": streaming},
                     timeout=60,
                 )
