@@ -46,6 +46,23 @@ if TYPE_CHECKING:
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
 REDIRECTS = (301, 302, 303, 307, 308)
 MAX_REDIRECTS = 5
+# A redirect's body read to its end before it is closed, up to this: an unread
+# streamed answer closes its connection (httpcore cannot reuse it), and over TLS a
+# new connection per object is a handshake per object.
+REDIRECT_BODY_MAX = 64 << 10
+
+
+def _release(response: httpx.Response) -> None:
+    """Close a redirect's answer so that its connection goes back to the pool."""
+    try:
+        length = int(response.headers.get("content-length", "-1"))
+        if 0 <= length <= REDIRECT_BODY_MAX:
+            response.read()
+    except (ValueError, httpx.HTTPError):
+        pass  # then it is closed, as before
+    response.close()
+
+
 HEDGED = ("GET", "HEAD")  # reads the gateway redirected: hedged (sdk/hedge.py)
 
 
@@ -353,7 +370,7 @@ class Client:
         hops = 0
         while response.status_code in REDIRECTS and "location" in response.headers:
             hops += 1
-            response.close()
+            _release(response)
             if hops > MAX_REDIRECTS:
                 raise SluiceError(f"{what}: more than {MAX_REDIRECTS} redirects")
             # The Location carries the whole query (and a signature); don't re-add params.

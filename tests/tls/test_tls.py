@@ -321,3 +321,33 @@ def test_s3torchconnector_trusts_the_ca_named_by_ssl_cert_file(up: LocalCluster)
         [sys.executable, "-c", S3TORCH, up.endpoint], capture_output=True, env=env, timeout=60
     )
     assert r.returncode == 0 and r.stdout == b"object 3", r.stderr[-2000:]
+
+
+def connections_to(port: int) -> set[tuple[str, int]]:
+    """This machine's TCP connections to ``port`` (open or in TIME_WAIT), by local end."""
+    import psutil
+
+    return {
+        (c.laddr.ip, c.laddr.port)
+        for c in psutil.net_connections("tcp")
+        if c.raddr and c.raddr.port == port
+    }
+
+
+def test_the_sdk_keeps_its_connections_across_redirects(
+    up: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An SDK read is a 307 from the gateway, then the target's answer: both connections
+    are kept, so 30 reads cost no new TLS handshake (each one used to close the
+    gateway's connection, unread, and make a new one: a handshake per object)."""
+    monkeypatch.setenv("SLUICE_HEDGE_AFTER", "off")  # a hedge on a busy machine asks anew
+    ports = [urlsplit(u).port or 0 for u in [up.endpoint, *target_urls(up)]]
+    with Client(up.endpoint, ca=up.ca) as c:
+        bucket = c.bucket("sec")
+        assert bucket.object("o3.txt").get_bytes() == b"object 3"  # the connections made
+        before = {p: connections_to(p) for p in ports}
+        for i in range(30):
+            assert bucket.object(f"o{i % 4}.txt").get_bytes() == f"object {i % 4}".encode()
+        after = {p: connections_to(p) for p in ports}
+    made = {p: len(after[p] - before[p]) for p in ports}
+    assert sum(made.values()) <= len(target_urls(up)), made  # a target first met, at most
