@@ -59,7 +59,17 @@ canary: install
 		print("canary:", *(f"{p} {v(p)}" for p in ("uvicorn", "starlette", "httptools", "fastapi")))'
 	$(CANARY)/bin/pytest -q -p no:cacheprovider -n $(TEST_WORKERS) $(CANARY_TESTS)
 
-demo: install
+# The demo needs the servers and torch, not the dev tools (boto3, awscli, pyarrow,
+# playwright...): from a fresh clone it syncs those two extras only (make install
+# adds the rest later; --inexact keeps what is there).
+DEMO_STAMP := $(VENV)/.installed-demo
+
+$(DEMO_STAMP): pyproject.toml uv.lock | $(UV)
+	test -x $(BIN)/python || $(UV) venv -q --seed --python $(PY) $(VENV)
+	$(UV) sync -q --frozen --inexact --extra server --extra torch
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
 	$(BIN)/python examples/demo.py
 
 lint: install

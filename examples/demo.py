@@ -6,9 +6,10 @@
    ``shout`` upper-cases text, ``thumb`` resizes an image to ``etl_args`` size;
 4. GET every object as stored and through its ETL, and print both;
 5. the WebDataset workflow (``examples/pets``): convert a generated pets-like
-   dataset into shards, register a per-sample torchvision ETL, stream a few
-   epochs of batches through a DataLoader, and write a PNG grid of original vs
-   transformed images to ``demo-out/pets-grid.png``;
+   dataset into shards (144 images in 3 shards), register a per-sample
+   torchvision ETL, stream 2 epochs of batches through a DataLoader, and
+   write a PNG grid of original vs transformed images to
+   ``demo-out/pets-grid.png``;
 6. shut everything down.
 """
 
@@ -87,7 +88,7 @@ def main() -> int:
                 print("\n--- WebDataset: per-sample ETL feeding a PyTorch DataLoader ---\n")
                 GRID_PATH.parent.mkdir(parents=True, exist_ok=True)
                 figures = load_workflow().run_workflow(
-                    client, Path(data_dir) / "work", epochs=3, grid_path=GRID_PATH
+                    client, Path(data_dir) / "work", images=144, epochs=2, grid_path=GRID_PATH
                 )
                 print(
                     f"\n{figures['samples_written']} samples in {len(figures['urls'])} shards; "
