@@ -74,6 +74,7 @@ PASSED_ENV = (
     "SLUICE_S3_",  # the S3 API: SLUICE_S3_UPLOAD_TTL (targets), SLUICE_S3_DOMAIN (gateway)
     "SLUICE_VERIFY_READS",  # storage/integrity.py: reads' checksum checks (on unless 0)
     "SLUICE_SCRUB_MBPS",  # jobs/scrub.py: the scrub's read rate per target
+    "SLUICE_HEDGE_AFTER",  # gateway/s3/hedge.py: when the S3 relay asks a copy
 )
 
 

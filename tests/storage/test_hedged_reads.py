@@ -4,7 +4,9 @@ A real ``sluice up`` with 3 targets and a bucket with ``copies=2``. The target
 the gateway redirects reads of an object to is frozen (SIGSTOP, as a long GC
 pause or a node hiccup) just before the reads: the SDK's reads, each already
 on its way to the frozen target, are answered by the copy while the target
-is still frozen (``sdk/hedge.py``); without hedging they waited for it.
+is still frozen (``sdk/hedge.py``); without hedging they waited for it. A
+boto3 GetObject the gateway relays to the frozen owner is answered by the copy
+(``gateway/s3/hedge.py``).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import boto3
 import httpx
 import pytest
+from botocore.config import Config
 
 from etl_runtime import Client
 from etl_runtime.local import LocalCluster
@@ -83,6 +87,65 @@ def test_reads_sent_to_a_frozen_target_are_served_by_the_copy(up: LocalCluster) 
         os.kill(pid, signal.SIGCONT)
     assert got == {n: objects[n] for n in on_first}
     assert served_while_frozen, "the reads waited for the frozen target"
+
+
+def sent_bytes(http: httpx.Client, target: str) -> float:
+    """What that target's server sent in bodies so far (``sluice_http_sent_bytes_total``
+    and ``sluice_sendfile_bytes_total`` on its ``/metrics``)."""
+    urls = {t["id"]: t["url"] for t in http.get("/v1/cluster").json()["targets"]}
+    text = httpx.get(f"{urls[target].rstrip('/')}/metrics", timeout=10).text
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith(("sluice_http_sent_bytes_total{", "sluice_sendfile_bytes_total{"))
+    )
+
+
+def test_an_s3_get_relayed_to_a_frozen_owner_is_answered_by_the_copy(up: LocalCluster) -> None:
+    """The gateway relays a GetObject from the owner; one that is frozen after the
+    relay chose it is raced against the copy once ``SLUICE_HEDGE_AFTER`` passed: boto3
+    gets the right bytes, sent by the copy's target, while the owner is still frozen."""
+    http = httpx.Client(base_url=up.endpoint, timeout=30)
+    r = http.post("/v1/buckets/s3-two", json={"action": "create-bck", "props": {"copies": 2}})
+    assert r.status_code == 200, r.text
+    data = os.urandom(300_000)
+    assert http.put("/v1/objects/s3-two/obj.bin", content=data).status_code == 200
+    owner = redirected_to(http, "s3-two", "obj.bin")
+    holders = {p.parts[-4] for p in up.data_dir.glob("targets/*/buckets/s3-two/obj.bin")}
+    assert owner in holders and len(holders) == 2, holders
+    (copy,) = holders - {owner}
+    key = http.post("/v1/s3/keys", json={"permission": "read"}).json()
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=f"{up.endpoint}/s3",
+        aws_access_key_id=key["access_key"],
+        aws_secret_access_key=key["secret_key"],
+        region_name="us-east-1",
+        config=Config(
+            retries={"max_attempts": 1}, read_timeout=120, s3={"addressing_style": "path"}
+        ),
+    )
+    assert s3.get_object(Bucket="s3-two", Key="obj.bin")["Body"].read() == data  # warm
+    from_copy = sent_bytes(http, copy)
+    pid = target_pid(up.data_dir, owner)
+    resumed = threading.Event()
+
+    def resume() -> None:
+        resumed.set()
+        os.kill(pid, signal.SIGCONT)
+
+    timer = threading.Timer(FROZEN_FOR, resume)
+    os.kill(pid, signal.SIGSTOP)  # before the gateway's probes find it late (~0.5 s)
+    timer.start()
+    try:
+        got = s3.get_object(Bucket="s3-two", Key="obj.bin")["Body"].read()
+        served_while_frozen = not resumed.is_set()
+    finally:
+        timer.cancel()
+        os.kill(pid, signal.SIGCONT)
+    assert got == data
+    assert served_while_frozen, "the relay waited for the frozen owner"
+    assert sent_bytes(http, copy) - from_copy >= len(data), "not sent by the copy"
 
 
 def test_the_hedge_setting() -> None:

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
 import httpx
@@ -45,7 +45,7 @@ from etl_runtime.core.errors import DuplexError, InvalidRequest, NoTargets, S3Er
 from etl_runtime.core.names import validate_names
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
-from etl_runtime.gateway.s3 import chunked, spliced
+from etl_runtime.gateway.s3 import chunked, hedge, spliced
 from etl_runtime.gateway.s3.errors import from_target, from_target_parts
 from etl_runtime.gateway.s3.sigv4 import UNSIGNED, Signed
 from etl_runtime.getbatch.exchange import ShareBody, ShareBroken
@@ -169,22 +169,25 @@ async def get(
     "S3 API"); httpx otherwise. ``early``: the GET already sent (``send_early``).
     """
     if early is not None:
-        try:
-            await early.read_head()
+        try:  # raced against a copy when the owner is slow (hedge.py)
+            headers = _owner_headers(gw, request)
+            answer = await _hedged(gw, bucket, key, headers, _head_of(early), None)
         except (ShareBroken, OSError) as e:
             early.close()
             if early.received:
                 raise _unreachable(f"{bucket}/{key}", e) from None
             # an idle connection the owner had closed: ask again on a fresh one
         else:
-            return await _relayed(early, f"{bucket}/{key}", _checksums_asked(request))
+            if answer is not None:
+                return await _relayed(answer, f"{bucket}/{key}", _checksums_asked(request))
     method = "HEAD" if head else "GET"
     sums = _checksums_asked(request)
     url = owner_url(gw, method, bucket, key)
     headers = _owner_headers(gw, request)
     if not head and spliced.offered(request):
         try:
-            answer = await spliced.request(url, headers, READ_TIMEOUT)
+            ask = spliced.request(url, headers, READ_TIMEOUT)
+            answer = await _hedged(gw, bucket, key, headers, ask, url)
         except OSError as e:
             raise _unreachable(f"{bucket}/{key}", e) from None
         if answer is not None:
@@ -217,6 +220,47 @@ async def get(
         media_type=_media(r.headers),
         background=BackgroundTask(r.aclose),
     )
+
+
+async def _head_of(answer: ShareBody) -> ShareBody:
+    """The early GET's answer once its head is in (closed if that fails or is cancelled)."""
+    try:
+        await answer.read_head()
+    except BaseException:
+        answer.close()
+        raise
+    return answer
+
+
+def _hedged(
+    gw: Gateway,
+    bucket: str,
+    key: str,
+    headers: dict[str, str],
+    first: Awaitable[ShareBody | None],
+    asked: str | None,
+) -> Awaitable[ShareBody | None]:
+    """``first`` (the owner's answer, from ``asked``; None: where ``send_early`` sent it)
+    raced against a copy's once it is ``SLUICE_HEDGE_AFTER`` late (``hedge.py``); the
+    loser is closed. A bucket of one copy, or hedging off: ``first`` alone, no task."""
+    after = hedge.hedge_after()
+    if after is None or not hedge.has_copies(gw, bucket):
+        return first
+    try:  # now: by the time the hedge starts, the map may route to the copy already
+        sent_to = owner_url(gw, "GET", bucket, key) if asked is None else asked
+    except SluiceError:
+        sent_to = ""
+
+    def second() -> Awaitable[ShareBody | None] | None:
+        url = hedge.copy_url(gw, bucket, key, sent_to)
+        return None if url is None else spliced.request(url, headers, READ_TIMEOUT)
+
+    return hedge.first_head(first, second, _close, after)
+
+
+def _close(answer: ShareBody | None) -> None:
+    if answer is not None:
+        answer.close()
 
 
 async def _relayed(answer: ShareBody, what: str, sums: bool = False) -> Response:
