@@ -33,7 +33,7 @@ async def chunked(data: bytes, size: int) -> AsyncIterator[bytes]:
 
 
 async def read_member(data: bytes, archpath: str, piece: int = 7, start: int = 0) -> bytes | None:
-    reader = ShardReader(chunked(data, piece), "ais://b/s.tar")
+    reader = ShardReader(chunked(data, piece), "ais://bkt/s.tar")
     size = await reader.find(archpath)
     if size is None:
         return None
@@ -61,7 +61,7 @@ def test_shard_reader_finds_every_member(fmt: int, gz: bool) -> None:
 
 
 def test_shard_reader_refuses_what_is_not_a_tar() -> None:
-    with pytest.raises(NotATar, match="ais://b/s.tar"):
+    with pytest.raises(NotATar, match="ais://bkt/s.tar"):
         asyncio.run(read_member(b"this is no tar at all" * 50, "a"))
     with pytest.raises(NotATar):
         asyncio.run(read_member(b"", "a"))

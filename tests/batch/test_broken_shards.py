@@ -70,7 +70,7 @@ def broken_shards() -> dict[str, bytes]:
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     data = tmp_path_factory.mktemp("broken") / "data"
     with LocalCluster(data, targets=3) as c:
-        bck = Client(c.endpoint).bucket("sh")
+        bck = Client(c.endpoint).bucket("bkt-sh")
         bck.create(exist_ok=True)
         bck.object("good.tar").get_writer().put_content(tar_of(MEMBERS))
         for name, data_ in broken_shards().items():
@@ -91,13 +91,13 @@ def test_moss_names_the_broken_shard(cluster: str, shard: str, path: str) -> Non
     for strm in (True, False):
         body = {"in": [{"objname": "good.tar", "archpath": "a/2.txt"}]}
         body["in"].append({"objname": shard, "archpath": path})
-        r = requests.get(f"{cluster}/v1/ml/moss/sh", json={**body, "strm": strm}, timeout=60)
+        r = requests.get(f"{cluster}/v1/ml/moss/bkt-sh", json={**body, "strm": strm}, timeout=60)
         if (shard, path) in READABLE:
             assert r.status_code == 200, r.text
             continue
         assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
         err = r.json()
-        assert f"ais://sh/{shard}" in err["error"], err
+        assert f"ais://bkt-sh/{shard}" in err["error"], err
         assert "not in shard" not in err["error"], err
         assert err["object"] == shard and err["kind"] in ("NotATar", "UnsafeShard"), err
         if shard == "huge-pax.tar":
@@ -106,13 +106,13 @@ def test_moss_names_the_broken_shard(cluster: str, shard: str, path: str) -> Non
 
 def test_sdk_batch_reports_the_shard(cluster: str) -> None:
     ais = Client(cluster)
-    bck = ais.bucket("sh")
+    bck = ais.bucket("bkt-sh")
     for streaming in (True, False):
         batch = ais.batch(bucket=bck, cont_on_err=False, streaming_get=streaming)
         batch.add("good.tar", archpath="a/1.txt").add("garbage.tar", archpath="a/1.txt")
         with pytest.raises(AISError) as e:
             list(batch.get())
-        assert e.value.status_code == 400 and "ais://sh/garbage.tar" in str(e.value)
+        assert e.value.status_code == 400 and "ais://bkt-sh/garbage.tar" in str(e.value)
 
     # with cont_on_err the batch goes on: the broken shard's item carries its error
     # (AIStore's multipart answer: one MossOut per item, with its err_msg)
@@ -123,23 +123,23 @@ def test_sdk_batch_reports_the_shard(cluster: str) -> None:
         ("cut-in-member.tar", b""),
         ("good.tar", b"last"),
     ]
-    assert "ais://sh/cut-in-member.tar is a broken tar shard" in got[0][1], got[0]
+    assert "ais://bkt-sh/cut-in-member.tar is a broken tar shard" in got[0][1], got[0]
     assert "truncated" in got[0][1] and not got[1][1]
 
 
 def test_a_whole_shard_still_reads_and_a_missing_file_is_404(cluster: str) -> None:
     r = requests.get(
-        f"{cluster}/v1/ml/moss/sh",
+        f"{cluster}/v1/ml/moss/bkt-sh",
         json={"in": [{"objname": "good.tar", "archpath": "a/3.txt"}], "strm": True},
         timeout=60,
     )
     assert r.status_code == 200
     with tarfile.open(fileobj=io.BytesIO(r.content), mode="r|") as tar:
         got = [(m.name, tar.extractfile(m).read()) for m in tar]  # type: ignore[union-attr]
-    assert got == [("sh/good.tar/a/3.txt", b"last")]
+    assert got == [("bkt-sh/good.tar/a/3.txt", b"last")]
     r = requests.get(
-        f"{cluster}/v1/ml/moss/sh",
+        f"{cluster}/v1/ml/moss/bkt-sh",
         json={"in": [{"objname": "good.tar", "archpath": "a/9.txt"}], "strm": True},
         timeout=60,
     )
-    assert r.status_code == 404 and "is not in shard ais://sh/good.tar" in r.json()["error"]
+    assert r.status_code == 404 and "is not in shard ais://bkt-sh/good.tar" in r.json()["error"]

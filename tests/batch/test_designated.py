@@ -43,11 +43,11 @@ def secured(
 
 
 def _fill(url: str) -> str:
-    r = httpx.post(f"{url}/v1/buckets/b", json={"action": "create-bck"}, headers=AUTH)
+    r = httpx.post(f"{url}/v1/buckets/bkt", json={"action": "create-bck"}, headers=AUTH)
     assert r.status_code == 200, r.text
     for i in range(12):
         r = httpx.put(
-            f"{url}/v1/objects/b/o{i:02d}",
+            f"{url}/v1/objects/bkt/o{i:02d}",
             content=bytes([65 + i]) * (100 + i),
             headers=AUTH,
             follow_redirects=True,
@@ -55,7 +55,7 @@ def _fill(url: str) -> str:
         assert r.status_code == 200, r.text
     for i in range(6):  # over the 64 KiB a share reads into memory: sent from the file
         r = httpx.put(
-            f"{url}/v1/objects/b/big{i}",
+            f"{url}/v1/objects/bkt/big{i}",
             content=bytes([97 + i]) * (BIG + i),
             headers=AUTH,
             follow_redirects=True,
@@ -65,7 +65,7 @@ def _fill(url: str) -> str:
 
 
 BODY = {"in": [{"objname": f"o{i:02d}"} for i in (7, 3, 11, 0, 5)], "strm": True}
-WANT = [(f"b/o{i:02d}", bytes([65 + i]) * (100 + i)) for i in (7, 3, 11, 0, 5)]
+WANT = [(f"bkt/o{i:02d}", bytes([65 + i]) * (100 + i)) for i in (7, 3, 11, 0, 5)]
 
 
 def test_the_gateway_redirects_a_batch_to_a_target_that_assembles_it(secured: str) -> None:
@@ -74,16 +74,16 @@ def test_the_gateway_redirects_a_batch_to_a_target_that_assembles_it(secured: st
     chosen = set()
     for _ in range(30):
         r = requests.get(
-            f"{secured}/v1/ml/moss/b", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
+            f"{secured}/v1/ml/moss/bkt", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
         )
         assert r.status_code == 307, r.text
         loc = urlsplit(r.headers["location"])
-        assert loc.port in ports and loc.path == "/v1/ml/moss/b"
+        assert loc.port in ports and loc.path == "/v1/ml/moss/bkt"
         chosen.add(loc.port)
     assert len(chosen) > 1  # at random among the members: the work is spread
     # requests follows the 307 with the body, and drops Authorization (another port):
     # the redirect's signature lets the target serve it
-    r = requests.get(f"{secured}/v1/ml/moss/b", json=BODY, headers=AUTH, timeout=30)
+    r = requests.get(f"{secured}/v1/ml/moss/bkt", json=BODY, headers=AUTH, timeout=30)
     assert r.status_code == 200, r.text
     assert r.history and r.history[0].status_code == 307
     assert "authorization" not in {k.lower() for k in r.request.headers}
@@ -92,7 +92,7 @@ def test_the_gateway_redirects_a_batch_to_a_target_that_assembles_it(secured: st
 
 def test_a_redirect_is_signed_for_its_body_alone(secured: str) -> None:
     r = requests.get(
-        f"{secured}/v1/ml/moss/b", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
+        f"{secured}/v1/ml/moss/bkt", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
     )
     location = r.headers["location"]
     assert {"sluice_sig", "sluice_exp", "sluice_map"} <= set(parse_qs(urlsplit(location).query))
@@ -110,17 +110,17 @@ def test_a_redirect_is_signed_for_its_body_alone(secured: str) -> None:
     assert r.status_code == 401
     # a caller with the read token may send a batch to any target
     r = requests.get(unsigned, json=other, headers={"Authorization": f"Bearer {READ}"}, timeout=30)
-    assert r.status_code == 200 and _names(r.content) == [("b/o01", b"B" * 101)]
+    assert r.status_code == 200 and _names(r.content) == [("bkt/o01", b"B" * 101)]
 
 
 def test_a_designated_target_refuses_a_parameter_it_does_not_know(secured: str) -> None:
     r = requests.get(
-        f"{secured}/v1/ml/moss/b", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
+        f"{secured}/v1/ml/moss/bkt", json=BODY, headers=AUTH, allow_redirects=False, timeout=30
     )
     r = requests.get(r.headers["location"] + "&bogus=1", json=BODY, timeout=30)
     assert r.status_code == 400 and "bogus" in r.json()["error"]
     # and the gateway refuses the parameters only it may add
-    r = requests.get(f"{secured}/v1/ml/moss/b?sluice_map=1", json=BODY, headers=AUTH, timeout=30)
+    r = requests.get(f"{secured}/v1/ml/moss/bkt?sluice_map=1", json=BODY, headers=AUTH, timeout=30)
     assert r.status_code == 400 and "sluice_map" in r.json()["error"]
 
 
@@ -153,7 +153,7 @@ def test_every_target_assembles_the_same_batch(secured: str, strm: bool) -> None
     read = {"Authorization": f"Bearer {READ}"}
     for base in targets:
         sent = _sendfile_bytes(base)
-        r = requests.get(f"{base}/v1/ml/moss/b", json=body, headers=read, timeout=60)
+        r = requests.get(f"{base}/v1/ml/moss/bkt", json=body, headers=read, timeout=60)
         assert r.status_code == 200, r.text
         if strm:  # its own big objects went to the client by sendfile
             assert _sendfile_bytes(base) > sent
@@ -162,7 +162,7 @@ def test_every_target_assembles_the_same_batch(secured: str, strm: bool) -> None
             raw = raw.split(b'filename="batch.tar"')[1].split(b"\r\n\r\n", 1)[1]
         got = _names(raw)
         assert [name for name, _ in got] == [
-            "__404__/b/nope" if n == "nope" else f"b/{n}" for n in order
+            "__404__/bkt/nope" if n == "nope" else f"bkt/{n}" for n in order
         ]
         for (_, data), n in zip(got, order, strict=True):
             assert data == (b"" if n == "nope" else want(n)), (base, n)
@@ -176,10 +176,12 @@ def test_a_target_reads_its_map_again_when_the_gateway_planned_with_a_newer_one(
     with what it has). A value that is not a version is refused."""
     base = httpx.get(f"{secured}/v1/cluster").json()["targets"][0]["url"]
     read = {"Authorization": f"Bearer {READ}"}
-    r = requests.get(f"{base}/v1/ml/moss/b?sluice_map=999999", json=BODY, headers=read, timeout=30)
+    r = requests.get(
+        f"{base}/v1/ml/moss/bkt?sluice_map=999999", json=BODY, headers=read, timeout=30
+    )
     assert r.status_code == 200, r.text
     assert _names(r.content) == WANT
-    r = requests.get(f"{base}/v1/ml/moss/b?sluice_map=new", json=BODY, headers=read, timeout=30)
+    r = requests.get(f"{base}/v1/ml/moss/bkt?sluice_map=new", json=BODY, headers=read, timeout=30)
     assert r.status_code == 400 and "sluice_map" in r.json()["error"]
 
 
@@ -218,12 +220,14 @@ def test_with_gateway_assembly_the_gateway_answers_itself(tmp_path: Path) -> Non
         with LocalCluster(tmp_path / "data", targets=2) as c:
             env.delenv("SLUICE_BATCH_ASSEMBLY")
             url = c.endpoint.rstrip("/")
-            httpx.post(f"{url}/v1/buckets/g", json={"action": "create-bck"}).raise_for_status()
+            httpx.post(f"{url}/v1/buckets/bkt-g", json={"action": "create-bck"}).raise_for_status()
             for n in ("x", "y"):
                 httpx.put(
-                    f"{url}/v1/objects/g/{n}", content=n.encode() * 5, follow_redirects=True
+                    f"{url}/v1/objects/bkt-g/{n}", content=n.encode() * 5, follow_redirects=True
                 ).raise_for_status()
             body = {"in": [{"objname": "y"}, {"objname": "x"}], "strm": True}
-            r = requests.get(f"{url}/v1/ml/moss/g", json=body, allow_redirects=False, timeout=30)
+            r = requests.get(
+                f"{url}/v1/ml/moss/bkt-g", json=body, allow_redirects=False, timeout=30
+            )
             assert r.status_code == 200, r.text  # no 307: assembled where it was asked
-            assert _names(r.content) == [("g/y", b"yyyyy"), ("g/x", b"xxxxx")]
+            assert _names(r.content) == [("bkt-g/y", b"yyyyy"), ("bkt-g/x", b"xxxxx")]

@@ -29,8 +29,8 @@ EXAMPLES = 6  # per operation; with ~20 operations, a few hundred requests
 @pytest.fixture(scope="module")
 def fuzzed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with run_cluster(tmp_path_factory.mktemp("fuzz")) as c:
-        c.client.post("/v1/buckets/b", json={"action": "create-bck"})
-        c.client.put("/v1/objects/b/o", content=b"hello")
+        c.client.post("/v1/buckets/bkt", json={"action": "create-bck"})
+        c.client.put("/v1/objects/bkt/o", content=b"hello")
         yield c
 
 
@@ -77,20 +77,20 @@ def raw(url: str, request: bytes) -> bytes:
 
 
 HOSTILE_PATHS = [
-    "/v1/objects/b/..",
-    "/v1/objects/b/%2e%2e/%2e%2e/etc/passwd",
-    "/v1/objects/b/a%00b",
-    "/v1/objects/b/" + "n" * 4096,
-    "/v1/objects/b/" + "/".join(["d"] * 600),
+    "/v1/objects/bkt/..",
+    "/v1/objects/bkt/%2e%2e/%2e%2e/etc/passwd",
+    "/v1/objects/bkt/a%00b",
+    "/v1/objects/bkt/" + "n" * 4096,
+    "/v1/objects/bkt/" + "/".join(["d"] * 600),
     "/v1/buckets/a%0Ab",
     "/v1/objects/a%0Ab/o",
-    "/v1/objects/b/o?etl_fqn=/etc/passwd",
-    "/v1/objects/b/o?etl_name=nope&etl_args=%ff%fe",
-    "/v1/objects/b/o?etl_name=nope&etl_args=" + "x" * 8000,
-    "/v1/objects/b/o?etl_pipeline=a,b",
+    "/v1/objects/bkt/o?etl_fqn=/etc/passwd",
+    "/v1/objects/bkt/o?etl_name=nope&etl_args=%ff%fe",
+    "/v1/objects/bkt/o?etl_name=nope&etl_args=" + "x" * 8000,
+    "/v1/objects/bkt/o?etl_pipeline=a,b",
     "/v1/etl/..%2f..",
     "/v1/etl/x/logs?tail=-1",
-    "/v1/buckets/b?limit=0",
+    "/v1/buckets/bkt?limit=0",
 ]
 SPEC_BODIES = [
     {"name": "e", "spec": {"code": {"source": "x"}, "timeouts": "soon"}},
@@ -134,7 +134,7 @@ def test_hostile_requests_never_500(fuzzed: Cluster, tmp_path: Path) -> None:
             for body in [deep, *(json.dumps(b) for b in SPEC_BODIES)]:
                 r = c.put(base + "/v1/etl", content=body)
                 statuses.append((f"PUT /v1/etl {body[:40]}", r.status_code))
-            r = c.post(base + "/v1/buckets/b", content='{"action": ' + deep + "}")
+            r = c.post(base + "/v1/buckets/bkt", content='{"action": ' + deep + "}")
             statuses.append(("deep bucket action", r.status_code))
             # huge and duplicate headers, broken range and conditionals
             for headers in [
@@ -144,20 +144,20 @@ def test_hostile_requests_never_500(fuzzed: Cluster, tmp_path: Path) -> None:
                 {"If-Match": "*" * 5000, "If-None-Match": '"a", W/"b"'},
                 {"If-Range": "Mon, 99 Foo 2099"},
             ]:
-                r = c.get(base + "/v1/objects/b/o", headers=headers)
+                r = c.get(base + "/v1/objects/bkt/o", headers=headers)
                 statuses.append((f"GET with {list(headers)}", r.status_code))
         for base in urls:
             host = urlsplit(base).netloc.encode()
             for req in [
-                b"PUT /v1/objects/b/te HTTP/1.1\r\nHost: " + host + b"\r\n"
+                b"PUT /v1/objects/bkt/te HTTP/1.1\r\nHost: " + host + b"\r\n"
                 b"Transfer-Encoding: gzip, chunked, zz\r\n\r\n3\r\nabc\r\n0\r\n\r\n",
-                b"PUT /v1/objects/b/te HTTP/1.1\r\nHost: " + host + b"\r\n"
+                b"PUT /v1/objects/bkt/te HTTP/1.1\r\nHost: " + host + b"\r\n"
                 b"Transfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\nzz\r\n",
-                b"PUT /v1/objects/b/cl HTTP/1.1\r\nHost: " + host + b"\r\n"
+                b"PUT /v1/objects/bkt/cl HTTP/1.1\r\nHost: " + host + b"\r\n"
                 b"Content-Length: 5\r\nContent-Length: 7\r\n\r\nabcde",
-                b"PUT /v1/objects/b/short HTTP/1.1\r\nHost: " + host + b"\r\n"
+                b"PUT /v1/objects/bkt/short HTTP/1.1\r\nHost: " + host + b"\r\n"
                 b"Content-Length: 100000\r\n\r\ntruncated",
-                b"GET /v1/objects/b/o HTTP/1.1\r\nHost: "
+                b"GET /v1/objects/bkt/o HTTP/1.1\r\nHost: "
                 + host
                 + b"\r\n"
                 + b"X-Dup: 1\r\n" * 500

@@ -95,14 +95,14 @@ def test_up_serves_survives_restart_and_stops_cleanly(tmp_path: Path) -> None:
         assert f"can read {key_path}" in said[0] or f"cannot read {key_path}" in said[0]
         with client(cluster.endpoint) as c:
             assert c.get("/v1/health").json()["targets"] == 2
-            assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+            assert c.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
             for i in range(4):
-                r = c.put(f"/v1/objects/b/dir/o{i}.txt", content=f"hello {i}".encode())
+                r = c.put(f"/v1/objects/bkt/dir/o{i}.txt", content=f"hello {i}".encode())
                 assert r.status_code == 200, r.text
             assert c.put("/v1/etl", json={"name": "upper", "spec": UPPER}).status_code == 200
             details = wait_running(c, "upper")
             assert [t["target"] for t in details["transformers"]] == ["t0", "t1"]
-            assert c.get("/v1/objects/b/dir/o3.txt", params={"etl_name": "upper"}).content == (
+            assert c.get("/v1/objects/bkt/dir/o3.txt", params={"etl_name": "upper"}).content == (
                 b"HELLO 3"
             )
         assert len(transformer_leaders(cluster.pid)) == 2
@@ -127,11 +127,11 @@ def test_up_serves_survives_restart_and_stops_cleanly(tmp_path: Path) -> None:
     with LocalCluster(data, targets=2, token=TOKEN) as cluster:
         assert (data / "cluster-key").read_text() == key
         with client(cluster.endpoint) as c:
-            names = [o["name"] for o in c.get("/v1/buckets/b").json()["objects"]]
+            names = [o["name"] for o in c.get("/v1/buckets/bkt").json()["objects"]]
             assert names == [f"dir/o{i}.txt" for i in range(4)]
             assert [e["name"] for e in c.get("/v1/etl").json()["etls"]] == ["upper"]
             wait_running(c, "upper")
-            r = c.get("/v1/objects/b/dir/o1.txt", params={"etl_name": "upper"})
+            r = c.get("/v1/objects/bkt/dir/o1.txt", params={"etl_name": "upper"})
             assert r.content == b"HELLO 1"
         tree = descendants(cluster.pid)
         os.kill(cluster.pid, signal.SIGINT)  # Ctrl-C works like SIGTERM

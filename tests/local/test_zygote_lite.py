@@ -50,10 +50,12 @@ def test_an_etl_is_forked_by_the_lite_zygote_while_the_full_one_still_imports(
     cluster: LocalCluster,
 ) -> None:
     client = Client(cluster.endpoint)
-    client.bucket("z").create().object("a.txt").put_content(b"first minute")
+    client.bucket("bkt-z").create().object("a.txt").put_content(b"first minute")
     details = client.etl("lite-upper").init_code(transform=upper, timeout=120)
     assert details.phase == "Running" and details.ready == 3
-    assert client.bucket("z").object("a.txt").get_bytes(etl_name="lite-upper") == b"FIRST MINUTE"
+    assert (
+        client.bucket("bkt-z").object("a.txt").get_bytes(etl_name="lite-upper") == b"FIRST MINUTE"
+    )
     full_log = Path(cluster.data_dir) / "etl" / "logs" / "zygote.log"
     assert "ready" not in (full_log.read_text() if full_log.exists() else "")
     parents = set()

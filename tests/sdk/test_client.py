@@ -45,13 +45,13 @@ def client(cluster: tuple[str, State]) -> Iterator[Client]:
 
 def test_put_get_roundtrip_sends_the_body_only_to_the_target(client, cluster) -> None:
     _, state = cluster
-    bucket = client.bucket("rt").create()
+    bucket = client.bucket("bkt-rt").create()
     state.gateway_bodies.clear()
     info = bucket.object("dir/a b.txt").put_content(b"hello world")
     assert info.size == 11 and info.name == "dir/a b.txt"
     assert state.gateway_bodies == [b""]  # the gateway only redirects
     assert bucket.object("dir/a b.txt").get_bytes() == b"hello world"
-    assert state.buckets["rt"] == {"dir/a b.txt": b"hello world"}
+    assert state.buckets["bkt-rt"] == {"dir/a b.txt": b"hello world"}
 
 
 def test_put_file_streams_with_content_length_and_keeps_the_token(tmp_path) -> None:
@@ -118,12 +118,12 @@ def test_list_objects_walks_every_page(client) -> None:
 
 
 def test_object_urls_brace_expand_like_webdataset(client) -> None:
-    urls = client.bucket("ds").object_urls("shard-{000..002}.tar", etl_name="resize")
-    base = f"{client.endpoint}/v1/objects/ds/shard-"
+    urls = client.bucket("bkt-ds").object_urls("shard-{000..002}.tar", etl_name="resize")
+    base = f"{client.endpoint}/v1/objects/bkt-ds/shard-"
     assert urls == [f"{base}{i:03d}.tar?etl_name=resize" for i in range(3)]
-    assert client.bucket("ds").object_urls("{a,b}/x") == [
-        f"{client.endpoint}/v1/objects/ds/a/x",
-        f"{client.endpoint}/v1/objects/ds/b/x",
+    assert client.bucket("bkt-ds").object_urls("{a,b}/x") == [
+        f"{client.endpoint}/v1/objects/bkt-ds/a/x",
+        f"{client.endpoint}/v1/objects/bkt-ds/b/x",
     ]
 
 
