@@ -8,7 +8,7 @@ gateway's, which lists the backend):
               ``https://storage.googleapis.com``)
 ``project``   the project (else ``GOOGLE_CLOUD_PROJECT``); named in messages,
               checked as a project id (6-30 of a-z, 0-9, '-', starting with a letter)
-``secret``    ``anonymous`` (no credentials: an emulator, which checks none), or
+``secret``    ``anonymous`` (unsigned requests: a public bucket, or an emulator), or
               ``NAME``: a directory ``$SLUICE_SECRETS_DIR/NAME`` with the file
               ``GOOGLE_SERVICE_ACCOUNT_KEY`` (a service account's JSON key) — a
               Kubernetes Secret mounted by the chart (``remote.bucketSecrets``)
@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import obstore
 from obstore.store import GCSStore
 
 from etl_runtime.core.errors import InvalidRequest
@@ -216,21 +217,41 @@ class GcsBackend(ObstoreBackend):
     def __init__(self, settings: GcsSettings) -> None:
         self.settings = settings
         self.tokens = Tokens(settings)
-        store = GCSStore(
-            settings.bucket,
-            config={"base_url": settings.endpoint},
-            client_options=client_options(settings.endpoint),  # type: ignore[arg-type]
-            retry_config=RETRY_CONFIG,  # type: ignore[arg-type]
-            credential_provider=self.tokens,  # type: ignore[arg-type]
-        )
+        signed = self._store(credential_provider=self.tokens)
+        # Anonymous: reads go unsigned (a public bucket refuses a token it cannot
+        # check); obstore signs a DELETE whatever, so that one keeps the token source.
+        store = self._store(skip_signature=True) if settings.anonymous else signed
+        self._signed = signed
         super().__init__(settings.bucket, settings.where, store, settings.credentials_from)
         self._http: httpx.AsyncClient | None = None
+
+    def _store(self, skip_signature: bool = False, credential_provider: Any = None) -> Any:
+        config: dict[str, Any] = {"base_url": self.settings.endpoint}
+        auth: dict[str, Any] = {}
+        if skip_signature:
+            config["skip_signature"] = True
+        else:
+            auth["credential_provider"] = credential_provider
+        return GCSStore(
+            self.settings.bucket,
+            config=config,  # type: ignore[arg-type]
+            client_options=client_options(self.settings.endpoint),  # type: ignore[arg-type]
+            retry_config=RETRY_CONFIG,  # type: ignore[arg-type]
+            **auth,
+        )
 
     @classmethod
     def for_bucket(
         cls, bucket: str, backend: Mapping[str, Any], env: Mapping[str, str] | None = None
     ) -> GcsBackend:
         return cls(resolve(bucket, backend, env))
+
+    async def delete(self, name: str) -> None:
+        self._check_credentials(name)
+        try:
+            await obstore.delete_async(self._signed, name)
+        except Exception as e:
+            raise self.error(e, name, "DELETE") from None
 
     async def put_file(self, name: str, path: Path) -> RemoteMeta:
         """Write-through PUT: the JSON API's media upload, then the object's meta."""
