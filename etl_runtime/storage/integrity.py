@@ -248,9 +248,13 @@ class Verified:
 VERIFIED = Verified()
 
 
-def checked_blocks(blocks: Iterable[bytes], cs: Checksum, on_bad: BadRead) -> Iterator[bytes]:
+def checked_blocks(
+    blocks: Iterable[bytes], cs: Checksum, on_bad: BadRead, stamp: Stamp | None = None
+) -> Iterator[bytes]:
     """``blocks`` (a whole object) passed on, the last one only once the hash matched;
-    on a mismatch ``on_bad()`` is called and the stream raises (the connection drops)."""
+    on a mismatch ``on_bad()`` is called and the stream raises (the connection drops).
+    ``stamp``: the file's, whose match is noted in ``VERIFIED`` (forgotten on a mismatch)."""
+    started = time.time_ns()
     h, seen, held = new_hash(), 0, None
     for block in blocks:
         h.update(block)
@@ -259,7 +263,9 @@ def checked_blocks(blocks: Iterable[bytes], cs: Checksum, on_bad: BadRead) -> It
             yield held
         held = block
     if seen != cs.size or h.hexdigest() != cs.digest:
+        VERIFIED.forget(stamp)
         raise on_bad()
+    VERIFIED.note(stamp, cs, started)
     if held is not None:
         yield held
 
