@@ -217,7 +217,7 @@ priorityClassName: {{ . }}
 {{- end -}}
 
 {{/*
-Remote (aws) buckets: the AWS environment of targets and gateways.
+Remote buckets: each provider's environment of targets and gateways.
 */}}
 {{- define "sluice.remoteEnv" -}}
 {{- with .Values.remote.endpoint }}
@@ -228,6 +228,26 @@ Remote (aws) buckets: the AWS environment of targets and gateways.
 - name: AWS_REGION
   value: {{ . | quote }}
 {{- end }}
+{{- with (.Values.remote.gcp | default dict) }}
+{{- with .endpoint }}
+- name: STORAGE_EMULATOR_HOST
+  value: {{ . | quote }}
+{{- end }}
+{{- with .project }}
+- name: GOOGLE_CLOUD_PROJECT
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
+{{- with (.Values.remote.azure | default dict) }}
+{{- with .endpoint }}
+- name: AZURE_STORAGE_ENDPOINT
+  value: {{ . | quote }}
+{{- end }}
+{{- with .account }}
+- name: AZURE_STORAGE_ACCOUNT_NAME
+  value: {{ . | quote }}
+{{- end }}
+{{- end }}
 - name: SLUICE_REMOTE_CACHE_BYTES
   value: {{ .Values.remote.cacheBytes | int64 | quote }}
 - name: SLUICE_REMOTE_CACHE_HIGH_WM
@@ -235,10 +255,13 @@ Remote (aws) buckets: the AWS environment of targets and gateways.
 {{- end -}}
 
 {{- define "sluice.remoteEnvFrom" -}}
-{{- with .Values.remote.secretName }}
+{{- $names := list .Values.remote.secretName (.Values.remote.gcp | default dict).secretName (.Values.remote.azure | default dict).secretName | compact | uniq }}
+{{- if $names }}
 envFrom:
+{{- range $names }}
   - secretRef:
       name: {{ . }}
+{{- end }}
 {{- end }}
 {{- end -}}
 
