@@ -234,14 +234,14 @@ def test_sluice_target_from_the_built_image(real_cluster: RealNodes, real_namesp
     wait_ready(real_cluster, ns, "target-0", "client")
     ip = pod_ip(real_cluster, ns, "target-0")
     bucket = httpx.post(
-        f"http://{ip}:8080/v1/buckets/b1", json={"action": "create-bck"}, timeout=30
+        f"http://{ip}:8080/v1/buckets/bkt1", json={"action": "create-bck"}, timeout=30
     )
     assert bucket.status_code == 200, bucket.text
-    put = httpx.put(f"http://{ip}:8080/v1/objects/b1/hello.txt", content=b"real node", timeout=30)
+    put = httpx.put(f"http://{ip}:8080/v1/objects/bkt1/hello.txt", content=b"real node", timeout=30)
     assert put.status_code == 200, put.text
     cluster_ip = real_cluster.core.read_namespaced_service("sluice-target", ns).spec.cluster_ip
 
-    url = f"http://{cluster_ip}/v1/objects/b1/hello.txt"
+    url = f"http://{cluster_ip}/v1/objects/bkt1/hello.txt"
 
     def through_the_service() -> str:  # retried: kube-proxy may not have synced the Service yet
         return real_cluster.kubectl("-n", ns, "exec", "client", "--", "/echo", "get", url).stdout

@@ -83,9 +83,9 @@ def test_an_etl_image_serves_gets_through_a_target_on_a_real_node(
           TARGET_ROLE, binding, pod)  # fmt: skip
     wait_ready(real_cluster, ns, "target-0")
     url = f"http://{pod_ip(real_cluster, ns, 'target-0')}:8080"
-    created = httpx.post(f"{url}/v1/buckets/b1", json={"action": "create-bck"}, timeout=30)
+    created = httpx.post(f"{url}/v1/buckets/bkt1", json={"action": "create-bck"}, timeout=30)
     assert created.status_code == 200, created.text
-    put = httpx.put(f"{url}/v1/objects/b1/hello.txt", content=b"real node", timeout=30)
+    put = httpx.put(f"{url}/v1/objects/bkt1/hello.txt", content=b"real node", timeout=30)
     assert put.status_code == 200, put.text
 
     operator = OperatorProcess(real_cluster.kubeconfig, ns, CLUSTER_KEY).start()
@@ -103,7 +103,7 @@ def test_an_etl_image_serves_gets_through_a_target_on_a_real_node(
 
         def transformed(args: dict[str, str]) -> bytes:
             r = httpx.get(
-                f"{url}/v1/objects/b1/hello.txt",
+                f"{url}/v1/objects/bkt1/hello.txt",
                 params={"etl_name": "echo-img", **args},
                 timeout=60,
                 follow_redirects=True,
