@@ -85,7 +85,7 @@ def body_for(rng: random.Random) -> bytes:
 def writer(endpoint: str, run: Run, names: list[str], seed: int) -> None:
     rng = random.Random(seed)
     with Client(endpoint, timeout=30, retries=0) as client:
-        bucket = client.bucket("b")
+        bucket = client.bucket("bkt")
         while not run.stop.is_set():
             name = rng.choice(names)
             data = body_for(rng)
@@ -112,7 +112,7 @@ def reader(endpoint: str, run: Run, seed: int) -> None:
     rng = random.Random(seed)
     names = sorted(run.histories)
     with Client(endpoint, timeout=30, retries=0) as client:
-        bucket = client.bucket("b")
+        bucket = client.bucket("bkt")
         while not run.stop.is_set():
             name = rng.choice(names)
             try:
@@ -156,7 +156,7 @@ def final_content(client: Client, name: str) -> str | None:
     """Md5 of ``name`` through the gateway (None: not found), retrying a target still waking up."""
     for _ in range(50):
         try:
-            return hashlib.md5(client.bucket("b").object(name).get_bytes()).hexdigest()
+            return hashlib.md5(client.bucket("bkt").object(name).get_bytes()).hexdigest()
         except NotFound:
             return None
         except SluiceError:
@@ -177,7 +177,7 @@ def test_kill9_of_targets_during_writes_loses_and_shows_nothing_wrong(
     with LocalCluster(data, targets=TARGETS) as cluster:
         t_up = time.monotonic()
         with Client(cluster.endpoint) as client:
-            client.bucket("b").create()
+            client.bucket("bkt").create()
             urls = {t["id"]: t["url"] for t in client.request_json("GET", "/v1/cluster")["targets"]}
         threads = [
             threading.Thread(target=writer, args=(cluster.endpoint, run, group, SEED + i))

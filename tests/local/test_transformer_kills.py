@@ -48,9 +48,9 @@ def leaders(up_pid: int) -> list[psutil.Process]:
 def test_killed_transformers_show_sdk_readers_only_data_or_503(tmp_path: Path) -> None:
     with LocalCluster(tmp_path / "data", targets=3) as cluster:
         c = httpx.Client(base_url=cluster.endpoint, follow_redirects=True, timeout=60)
-        assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert c.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
         for i in range(OBJECTS):
-            assert c.put(f"/v1/objects/b/o{i}", content=payload(i)).status_code == 200
+            assert c.put(f"/v1/objects/bkt/o{i}", content=payload(i)).status_code == 200
         assert c.put("/v1/etl", json={"name": "upper", "spec": UPPER}).status_code == 200
         wait_running(c, "upper")
 
@@ -68,7 +68,7 @@ def test_killed_transformers_show_sdk_readers_only_data_or_503(tmp_path: Path) -
                 i = n % OBJECTS
                 n += 1
                 try:
-                    data = sdk.bucket("b").object(f"o{i}").get_bytes(etl_name="upper")
+                    data = sdk.bucket("bkt").object(f"o{i}").get_bytes(etl_name="upper")
                 except errors.Unavailable as e:  # its retries spent: allowed, with the cause
                     outcomes.append((time.monotonic(), "503", str(e)))
                     continue

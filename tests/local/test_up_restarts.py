@@ -75,11 +75,11 @@ def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) ->
     data = tmp_path / "data"
     with LocalCluster(data, targets=2) as cluster:
         c = httpx.Client(base_url=cluster.endpoint, follow_redirects=True, timeout=30)
-        assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert c.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
         for i in range(12):
-            assert c.put(f"/v1/objects/b/o{i}", content=f"object {i}".encode()).status_code == 200
+            assert c.put(f"/v1/objects/bkt/o{i}", content=f"object {i}".encode()).status_code == 200
         t1_url = next(t["url"] for t in c.get("/v1/cluster").json()["targets"] if t["id"] == "t1")
-        on_t1 = [o["name"] for o in httpx.get(f"{t1_url}/v1/buckets/b").json()["objects"]]
+        on_t1 = [o["name"] for o in httpx.get(f"{t1_url}/v1/buckets/bkt").json()["objects"]]
         assert on_t1, "HRW put none of 12 objects on t1"
 
         old = server(cluster, "etl_runtime.storage_target", "t1")
@@ -99,7 +99,7 @@ def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) ->
         assert up_json_pids(data)["target t1"] == new.pid
         for name in on_t1:  # straight from t1, and through the gateway
             want = f"object {name[1:]}".encode()
-            assert httpx.get(f"{t1_url}/v1/objects/b/{name}").content == want
+            assert httpx.get(f"{t1_url}/v1/objects/bkt/{name}").content == want
         wait_for(
             lambda: all(t["alive"] for t in c.get("/v1/cluster").json()["targets"]),
             30,
@@ -107,7 +107,7 @@ def test_killed_target_comes_back_on_its_url_with_its_objects(tmp_path: Path) ->
             cluster,
         )
         for i in range(12):
-            assert c.get(f"/v1/objects/b/o{i}").content == f"object {i}".encode()
+            assert c.get(f"/v1/objects/bkt/o{i}").content == f"object {i}".encode()
         c.close()
         assert cluster.stop() == 0
 
@@ -123,10 +123,10 @@ def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> 
     with cluster:
         c = httpx.Client(base_url=cluster.endpoint, follow_redirects=True, timeout=30)
         assert c.put("/v1/etl", json={"name": "upper", "spec": UPPER}).status_code == 200
-        assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
-        assert c.put("/v1/objects/b/o", content=b"hello").status_code == 200
+        assert c.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
+        assert c.put("/v1/objects/bkt/o", content=b"hello").status_code == 200
         wait_running(c, "upper")
-        assert c.get("/v1/objects/b/o", params={"etl_name": "upper"}).content == b"HELLO"
+        assert c.get("/v1/objects/bkt/o", params={"etl_name": "upper"}).content == b"HELLO"
         leaders = {p.pid for p in transformer_leaders(cluster.pid)}
         assert len(leaders) == 1
 
@@ -144,7 +144,7 @@ def test_killed_gateway_comes_back_and_the_etl_keeps_working(tmp_path: Path) -> 
         seen = []
 
         def etl_get() -> httpx.Response | None:
-            r = c.get("/v1/objects/b/o", params={"etl_name": "upper"})
+            r = c.get("/v1/objects/bkt/o", params={"etl_name": "upper"})
             rec = json.loads((data / "etl" / "upper.json").read_text())
             seen.append((round(time.monotonic() - back, 2), r.status_code, rec.get("transformers")))
             return r if r.status_code == 200 else None
@@ -176,11 +176,11 @@ def test_a_crash_looping_target_is_marked_down_and_the_rest_keeps_serving(
     cluster = LocalCluster(data, targets=3)
     with cluster:
         c = httpx.Client(base_url=cluster.endpoint, follow_redirects=True, timeout=30)
-        r = c.post("/v1/buckets/b", json={"action": "create-bck", "props": {"copies": 2}})
+        r = c.post("/v1/buckets/bkt", json={"action": "create-bck", "props": {"copies": 2}})
         assert r.json()["props"]["copies"] == 2
         names = [f"o{i}" for i in range(30)]
         for n in names:
-            assert c.put(f"/v1/objects/b/{n}", content=n.encode()).status_code == 200
+            assert c.put(f"/v1/objects/bkt/{n}", content=n.encode()).status_code == 200
         tdir = data / "targets" / "t2"
         os.rename(tdir, tmp_path / "t2-moved")
         tdir.write_text("not a directory")  # every restart fails to open its data dir
@@ -193,7 +193,7 @@ def test_a_crash_looping_target_is_marked_down_and_the_rest_keeps_serving(
         deadline = time.monotonic() + 10  # well past the 5th crash: still serving
         while time.monotonic() < deadline:
             for n in names:
-                r = c.get(f"/v1/objects/b/{n}")
+                r = c.get(f"/v1/objects/bkt/{n}")
                 assert r.status_code == 200 and r.content == n.encode(), (n, r.status_code, r.text)
             assert cluster.process is not None and cluster.process.poll() is None
         view = wait_for(

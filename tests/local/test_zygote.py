@@ -48,7 +48,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
 @pytest.fixture(scope="module")
 def client(cluster: LocalCluster) -> Client:
     c = Client(cluster.endpoint)
-    c.bucket("z").create()
+    c.bucket("bkt-z").create()
     return c
 
 
@@ -81,10 +81,10 @@ def upper(data: bytes) -> bytes:
 def test_object_etl_is_forked_by_the_zygote_and_transforms(
     cluster: LocalCluster, client: Client
 ) -> None:
-    client.bucket("z").object("a.txt").put_content(b"hello zygote")
+    client.bucket("bkt-z").object("a.txt").put_content(b"hello zygote")
     details = client.etl("zy-upper").init_code(transform=upper, timeout=120)
     assert details.phase == "Running" and details.ready == 3
-    got = client.bucket("z").object("a.txt").get_bytes(etl_name="zy-upper")
+    got = client.bucket("bkt-z").object("a.txt").get_bytes(etl_name="zy-upper")
     assert got == b"HELLO ZYGOTE"
     zygote = zygote_of(cluster)
     pids = transformers_of(cluster, "zy-upper")
@@ -122,9 +122,9 @@ def test_wds_etl_runs_torch_in_forked_workers(cluster: LocalCluster, client: Cli
             info = tarfile.TarInfo(f"s{i}.png")
             info.size = len(img.getvalue())
             tar.addfile(info, io.BytesIO(img.getvalue()))
-    client.bucket("z").object("shard.tar").put_content(buf.getvalue())
+    client.bucket("bkt-z").object("shard.tar").put_content(buf.getvalue())
     client.etl("zy-torch").init_code(transform=mean_by_torch, mode="wds", decode="pil")
-    got = client.bucket("z").object("shard.tar").get_bytes(etl_name="zy-torch")
+    got = client.bucket("bkt-z").object("shard.tar").get_bytes(etl_name="zy-torch")
     with tarfile.open(fileobj=io.BytesIO(got)) as tar:
         out = {m.name: tar.extractfile(m).read().decode() for m in tar.getmembers()}  # type: ignore[union-attr]
     # 64 pixels x 3 channels of value v: the mean is v, the trace 64 * 3 * v^2.
@@ -133,7 +133,7 @@ def test_wds_etl_runs_torch_in_forked_workers(cluster: LocalCluster, client: Cli
 
 
 def test_a_killed_forked_transformer_is_replaced(cluster: LocalCluster, client: Client) -> None:
-    client.bucket("z").object("k.txt").put_content(b"kill me")
+    client.bucket("bkt-z").object("k.txt").put_content(b"kill me")
     client.etl("zy-kill").init_code(transform=upper)
     before = transformers_of(cluster, "zy-kill")
     victim_target, victim = sorted(before.items())[0]
@@ -147,7 +147,7 @@ def test_a_killed_forked_transformer_is_replaced(cluster: LocalCluster, client: 
         assert time.monotonic() < deadline, f"not replaced: {now} {details}"
         time.sleep(0.2)
     assert psutil.Process(now[victim_target]).ppid() == zygote_of(cluster).pid
-    got = client.bucket("z").object("k.txt").get_bytes(etl_name="zy-kill")
+    got = client.bucket("bkt-z").object("k.txt").get_bytes(etl_name="zy-kill")
     assert got == b"KILL ME"
     client.etl("zy-kill").delete()
 
@@ -172,11 +172,11 @@ def test_dependencies_are_installed_in_a_fresh_transformer(
 
         return six.__version__.encode()
 
-    client.bucket("z").object("d.txt").put_content(b"x")
+    client.bucket("bkt-z").object("d.txt").put_content(b"x")
     client.etl("zy-deps").init_code(
         transform=six_version, dependencies=["six==1.16.0"], timeout=300
     )
-    assert client.bucket("z").object("d.txt").get_bytes(etl_name="zy-deps") == b"1.16.0"
+    assert client.bucket("bkt-z").object("d.txt").get_bytes(etl_name="zy-deps") == b"1.16.0"
     zygote = zygote_of(cluster).pid
     assert all(
         psutil.Process(p).ppid() != zygote for p in transformers_of(cluster, "zy-deps").values()
@@ -192,7 +192,7 @@ def test_forked_workers_draw_different_random_numbers(client: Client) -> None:
 
         return str(np.random.randint(1 << 62)).encode()
 
-    bucket = client.bucket("z")
+    bucket = client.bucket("bkt-z")
     names = [f"r{i}" for i in range(12)]  # spread over the 3 targets by HRW
     for n in names:
         bucket.object(n).put_content(b"x")
