@@ -38,6 +38,7 @@ from typing import IO, Any
 import anyio.to_thread
 
 from etl_runtime.cluster.clustermap import BucketProps, hrw_order, refuse_view_jobs
+from etl_runtime.core.bucket_rules import check_new_bucket
 from etl_runtime.core.durable import fsync_dir, make_dirs, write_atomic
 from etl_runtime.core.errors import DsortFailed, NotFound, bucket_not_found
 from etl_runtime.dsort.plan import OutputShard, make_plan
@@ -65,6 +66,7 @@ async def validate(gw: Any, raw: dict[str, Any]) -> dict[str, Any]:
             raise bucket_not_found(spec.input_bck)
         refuse_view_jobs(buckets, spec.input_bck, spec.output_bck, "dsort")
         if spec.output_bck not in buckets:
+            check_new_bucket(spec.output_bck)  # S3's bucket-name rules for a bucket made here
             props = BucketProps(created=time.time())
             gw.cmap.update(lambda m: m.with_bucket(spec.output_bck, props))
     return spec.to_dict()

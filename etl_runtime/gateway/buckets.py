@@ -25,6 +25,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from etl_runtime.cluster.clustermap import BACKEND_KEYS, MAX_COPIES, BucketProps
+from etl_runtime.core.bucket_rules import broken_rule, check_new_bucket
 from etl_runtime.core.errors import (
     BucketExists,
     BucketNotFound,
@@ -125,6 +126,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
         if gw.cmap is not None:
             return await _map_bucket_action(bucket, request)
         body = await read_bucket_action(bucket, request)
+        if broken_rule(bucket) and bucket not in await bucket_names():
+            check_new_bucket(bucket)  # S3's rules for a new bucket; an old one stays usable
         created = False
         for t, r in await gw.fanout("POST", f"/v1/buckets/{bucket}", json=body):
             if not isinstance(r, httpx.Response) or _unwell(r.status_code):
@@ -225,6 +228,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
         if "view_of" in asked or (old is not None and old.view):
             return await _map_view_action(bucket, request, body, asked, old)
         props = bucket_props(bucket, body, old, request)
+        if old is None and not props.remote:
+            check_new_bucket(bucket)  # S3's rules for a new bucket; an old one stays usable
         if body["action"] == "create-bck":
             _refuse_existing(bucket, request, old is None)
         if body["action"] == "create-bck" and old is not None and "props" not in body:
@@ -245,6 +250,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
     ) -> dict[str, Any]:
         """create-bck of an ETL view (``views``); nothing to tell the targets: it stores nothing."""
         assert gw.cmap is not None
+        if old is None:
+            check_new_bucket(bucket)
         if body["action"] == "create-bck":
             _refuse_existing(bucket, request, old is None)
         if old is not None and not asked:  # create-bck of an existing view, nothing asked

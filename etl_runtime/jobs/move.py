@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from etl_runtime.cluster.clustermap import BucketProps
+from etl_runtime.core.bucket_rules import check_new_bucket
 from etl_runtime.core.errors import BucketExists, InvalidRequest, bucket_not_found
 from etl_runtime.core.names import validate_bucket
 from etl_runtime.jobs import transform
@@ -52,6 +53,7 @@ async def validate_move(gw: Any, spec: dict[str, Any]) -> dict[str, Any]:
         )
     if dst in buckets:
         raise BucketExists(f"bucket ais://{dst} already exists: rename into a new name", bucket=dst)
+    check_new_bucket(dst)  # S3's bucket-name rules for the new name
     gw.cmap.update(
         lambda m: m.with_bucket(dst, BucketProps(copies=props.copies, created=props.created))
     )

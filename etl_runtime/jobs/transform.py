@@ -41,6 +41,7 @@ from braceexpand import braceexpand
 
 from etl_runtime.cluster.clustermap import BucketProps, refuse_view_jobs
 from etl_runtime.core.access import object_url
+from etl_runtime.core.bucket_rules import broken_rule, check_new_bucket
 from etl_runtime.core.errors import (
     EtlStopped,
     InvalidRequest,
@@ -173,14 +174,21 @@ async def _check_buckets(gw: Any, src: str, dst: str) -> None:
             raise bucket_not_found(src)
         refuse_view_jobs(buckets, src, dst, "etl-bck")  # same rule for copies
         if dst not in buckets:
+            check_new_bucket(dst)  # S3's bucket-name rules for a bucket made here
             gw.cmap.update(lambda m: m.with_bucket(dst, BucketProps(created=time.time())))
     else:
-        found = False
-        for _, r in await gw.fanout("HEAD", f"/v1/buckets/{src}"):
-            found = found or (isinstance(r, httpx.Response) and r.status_code == 200)
-        if not found:
+        if not await _on_targets(gw, src):
             raise bucket_not_found(src)
+        if broken_rule(dst) and not await _on_targets(gw, dst):
+            check_new_bucket(dst)
     await gw.fanout("POST", f"/v1/buckets/{dst}", json={"action": "create-bck"})
+
+
+async def _on_targets(gw: Any, bucket: str) -> bool:
+    found = False
+    for _, r in await gw.fanout("HEAD", f"/v1/buckets/{bucket}"):
+        found = found or (isinstance(r, httpx.Response) and r.status_code == 200)
+    return found
 
 
 # -- on every target ------------------------------------------------------------------
