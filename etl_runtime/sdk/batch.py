@@ -80,7 +80,7 @@ def get_batch(
     missing_ok: bool = False,
 ) -> Iterator[BatchItem]:
     """``(bucket, object)`` pairs -> a ``BatchItem`` each, in the same order."""
-    from etl_runtime.sdk.client import etl_params
+    from etl_runtime.sdk.client import etl_params, release_redirect
 
     wanted = list(items)
     if not wanted:
@@ -104,7 +104,7 @@ def get_batch(
                 location = response.headers.get("location")
                 if response.status_code not in (307, 308) or not location:
                     break
-                response.close()
+                release_redirect(response)  # its connection kept for the next batch
                 request = client._http.build_request(
                     "GET",
                     response.url.join(location),  # the whole query, signed where it must be

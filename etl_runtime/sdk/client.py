@@ -52,7 +52,7 @@ MAX_REDIRECTS = 5
 REDIRECT_BODY_MAX = 64 << 10
 
 
-def _release(response: httpx.Response) -> None:
+def release_redirect(response: httpx.Response) -> None:
     """Close a redirect's answer so that its connection goes back to the pool."""
     try:
         length = int(response.headers.get("content-length", "-1"))
@@ -370,7 +370,7 @@ class Client:
         hops = 0
         while response.status_code in REDIRECTS and "location" in response.headers:
             hops += 1
-            _release(response)
+            release_redirect(response)
             if hops > MAX_REDIRECTS:
                 raise SluiceError(f"{what}: more than {MAX_REDIRECTS} redirects")
             # The Location carries the whole query (and a signature); don't re-add params.

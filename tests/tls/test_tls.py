@@ -349,5 +349,12 @@ def test_the_sdk_keeps_its_connections_across_redirects(
         for i in range(30):
             assert bucket.object(f"o{i % 4}.txt").get_bytes() == f"object {i % 4}".encode()
         after = {p: connections_to(p) for p in ports}
-    made = {p: len(after[p] - before[p]) for p in ports}
-    assert sum(made.values()) <= len(target_urls(up)), made  # a target first met, at most
+        made = {p: len(after[p] - before[p]) for p in ports}
+        assert sum(made.values()) <= len(target_urls(up)), made  # a target first met, at most
+        # GetBatch: the gateway's 307 to the target that assembles it, the same way.
+        items = [("sec", f"o{i}.txt") for i in range(4)]
+        assert [i.data for i in c.get_batch(items)] == [f"object {i}".encode() for i in range(4)]
+        gateway = connections_to(ports[0])
+        for _ in range(10):
+            assert len(list(c.get_batch(items))) == 4
+        assert connections_to(ports[0]) - gateway == set()
