@@ -64,14 +64,14 @@ def target(
         serve_in_thread(app, loop=loop_name) as url,
         httpx.Client(base_url=url, timeout=30) as client,
     ):
-        client.post("/v1/buckets/b", json={"action": "create-bck"})
-        assert client.put("/v1/objects/b/big", content=BIG).is_success
-        assert client.put("/v1/objects/b/small", content=SMALL).is_success
+        client.post("/v1/buckets/bkt", json={"action": "create-bck"})
+        assert client.put("/v1/objects/bkt/big", content=BIG).is_success
+        assert client.put("/v1/objects/bkt/small", content=SMALL).is_success
         yield RunningTarget(url, data, registry, client)
 
 
 def _location(target: RunningTarget, obj: str, **params: str) -> str:
-    r = target.client.get(f"/v1/objects/b/{obj}", params={"etl_name": "object", **params})
+    r = target.client.get(f"/v1/objects/bkt/{obj}", params={"etl_name": "object", **params})
     assert r.status_code == 307, r.text
     return r.headers["location"]
 
@@ -80,16 +80,16 @@ def test_big_objects_are_answered_by_the_transformer(
     target: RunningTarget, transformer_url: str
 ) -> None:
     location = _location(target, "big")
-    assert location.startswith(f"{transformer_url}/b/big?")  # the transformer, not the target
-    r = httpx.get(f"{target.url}/v1/objects/b/big?etl_name=object", follow_redirects=True)
+    assert location.startswith(f"{transformer_url}/bkt/big?")  # the transformer, not the target
+    r = httpx.get(f"{target.url}/v1/objects/bkt/big?etl_name=object", follow_redirects=True)
     assert r.status_code == 200 and r.content == BIG.upper()
     assert r.headers["content-length"] == str(len(BIG)) and r.headers["x-sluice-etl"] == "object"
     # etl_args travel signed; a generator result streams (chunked) on the direct path too
-    url = f"{target.url}/v1/objects/b/big?etl_name=object&etl_args=pieces"
+    url = f"{target.url}/v1/objects/bkt/big?etl_name=object&etl_args=pieces"
     r = httpx.get(url, follow_redirects=True)
     assert r.content == BIG.upper() and r.headers["transfer-encoding"] == "chunked"
     # small objects are still relayed by the target: no extra hop for them
-    r = target.client.get("/v1/objects/b/small", params={"etl_name": "object"})
+    r = target.client.get("/v1/objects/bkt/small", params={"etl_name": "object"})
     assert r.status_code == 200 and r.content == SMALL.upper()
     stats = httpx.get(f"{transformer_url}/stats", headers=_bearer()).json()
     assert stats["objects"] >= 3
@@ -113,12 +113,12 @@ def test_the_transformer_serves_only_what_a_target_signed(
 
     other = str((target.data_dir / "buckets").resolve())  # another file under the data root
     for bad in (
-        get("/b/small"),  # the signature names the object
-        get("/b/big", etl_fqn=params["etl_fqn"].replace("big", "small")),  # ... and the file
-        get("/b/big", etl_args="pieces"),  # ... and the arguments
-        get("/b/big", sluice_sig=None),
-        get("/b/big", sluice_sig="0" * 64),
-        get("/b/big", etl_fqn=other),
+        get("/bkt/small"),  # the signature names the object
+        get("/bkt/big", etl_fqn=params["etl_fqn"].replace("big", "small")),  # ... and the file
+        get("/bkt/big", etl_args="pieces"),  # ... and the arguments
+        get("/bkt/big", sluice_sig=None),
+        get("/bkt/big", sluice_sig="0" * 64),
+        get("/bkt/big", etl_fqn=other),
     ):
         assert bad.status_code == 401, bad.text
         assert bad.json()["etl"] == "object" and "gateway" in bad.json()["error"]
@@ -129,18 +129,18 @@ def test_the_transformer_serves_only_what_a_target_signed(
         None,
         now=1_000_000,
     )
-    assert get("/b/big", **expired).status_code == 401
-    unknown = get("/b/big", etl_name="object")
+    assert get("/bkt/big", **expired).status_code == 401
+    unknown = get("/bkt/big", etl_name="object")
     assert unknown.status_code == 400 and "etl_name" in unknown.json()["error"]
     twice = httpx.get(f"{location}&{urlencode({'etl_fqn': params['etl_fqn']})}")
     assert twice.status_code == 400 and twice.json()["kind"] == "InvalidRequest"
     assert twice.json()["error"] == "query parameter 'etl_fqn' given 2 times; give it once"
-    assert urlsplit(base).path == "/b/big"
+    assert urlsplit(base).path == "/bkt/big"
 
 
 def test_failures_keep_their_rules_on_the_direct_path(target: RunningTarget) -> None:
     # a failure after the first byte aborts the client's connection: never a clean short body
-    url = f"{target.url}/v1/objects/b/big?etl_name=object&etl_args=failmid"
+    url = f"{target.url}/v1/objects/bkt/big?etl_name=object&etl_args=failmid"
     got = bytearray()
     with pytest.raises(httpx.RemoteProtocolError):
         with httpx.stream("GET", url, follow_redirects=True, timeout=30) as r:
@@ -150,10 +150,10 @@ def test_failures_keep_their_rules_on_the_direct_path(target: RunningTarget) -> 
     assert 0 < len(got) <= 200_000
     # the object went away between the 307 and the transformer's read: a 404 naming it
     location = _location(target, "big")
-    assert target.client.delete("/v1/objects/b/big").is_success
+    assert target.client.delete("/v1/objects/bkt/big").is_success
     r = httpx.get(location)
     assert r.status_code == 404, r.text
-    assert (r.json()["bucket"], r.json()["object"], r.json()["etl"]) == ("b", "big", "object")
+    assert (r.json()["bucket"], r.json()["object"], r.json()["etl"]) == ("bkt", "big", "object")
 
 
 def test_redirect_threshold_setting(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -173,14 +173,16 @@ def test_a_transformer_process_that_dies_is_a_503_to_retry(target: RunningTarget
     the inline server process (uvloop). Either way the client gets 503 + Retry-After
     naming the ETL and object, never a 500, and a retry is served once the process
     is replaced."""
-    r = target.client.get("/v1/objects/b/small", params={"etl_name": "object", "etl_args": "exit"})
+    r = target.client.get(
+        "/v1/objects/bkt/small", params={"etl_name": "object", "etl_args": "exit"}
+    )
     assert r.status_code == 503, r.text
     assert int(r.headers["retry-after"]) > 0
     body = r.json()
     assert body["kind"] in ("WorkerDied", "EtlNotReady"), body
     assert (body["etl"], body["object"]) == ("object", "small"), body
     for _ in range(30):  # what a client does with Retry-After
-        r = target.client.get("/v1/objects/b/small", params={"etl_name": "object"})
+        r = target.client.get("/v1/objects/bkt/small", params={"etl_name": "object"})
         if r.status_code != 503:
             break
         time.sleep(1)

@@ -60,7 +60,7 @@ def fill(http: httpx.Client, prefix: str) -> tuple[dict[str, bytes], httpx.Respo
     stored: dict[str, bytes] = {}
     for i in range(64):
         name, data = f"{prefix}/{i:02d}.bin", os.urandom(CHUNK)
-        r = http.put(f"/v1/objects/b/{name}", content=data)
+        r = http.put(f"/v1/objects/bkt/{name}", content=data)
         if r.status_code != 200:
             return stored, r
         assert r.json()["etag"] == hashlib.md5(data).hexdigest()
@@ -72,7 +72,7 @@ def assert_507(r: httpx.Response, target: str, name: str) -> None:
     assert r.status_code == 507, r.text
     body = r.json()
     assert body["kind"] == "InsufficientStorage"
-    assert (body["target"], body["bucket"], body["object"]) == (target, "b", name)
+    assert (body["target"], body["bucket"], body["object"]) == (target, "bkt", name)
     assert f"target {target!r} has no space left" in body["error"]
     assert "retry-after" not in r.headers  # nothing says "try again soon"
 
@@ -81,13 +81,13 @@ def assert_clean(data: Path, stored: dict[str, bytes], http: httpx.Client) -> No
     """Earlier objects intact, no temp file left, nothing of a refused write published."""
     assert list((data / ".tmp").iterdir()) == []
     on_disk = {
-        str(p.relative_to(data / "buckets" / "b"))
-        for p in (data / "buckets" / "b").rglob("*")
+        str(p.relative_to(data / "buckets" / "bkt"))
+        for p in (data / "buckets" / "bkt").rglob("*")
         if p.is_file()
     }
     assert on_disk == set(stored)
     for name, blob in stored.items():
-        r = http.get(f"/v1/objects/b/{name}")
+        r = http.get(f"/v1/objects/bkt/{name}")
         assert r.status_code == 200 and r.content == blob
 
 
@@ -99,18 +99,18 @@ def disk(tmp_path: Path) -> Iterator[Path]:
 
 def test_put_on_a_full_disk_is_507_naming_target_bucket_object(disk: Path) -> None:
     with target_on(disk / "data") as (url, _app), httpx.Client(base_url=url, timeout=30) as http:
-        assert http.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert http.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
         stored, refused = fill(http, "a/b")
         assert stored, "not even one object fit"
         assert_507(refused, "t0", f"a/b/{len(stored):02d}.bin")
         big = os.urandom(3 << 20)  # larger than the whole disk: refused mid-body
-        r = http.put("/v1/objects/b/new/dir/big.bin", content=big)
+        r = http.put("/v1/objects/bkt/new/dir/big.bin", content=big)
         assert_507(r, "t0", "new/dir/big.bin")
-        assert not (disk / "data" / "buckets" / "b" / "new").exists()  # no empty dirs either
-        r = http.put("/v1/objects/b/a/b/00.bin", content=big)  # overwrite refused: old one kept
+        assert not (disk / "data" / "buckets" / "bkt" / "new").exists()  # no empty dirs either
+        r = http.put("/v1/objects/bkt/a/b/00.bin", content=big)  # overwrite refused: old one kept
         assert_507(r, "t0", "a/b/00.bin")
         assert_clean(disk / "data", stored, http)
-        assert http.get("/v1/objects/b/new/dir/big.bin").status_code == 404
+        assert http.get("/v1/objects/bkt/new/dir/big.bin").status_code == 404
 
 
 def test_full_disk_through_gateway_and_sdk_is_507_not_retried(disk: Path) -> None:
@@ -123,17 +123,17 @@ def test_full_disk_through_gateway_and_sdk_is_507_not_retried(disk: Path) -> Non
         )
         gw_url = stack.enter_context(serve_in_thread(gw))
         http = stack.enter_context(httpx.Client(base_url=gw_url, timeout=30))
-        assert http.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert http.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
         stored, refused = fill(http, "gw")  # httpx sends the body: the gateway streams it
         assert not refused.history  # the gateway's own answer: the target's, passed on
         assert_507(refused, "t0", f"gw/{len(stored):02d}.bin")
-        r = http.put("/v1/objects/b/gw/big.bin", content=os.urandom(3 << 20))
+        r = http.put("/v1/objects/bkt/gw/big.bin", content=os.urandom(3 << 20))
         assert_507(r, "t0", "gw/big.bin")  # not 503 NoTargets
 
         client = stack.enter_context(
             Client(gw_url, retries=RetryPolicy(retries=5, backoff=1.0, max_delay=1.0))
         )
-        bucket = client.bucket("b")
+        bucket = client.bucket("bkt")
         for put in (
             lambda: bucket.object("sdk/bytes.bin").put_content(os.urandom(CHUNK)),
             lambda: bucket.object("sdk/file.bin").put_file(big_file(disk.parent)),
@@ -145,7 +145,7 @@ def test_full_disk_through_gateway_and_sdk_is_507_not_retried(disk: Path) -> Non
             e = info.value
             assert isinstance(e, ServerError) and e.status == 507
             assert e.kind == "InsufficientStorage" and e.tries == 1
-            assert (e.target, e.bucket) == ("t0", "b") and e.object in e.message
+            assert (e.target, e.bucket) == ("t0", "bkt") and e.object in e.message
             assert len(counted.puts) == 1  # the body went to the target once: no retry
             assert time.monotonic() - started < 1.0  # and no back-off was slept
         target_http = stack.enter_context(httpx.Client(base_url=url, timeout=30))
@@ -168,15 +168,17 @@ def test_copy_refused_by_a_full_peer_is_507_naming_it(tmp_path: Path) -> None:
         c.add_target("t1")
         c.start_gateway()
         http = stack.enter_context(c.client())
-        r = http.post("/v1/buckets/b", json={"action": "create-bck", "props": {"copies": 2}})
+        r = http.post("/v1/buckets/bkt", json={"action": "create-bck", "props": {"copies": 2}})
         assert r.status_code == 200, r.text
         names = [
-            n for n in (f"p/{i:03d}" for i in range(500)) if c.cmap.get().owners("b", n)[0] == "t0"
+            n
+            for n in (f"p/{i:03d}" for i in range(500))
+            if c.cmap.get().owners("bkt", n)[0] == "t0"
         ]
         stored: dict[str, bytes] = {}
         for name in names:  # t0 owns each first and writes it through to t1
             data = os.urandom(CHUNK)
-            r = http.put(f"/v1/objects/b/{name}", content=data)
+            r = http.put(f"/v1/objects/bkt/{name}", content=data)
             if r.status_code != 200:
                 break
             stored[name] = data
@@ -185,12 +187,12 @@ def test_copy_refused_by_a_full_peer_is_507_naming_it(tmp_path: Path) -> None:
         assert stored
         assert_507(r, "t1", name)
         assert "copy" in r.json()["error"]
-        assert name not in c.objects_on("t0", "b")  # not published at the owner either
-        assert c.objects_on("t0", "b") == c.objects_on("t1", "b") == set(stored)
+        assert name not in c.objects_on("t0", "bkt")  # not published at the owner either
+        assert c.objects_on("t0", "bkt") == c.objects_on("t1", "bkt") == set(stored)
         for tid in ("t0", "t1"):
             assert list((tmp_path / tid / ".tmp").iterdir()) == []
         for n, data in stored.items():
-            assert http.get(f"/v1/objects/b/{n}").content == data
+            assert http.get(f"/v1/objects/bkt/{n}").content == data
 
 
 def test_no_inodes_left_is_507_and_leaves_no_empty_directories(tmp_path: Path) -> None:
@@ -200,11 +202,11 @@ def test_no_inodes_left_is_507_and_leaves_no_empty_directories(tmp_path: Path) -
         target_on(mnt / "data") as (url, _app),
         httpx.Client(base_url=url, timeout=30) as http,
     ):
-        assert http.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+        assert http.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
         stored: dict[str, bytes] = {}
         for i in range(12):
             name = f"d{i}/e/f/o.bin"
-            r = http.put(f"/v1/objects/b/{name}", content=b"x" * i)
+            r = http.put(f"/v1/objects/bkt/{name}", content=b"x" * i)
             if r.status_code != 200:
                 break
             stored[name] = b"x" * i
@@ -212,5 +214,5 @@ def test_no_inodes_left_is_507_and_leaves_no_empty_directories(tmp_path: Path) -
             raise AssertionError("12 inodes held 48 files and directories")
         assert_507(r, "t0", name)
         top = name.split("/")[0]
-        assert not (mnt / "data" / "buckets" / "b" / top).exists()
+        assert not (mnt / "data" / "buckets" / "bkt" / top).exists()
         assert_clean(mnt / "data", stored, http)

@@ -17,7 +17,7 @@ import pytest
 from tests.storage_target.conftest import RunningTarget
 
 
-def mkbucket(c: httpx.Client, b: str = "b") -> None:
+def mkbucket(c: httpx.Client, b: str = "bkt") -> None:
     r = c.post(f"/v1/buckets/{b}", json={"action": "create-bck"})
     assert r.status_code == 200, r.text
 
@@ -48,7 +48,7 @@ def test_bucket_lifecycle(target: RunningTarget) -> None:
 
 def test_bucket_bad_action_and_name(target: RunningTarget) -> None:
     c = target.client
-    r = c.post("/v1/buckets/b", json={"action": "make"})
+    r = c.post("/v1/buckets/bkt", json={"action": "make"})
     assert r.status_code == 400 and "create-bck" in r.json()["error"]
     for bad in ("-x", "a%20b", "a!b", "x" * 64):
         r = c.post(f"/v1/buckets/{bad}", json={"action": "create-bck"})
@@ -61,36 +61,36 @@ def test_put_get_head_delete_nested(target: RunningTarget) -> None:
     c = target.client
     mkbucket(c)
     data = os.urandom(3 << 20)  # bigger than the in-memory read limit: streamed
-    r = c.put("/v1/objects/b/dir/sub/file name.bin", content=data)
+    r = c.put("/v1/objects/bkt/dir/sub/file name.bin", content=data)
     assert r.status_code == 200
     md5 = hashlib.md5(data).hexdigest()
     assert r.json() == {
-        "bucket": "b",
+        "bucket": "bkt",
         "object": "dir/sub/file name.bin",
         "size": len(data),
         "etag": md5,
     }
-    r = c.get("/v1/objects/b/dir/sub/file name.bin")
+    r = c.get("/v1/objects/bkt/dir/sub/file name.bin")
     assert r.content == data
     assert r.headers["etag"] == f'"{md5}"'
     assert r.headers["content-length"] == str(len(data))
-    h = c.head("/v1/objects/b/dir/sub/file name.bin")
+    h = c.head("/v1/objects/bkt/dir/sub/file name.bin")
     assert h.status_code == 200
     assert h.headers["content-length"] == str(len(data))
     assert h.headers["etag"] == f'"{md5}"'
     assert "GMT" in h.headers["last-modified"]
     # overwrite changes content and ETag
-    c.put("/v1/objects/b/dir/sub/file name.bin", content=b"small")
-    r = c.get("/v1/objects/b/dir/sub/file name.bin")
+    c.put("/v1/objects/bkt/dir/sub/file name.bin", content=b"small")
+    r = c.get("/v1/objects/bkt/dir/sub/file name.bin")
     assert r.content == b"small" and r.headers["etag"] == f'"{hashlib.md5(b"small").hexdigest()}"'
-    assert c.delete("/v1/objects/b/dir/sub/file name.bin").status_code == 200
-    r = c.get("/v1/objects/b/dir/sub/file name.bin")
+    assert c.delete("/v1/objects/bkt/dir/sub/file name.bin").status_code == 200
+    r = c.get("/v1/objects/bkt/dir/sub/file name.bin")
     assert r.status_code == 404
     assert r.json()["kind"] == "ObjectNotFound" and r.json()["object"] == "dir/sub/file name.bin"
-    assert c.head("/v1/objects/b/dir/sub/file name.bin").status_code == 404
-    assert c.delete("/v1/objects/b/dir/sub/file name.bin").status_code == 404
+    assert c.head("/v1/objects/bkt/dir/sub/file name.bin").status_code == 404
+    assert c.delete("/v1/objects/bkt/dir/sub/file name.bin").status_code == 404
     # empty "directories" were pruned, the bucket stays
-    assert os.listdir(target.data_dir / "buckets" / "b") == []
+    assert os.listdir(target.data_dir / "buckets" / "bkt") == []
 
 
 def test_streaming_upload_chunked(target: RunningTarget) -> None:
@@ -101,11 +101,11 @@ def test_streaming_upload_chunked(target: RunningTarget) -> None:
         for i in range(50):
             yield bytes([i]) * 100_000
 
-    r = c.put("/v1/objects/b/chunked", content=body())
+    r = c.put("/v1/objects/bkt/chunked", content=body())
     assert r.status_code == 200 and r.json()["size"] == 5_000_000
     expected = b"".join(body())
     assert r.json()["etag"] == hashlib.md5(expected).hexdigest()
-    assert c.get("/v1/objects/b/chunked").content == expected
+    assert c.get("/v1/objects/bkt/chunked").content == expected
     assert os.listdir(target.data_dir / ".tmp") == []
 
 
@@ -118,12 +118,12 @@ def test_put_into_missing_bucket(target: RunningTarget) -> None:
 def test_name_clash_is_409(target: RunningTarget) -> None:
     c = target.client
     mkbucket(c)
-    c.put("/v1/objects/b/a/b", content=b"1")
-    r = c.put("/v1/objects/b/a", content=b"2")
+    c.put("/v1/objects/bkt/a/b", content=b"1")
+    r = c.put("/v1/objects/bkt/a", content=b"2")
     assert r.status_code == 409 and r.json()["kind"] == "ObjectConflict"
-    r = c.put("/v1/objects/b/a/b/c", content=b"3")
+    r = c.put("/v1/objects/bkt/a/b/c", content=b"3")
     assert r.status_code == 409
-    assert c.get("/v1/objects/b/a/b").content == b"1"
+    assert c.get("/v1/objects/bkt/a/b").content == b"1"
     assert os.listdir(target.data_dir / ".tmp") == []
 
 
@@ -142,15 +142,15 @@ def raw_request(url: str, method: str, path: str, body: bytes = b"") -> tuple[in
 @pytest.mark.parametrize(
     "path",
     [
-        "/v1/objects/b/../etc/passwd",
-        "/v1/objects/b/a/../../x",
-        "/v1/objects/b/%2E%2E/x",
-        "/v1/objects/b/a//b",
-        "/v1/objects/b//abs",
-        "/v1/objects/b/a/",
-        "/v1/objects/b/./a",
-        "/v1/objects/b/a%00b",
-        "/v1/objects/b/",
+        "/v1/objects/bkt/../etc/passwd",
+        "/v1/objects/bkt/a/../../x",
+        "/v1/objects/bkt/%2E%2E/x",
+        "/v1/objects/bkt/a//b",
+        "/v1/objects/bkt//abs",
+        "/v1/objects/bkt/a/",
+        "/v1/objects/bkt/./a",
+        "/v1/objects/bkt/a%00b",
+        "/v1/objects/bkt/",
         "/v1/objects/b",
         "/v1/objects/bad%20bucket/x",
     ],
@@ -162,7 +162,7 @@ def test_bad_object_names_are_400(target: RunningTarget, path: str) -> None:
         assert status == 400, (method, path, body)
         if method != "HEAD":
             assert b'"InvalidName"' in body
-    assert target.client.get("/v1/buckets/b").json()["objects"] == []
+    assert target.client.get("/v1/buckets/bkt").json()["objects"] == []
     assert not (target.data_dir / "etc").exists()
 
 
@@ -171,8 +171,8 @@ def test_list_prefix_and_pagination(target: RunningTarget) -> None:
     mkbucket(c)
     names = [f"shard-{i:03d}.tar" for i in range(25)] + ["img/a/1.jpg", "img/a/2.jpg", "img/b.jpg"]
     for n in names:
-        c.put(f"/v1/objects/b/{n}", content=n.encode())
-    r = c.get("/v1/buckets/b").json()
+        c.put(f"/v1/objects/bkt/{n}", content=n.encode())
+    r = c.get("/v1/buckets/bkt").json()
     assert [o["name"] for o in r["objects"]] == sorted(names)
     assert r["next"] is None
     first = r["objects"][0]
@@ -181,14 +181,14 @@ def test_list_prefix_and_pagination(target: RunningTarget) -> None:
         and first["etag"] == hashlib.md5(first["name"].encode()).hexdigest()
         and first["mtime"] > 0
     )
-    r = c.get("/v1/buckets/b", params={"prefix": "img/"}).json()
+    r = c.get("/v1/buckets/bkt", params={"prefix": "img/"}).json()
     assert [o["name"] for o in r["objects"]] == ["img/a/1.jpg", "img/a/2.jpg", "img/b.jpg"]
-    assert c.get("/v1/buckets/b", params={"prefix": "img/a"}).json()["objects"][1]["name"] == (
+    assert c.get("/v1/buckets/bkt", params={"prefix": "img/a"}).json()["objects"][1]["name"] == (
         "img/a/2.jpg"
     )
     seen, start = [], ""
     while True:
-        r = c.get("/v1/buckets/b", params={"prefix": "shard-", "limit": 10, "start_after": start})
+        r = c.get("/v1/buckets/bkt", params={"prefix": "shard-", "limit": 10, "start_after": start})
         page = r.json()
         seen += [o["name"] for o in page["objects"]]
         if page["next"] is None:
@@ -196,7 +196,7 @@ def test_list_prefix_and_pagination(target: RunningTarget) -> None:
         assert len(page["objects"]) == 10
         start = page["next"]
     assert seen == [f"shard-{i:03d}.tar" for i in range(25)]
-    assert c.get("/v1/buckets/b", params={"limit": 0}).status_code == 400
+    assert c.get("/v1/buckets/bkt", params={"limit": 0}).status_code == 400
     assert c.get("/v1/buckets/missing").status_code == 404
 
 
@@ -206,7 +206,7 @@ def test_concurrent_reader_never_sees_partial_object(target: RunningTarget) -> N
     size = 4 << 20
     versions = [bytes([v]) * size for v in (ord("a"), ord("b"))]
     etags = {hashlib.md5(v).hexdigest() for v in versions}
-    c.put("/v1/objects/b/hot", content=versions[0])
+    c.put("/v1/objects/bkt/hot", content=versions[0])
     stop = threading.Event()
     problems: list[str] = []
     reads = 0
@@ -215,7 +215,7 @@ def test_concurrent_reader_never_sees_partial_object(target: RunningTarget) -> N
         nonlocal reads
         with httpx.Client(base_url=target.url, timeout=30) as rc:
             while not stop.is_set():
-                r = rc.get("/v1/objects/b/hot")
+                r = rc.get("/v1/objects/bkt/hot")
                 body = r.content
                 reads += 1
                 if r.status_code != 200 or len(body) != size or body.count(body[:1]) != size:
@@ -228,12 +228,12 @@ def test_concurrent_reader_never_sees_partial_object(target: RunningTarget) -> N
     try:
         with httpx.Client(base_url=target.url, timeout=30) as wc:
             for i in range(16):
-                assert wc.put("/v1/objects/b/hot", content=versions[i % 2]).status_code == 200
+                assert wc.put("/v1/objects/bkt/hot", content=versions[i % 2]).status_code == 200
     finally:
         stop.set()
         t.join()
     assert reads > 0 and not problems, problems[:3]
-    assert c.head("/v1/objects/b/hot").headers["etag"].strip('"') in etags
+    assert c.head("/v1/objects/bkt/hot").headers["etag"].strip('"') in etags
 
 
 def _wait_until(condition: Callable[[], bool], what: str, timeout: float = 15.0) -> None:
@@ -250,7 +250,7 @@ def test_aborted_upload_leaves_nothing(target: RunningTarget) -> None:
     tmp = target.data_dir / ".tmp"
     with socket.create_connection((u.hostname, u.port)) as s:
         s.sendall(
-            b"PUT /v1/objects/b/partial HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
+            b"PUT /v1/objects/bkt/partial HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n"
         )
         s.sendall(b"only a little")
         # The handler holds its temp file while it waits for the rest of the body.
@@ -258,7 +258,7 @@ def test_aborted_upload_leaves_nothing(target: RunningTarget) -> None:
         # before it even started passed the poll, and the file appeared right after.
         _wait_until(lambda: bool(os.listdir(tmp)), "the upload's temp file exists")
     _wait_until(lambda: not os.listdir(tmp), "the aborted upload's temp file is removed")
-    assert target.client.get("/v1/objects/b/partial").status_code == 404
+    assert target.client.get("/v1/objects/bkt/partial").status_code == 404
 
 
 def test_unknown_route_is_json(target: RunningTarget) -> None:

@@ -50,9 +50,9 @@ def zc_target(target_on_loop: RunningTarget, monkeypatch: pytest.MonkeyPatch) ->
     (storage/integrity.py; tests/storage/ covers checked reads)."""
     monkeypatch.setenv("SLUICE_VERIFY_READS", "0")
     c = target_on_loop.client
-    c.post("/v1/buckets/b", json={"action": "create-bck"}).raise_for_status()
-    c.put("/v1/objects/b/big", content=BIG).raise_for_status()
-    c.put("/v1/objects/b/small", content=SMALL).raise_for_status()
+    c.post("/v1/buckets/bkt", json={"action": "create-bck"}).raise_for_status()
+    c.put("/v1/objects/bkt/big", content=BIG).raise_for_status()
+    c.put("/v1/objects/bkt/small", content=SMALL).raise_for_status()
     return target_on_loop
 
 
@@ -68,15 +68,15 @@ def _metric(client: httpx.Client, name: str, labels: str = "") -> float:
 def test_whole_objects_and_ranges_go_by_sendfile(zc_target: RunningTarget) -> None:
     c = zc_target.client
     before = _metric(c, "sluice_sendfile_bytes_total")
-    r = c.get("/v1/objects/b/big")
+    r = c.get("/v1/objects/bkt/big")
     assert r.status_code == 200 and r.headers["content-length"] == str(len(BIG))
     assert hashlib.md5(r.content).hexdigest() == r.headers["etag"].strip('"')
     assert r.content == BIG
-    assert c.get("/v1/objects/b/small").content == SMALL
-    r = c.get("/v1/objects/b/big", headers={"Range": "bytes=1000-2999999"})
+    assert c.get("/v1/objects/bkt/small").content == SMALL
+    r = c.get("/v1/objects/bkt/big", headers={"Range": "bytes=1000-2999999"})
     assert r.status_code == 206 and r.content == BIG[1000:3_000_000]
     assert r.headers["content-range"] == f"bytes 1000-2999999/{len(BIG)}"
-    r = c.get("/v1/objects/b/big", headers={"Range": "bytes=-3"})
+    r = c.get("/v1/objects/bkt/big", headers={"Range": "bytes=-3"})
     assert r.status_code == 206 and r.content == b"end"
     sent = len(BIG) + len(SMALL) + 2_999_000 + 3
     assert _metric(c, "sluice_sendfile_bytes_total") - before == sent
@@ -85,9 +85,9 @@ def test_whole_objects_and_ranges_go_by_sendfile(zc_target: RunningTarget) -> No
     assert _metric(c, "sluice_http_sent_bytes_total", get) >= sent
     # preconditions and HEAD answer without a body
     etag = r.headers["etag"]
-    r = c.get("/v1/objects/b/big", headers={"If-None-Match": etag})
+    r = c.get("/v1/objects/bkt/big", headers={"If-None-Match": etag})
     assert r.status_code == 304 and r.content == b""
-    r = c.head("/v1/objects/b/big")
+    r = c.head("/v1/objects/bkt/big")
     assert r.status_code == 200 and r.headers["content-length"] == str(len(BIG))
     assert _metric(c, "sluice_sendfile_bytes_total") - before == sent
 
@@ -132,18 +132,18 @@ def _read_responses(sock: socket.socket, n: int) -> list[tuple[int, bytes]]:
 
 def test_pipelined_keep_alive_gets_answer_in_order(zc_target: RunningTarget) -> None:
     host = zc_target.url.removeprefix("http://")
-    etag = zc_target.client.head("/v1/objects/b/big").headers["etag"]
+    etag = zc_target.client.head("/v1/objects/bkt/big").headers["etag"]
     asks: list[tuple[str, dict[str, str]]] = []
     want: list[tuple[int, bytes]] = []  # a JSON error's body: a word it must name
     for i in range(6):
         asks += [
-            ("/v1/objects/b/big", {}),
-            ("/v1/objects/b/small", {}),
-            ("/v1/objects/b/big", {"Range": f"bytes={i}-{i + 99_999}"}),
-            ("/v1/objects/b/big", {"If-None-Match": etag}),
-            ("/v1/objects/b/nothing", {}),
-            ("/v1/objects/b/big", {"If-Match": '"another-version"'}),
-            ("/v1/objects/b/small", {"Range": "bytes=2-", "If-Range": '"another-version"'}),
+            ("/v1/objects/bkt/big", {}),
+            ("/v1/objects/bkt/small", {}),
+            ("/v1/objects/bkt/big", {"Range": f"bytes={i}-{i + 99_999}"}),
+            ("/v1/objects/bkt/big", {"If-None-Match": etag}),
+            ("/v1/objects/bkt/nothing", {}),
+            ("/v1/objects/bkt/big", {"If-Match": '"another-version"'}),
+            ("/v1/objects/bkt/small", {"Range": "bytes=2-", "If-Range": '"another-version"'}),
         ]
         want += [
             (200, BIG),
@@ -191,19 +191,19 @@ def test_client_gone_mid_body(
     for _ in range(3):
         sock = socket.create_connection((host, int(port)), timeout=30)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
-        sock.sendall(_requests(f"{host}:{port}", [("/v1/objects/b/big", {})]))
+        sock.sendall(_requests(f"{host}:{port}", [("/v1/objects/bkt/big", {})]))
         assert sock.recv(16_384).startswith(b"HTTP/1.1 200")
         time.sleep(0.2)  # the server is blocked on a full socket, mid-body
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\0\0\0\0\0\0\0")
         sock.close()  # reset, not a clean close
     # the object file the aborted answers held is closed again
-    path = zc_target.data_dir / "buckets" / "b" / "big"
+    path = zc_target.data_dir / "buckets" / "bkt" / "big"
     deadline = time.monotonic() + 10
     while _open_fds_on(path) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not _open_fds_on(path)
     # and the server still answers, in full
-    assert zc_target.client.get("/v1/objects/b/big").content == BIG
+    assert zc_target.client.get("/v1/objects/bkt/big").content == BIG
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
 
@@ -220,8 +220,8 @@ def test_file_system_without_sendfile_is_copied(
 
     monkeypatch.setattr(os, "sendfile", refuse)
     before = _metric(zc_target.client, "sluice_sendfile_bytes_total")
-    assert zc_target.client.get("/v1/objects/b/big").content == BIG
-    r = zc_target.client.get("/v1/objects/b/big", headers={"Range": "bytes=5-"})
+    assert zc_target.client.get("/v1/objects/bkt/big").content == BIG
+    r = zc_target.client.get("/v1/objects/bkt/big", headers={"Range": "bytes=5-"})
     assert r.status_code == 206 and r.content == BIG[5:]
     assert _metric(zc_target.client, "sluice_sendfile_bytes_total") == before
 
@@ -238,11 +238,11 @@ def test_disk_error_mid_body_is_a_short_answer_and_logged(
 
     monkeypatch.setattr(os, "sendfile", fail_after_first)
     with pytest.raises(httpx.RemoteProtocolError):  # never a complete-looking body
-        zc_target.client.get("/v1/objects/b/big")
+        zc_target.client.get("/v1/objects/bkt/big")
     monkeypatch.undo()
-    assert zc_target.client.get("/v1/objects/b/big").content == BIG
+    assert zc_target.client.get("/v1/objects/bkt/big").content == BIG
     assert any(
-        "/v1/objects/b/big failed after its headers" in r.getMessage()
+        "/v1/objects/bkt/big failed after its headers" in r.getMessage()
         and "Input/output" in r.getMessage()
         for r in caplog.records
     )
@@ -262,11 +262,11 @@ def test_shutdown_finishes_the_answer_in_flight(tmp_path: Path, loop_name: str) 
         time.sleep(0.01)
     try:
         url = f"http://127.0.0.1:{port}"
-        httpx.post(f"{url}/v1/buckets/b", json={"action": "create-bck"}).raise_for_status()
-        httpx.put(f"{url}/v1/objects/b/big", content=BIG).raise_for_status()
+        httpx.post(f"{url}/v1/buckets/bkt", json={"action": "create-bck"}).raise_for_status()
+        httpx.put(f"{url}/v1/objects/bkt/big", content=BIG).raise_for_status()
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16_384)
-            sock.sendall(_requests(f"127.0.0.1:{port}", [("/v1/objects/b/big", {})]))
+            sock.sendall(_requests(f"127.0.0.1:{port}", [("/v1/objects/bkt/big", {})]))
             got = bytearray(sock.recv(16_384))
             server.should_exit = True  # as on SIGTERM, mid-body
             time.sleep(0.3)
@@ -334,9 +334,9 @@ def test_target_process_sends_by_sendfile(tmp_path: Path) -> None:
     args = ["-m", "etl_runtime.storage_target", "--data-dir", str(tmp_path / "data")]
     env = {"SLUICE_HOST": "127.0.0.1", "SLUICE_PORT": str(port), "SLUICE_VERIFY_READS": "0"}
     with serve_process(args, f"{url}/v1/health", env=env), httpx.Client(base_url=url) as c:
-        c.post("/v1/buckets/b", json={"action": "create-bck"}).raise_for_status()
-        c.put("/v1/objects/b/o", content=BIG).raise_for_status()
-        assert c.get("/v1/objects/b/o").content == BIG
+        c.post("/v1/buckets/bkt", json={"action": "create-bck"}).raise_for_status()
+        c.put("/v1/objects/bkt/o", content=BIG).raise_for_status()
+        assert c.get("/v1/objects/bkt/o").content == BIG
         assert _metric(c, "sluice_sendfile_bytes_total") == len(BIG)
 
 
@@ -344,11 +344,11 @@ def test_sluice_sendfile_0_reads_and_copies(tmp_path: Path) -> None:
     app = create_target_app("t0", tmp_path / "data", DictRegistry(), cluster_key=CLUSTER_KEY)
     off = zerocopy.http_protocol({"SLUICE_SENDFILE": "0"})
     with serve_in_thread(app, http=off) as url, httpx.Client(base_url=url) as c:
-        c.post("/v1/buckets/b", json={"action": "create-bck"}).raise_for_status()
-        c.put("/v1/objects/b/o", content=BIG).raise_for_status()
+        c.post("/v1/buckets/bkt", json={"action": "create-bck"}).raise_for_status()
+        c.put("/v1/objects/bkt/o", content=BIG).raise_for_status()
         before = _metric(c, "sluice_sendfile_bytes_total")
-        assert c.get("/v1/objects/b/o").content == BIG
-        r = c.get("/v1/objects/b/o", headers={"Range": "bytes=7-"})
+        assert c.get("/v1/objects/bkt/o").content == BIG
+        r = c.get("/v1/objects/bkt/o", headers={"Range": "bytes=7-"})
         assert r.status_code == 206 and r.content == BIG[7:]
         assert _metric(c, "sluice_sendfile_bytes_total") == before
 
