@@ -47,48 +47,48 @@ def test_nested_put_fsyncs_each_new_directory_into_its_parent(
     target: RunningTarget, dir_fsyncs: list[Path]
 ) -> None:
     buckets = (target.data_dir / "buckets").resolve()
-    b = buckets / "b"
-    assert target.client.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+    b = buckets / "bkt"
+    assert target.client.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
     assert dir_fsyncs == [buckets]  # the bucket's own entry
 
     dir_fsyncs.clear()
-    assert target.client.put("/v1/objects/b/a/b/c.jpg", content=b"one").status_code == 200
+    assert target.client.put("/v1/objects/bkt/a/b/c.jpg", content=b"one").status_code == 200
     # a/b's entry into a, a's into the bucket (deepest first), then the rename's
     assert dir_fsyncs == [b / "a", b, b / "a" / "b"]
 
     dir_fsyncs.clear()
-    assert target.client.put("/v1/objects/b/a/b/d.jpg", content=b"two").status_code == 200
+    assert target.client.put("/v1/objects/bkt/a/b/d.jpg", content=b"two").status_code == 200
     assert dir_fsyncs == [b / "a" / "b"]  # nothing created: only what the rename needs
 
     dir_fsyncs.clear()
-    assert target.client.put("/v1/objects/b/a/b/c.jpg", content=b"new").status_code == 200
+    assert target.client.put("/v1/objects/bkt/a/b/c.jpg", content=b"new").status_code == 200
     assert dir_fsyncs == [b / "a" / "b"]  # an overwrite, the same
 
     dir_fsyncs.clear()
-    assert target.client.put("/v1/objects/b/a/x/y.jpg", content=b"three").status_code == 200
+    assert target.client.put("/v1/objects/bkt/a/x/y.jpg", content=b"three").status_code == 200
     assert dir_fsyncs == [b / "a", b / "a" / "x"]  # only the new x, into the existing a
 
     dir_fsyncs.clear()
-    assert target.client.put("/v1/objects/b/top.jpg", content=b"four").status_code == 200
+    assert target.client.put("/v1/objects/bkt/top.jpg", content=b"four").status_code == 200
     assert dir_fsyncs == [b]
     for name, data in [("a/b/c.jpg", b"new"), ("a/b/d.jpg", b"two"), ("a/x/y.jpg", b"three")]:
-        assert target.client.get(f"/v1/objects/b/{name}").content == data
+        assert target.client.get(f"/v1/objects/bkt/{name}").content == data
 
 
 def test_copy_from_a_peer_fsyncs_its_new_directories(
     target: RunningTarget, dir_fsyncs: list[Path]
 ) -> None:
     """``/v1/_replica``: what write-through copies and rebalance moves are written by."""
-    b = (target.data_dir / "buckets" / "b").resolve()
-    target.client.post("/v1/buckets/b", json={"action": "create-bck"})
+    b = (target.data_dir / "buckets" / "bkt").resolve()
+    target.client.post("/v1/buckets/bkt", json={"action": "create-bck"})
     headers = {INTERNAL_HEADER: auth.internal_token(CLUSTER_KEY)}
     dir_fsyncs.clear()
-    r = target.client.put("/v1/_replica/b/r/s/t.bin", content=b"copy", headers=headers)
+    r = target.client.put("/v1/_replica/bkt/r/s/t.bin", content=b"copy", headers=headers)
     assert r.status_code == 200 and r.json()["stored"] is True, r.text
     assert dir_fsyncs == [b / "r", b, b / "r" / "s"]
     dir_fsyncs.clear()
     r = target.client.put(
-        "/v1/_replica/b/r/s/u.bin", params={"if_absent": "1"}, content=b"x", headers=headers
+        "/v1/_replica/bkt/r/s/u.bin", params={"if_absent": "1"}, content=b"x", headers=headers
     )
     assert r.status_code == 200 and dir_fsyncs == [b / "r" / "s"]
 

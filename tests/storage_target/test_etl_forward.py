@@ -41,7 +41,7 @@ def transformers() -> Iterator[dict[str, tuple[str, FastAPI]]]:
 @pytest.fixture
 def loaded(target: RunningTarget, transformers: dict[str, tuple[str, FastAPI]]) -> RunningTarget:
     c = target.client
-    c.post("/v1/buckets/b", json={"action": "create-bck"})
+    c.post("/v1/buckets/bkt", json={"action": "create-bck"})
     for name, (url, _app) in transformers.items():
         target.registry.put(record(name, {"t0": url}, arg_type="fqn" if name == "rev-fqn" else ""))
     return target
@@ -52,35 +52,35 @@ def test_transformed_get_streams_reversed_bytes(
 ) -> None:
     c = loaded.client
     data = os.urandom(5 << 20)  # above the inline limit: the body is streamed to it
-    c.put("/v1/objects/b/dir/big.bin", content=data)
-    r = c.get("/v1/objects/b/dir/big.bin", params={"etl_name": "rev", "etl_args": "q=1"})
+    c.put("/v1/objects/bkt/dir/big.bin", content=data)
+    r = c.get("/v1/objects/bkt/dir/big.bin", params={"etl_name": "rev", "etl_args": "q=1"})
     assert r.status_code == 200
     assert r.content == data[::-1]
     assert r.headers.get("transfer-encoding") == "chunked"
     call = transformers["rev"][1].state.calls[-1]
-    assert call["bucket"] == "b" and call["object"] == "dir/big.bin"
+    assert call["bucket"] == "bkt" and call["object"] == "dir/big.bin"
     assert call["args"] == "q=1" and call["body_len"] == len(data)
     # small objects too, and the plain read is untouched
-    c.put("/v1/objects/b/small", content=b"hello")
-    small = c.get("/v1/objects/b/small", params={"etl_name": "rev"})
+    c.put("/v1/objects/bkt/small", content=b"hello")
+    small = c.get("/v1/objects/bkt/small", params={"etl_name": "rev"})
     assert small.content == b"olleh"
     # a small answer with a known length is relayed whole, with Content-Length
     assert small.headers["content-length"] == "5" and "transfer-encoding" not in small.headers
     assert small.headers["x-sluice-etl"] == "rev"
-    assert c.get("/v1/objects/b/small").content == b"hello"
+    assert c.get("/v1/objects/bkt/small").content == b"hello"
 
 
 def test_fqn_mode_sends_path_and_empty_body(
     loaded: RunningTarget, transformers: dict[str, tuple[str, FastAPI]]
 ) -> None:
-    loaded.client.put("/v1/objects/b/f/x.txt", content=b"abc")
-    path = str((loaded.data_dir / "buckets" / "b" / "f" / "x.txt").resolve())
+    loaded.client.put("/v1/objects/bkt/f/x.txt", content=b"abc")
+    path = str((loaded.data_dir / "buckets" / "bkt" / "f" / "x.txt").resolve())
     # by default the client is sent on to the transformer (tests/storage_target/test_direct.py)
-    r = loaded.client.get("/v1/objects/b/f/x.txt", params={"etl_name": "rev-fqn"})
+    r = loaded.client.get("/v1/objects/bkt/f/x.txt", params={"etl_name": "rev-fqn"})
     assert r.status_code == 307 and f"etl_fqn={quote(path, safe='')}" in r.headers["location"]
     # relayed (SLUICE_ETL_REDIRECT_BYTES=off): the target sends the path and an empty body
     loaded.app.state.target.forwarder.redirect_bytes = None
-    r = loaded.client.get("/v1/objects/b/f/x.txt", params={"etl_name": "rev-fqn"})
+    r = loaded.client.get("/v1/objects/bkt/f/x.txt", params={"etl_name": "rev-fqn"})
     assert r.content == b"cba"
     call = transformers["rev-fqn"][1].state.calls[-1]
     assert call["body_len"] == 0
@@ -88,27 +88,27 @@ def test_fqn_mode_sends_path_and_empty_body(
 
 
 def test_unknown_etl_is_404(loaded: RunningTarget) -> None:
-    loaded.client.put("/v1/objects/b/o", content=b"x")
-    r = loaded.client.get("/v1/objects/b/o", params={"etl_name": "nope"})
+    loaded.client.put("/v1/objects/bkt/o", content=b"x")
+    r = loaded.client.get("/v1/objects/bkt/o", params={"etl_name": "nope"})
     assert r.status_code == 404
     assert r.json()["kind"] == "EtlNotFound" and "'nope'" in r.json()["error"]
-    r = loaded.client.get("/v1/objects/b/missing", params={"etl_name": "rev"})
+    r = loaded.client.get("/v1/objects/bkt/missing", params={"etl_name": "rev"})
     assert r.status_code == 404 and r.json()["kind"] == "ObjectNotFound"
 
 
 def test_stopped_etl_is_409(loaded: RunningTarget, transformers: dict) -> None:
-    loaded.client.put("/v1/objects/b/o", content=b"x")
+    loaded.client.put("/v1/objects/bkt/o", content=b"x")
     loaded.registry.put(record("rev", {"t0": transformers["rev"][0]}, stopped=True))
-    r = loaded.client.get("/v1/objects/b/o", params={"etl_name": "rev"})
+    r = loaded.client.get("/v1/objects/bkt/o", params={"etl_name": "rev"})
     assert r.status_code == 409
     assert r.json()["error"].startswith("ETL 'rev' is stopped; start it with")
     loaded.registry.put(record("rev", {"t0": None}, phase="Stopped", ready=False))
-    assert loaded.client.get("/v1/objects/b/o", params={"etl_name": "rev"}).status_code == 409
+    assert loaded.client.get("/v1/objects/bkt/o", params={"etl_name": "rev"}).status_code == 409
 
 
 def test_not_ready_is_503_with_retry_after(loaded: RunningTarget, transformers: dict) -> None:
     c = loaded.client
-    c.put("/v1/objects/b/o", content=b"x")
+    c.put("/v1/objects/bkt/o", content=b"x")
     cases = [
         record("rev", {"t0": transformers["rev"][0]}, ready=False, phase="Initializing"),
         record("rev", {"t1": transformers["rev"][0]}),  # a transformer, but not beside t0
@@ -116,26 +116,26 @@ def test_not_ready_is_503_with_retry_after(loaded: RunningTarget, transformers: 
     ]
     for rec in cases:
         loaded.registry.put(rec)
-        r = c.get("/v1/objects/b/o", params={"etl_name": "rev"})
+        r = c.get("/v1/objects/bkt/o", params={"etl_name": "rev"})
         assert r.status_code == 503, r.text
         assert r.headers["retry-after"].isdigit()
         assert r.json()["kind"] == "EtlNotReady" and "'rev'" in r.json()["error"]
 
 
 def test_transformer_error_is_passed_through(loaded: RunningTarget) -> None:
-    loaded.client.put("/v1/objects/b/img.png", content=b"x")
-    r = loaded.client.get("/v1/objects/b/img.png", params={"etl_name": "fail"})
+    loaded.client.put("/v1/objects/bkt/img.png", content=b"x")
+    r = loaded.client.get("/v1/objects/bkt/img.png", params={"etl_name": "fail"})
     assert r.status_code == 422
     body = r.json()
     assert body["error"] == "ValueError: bad pixel"
-    assert body["etl"] == "fail" and body["bucket"] == "b" and body["object"] == "img.png"
+    assert body["etl"] == "fail" and body["bucket"] == "bkt" and body["object"] == "img.png"
     assert "Traceback" in body["detail"]
 
 
 def test_broken_transformer_stream_aborts_the_client(loaded: RunningTarget) -> None:
     data = os.urandom(1 << 20)
-    loaded.client.put("/v1/objects/b/o", content=data)
-    url = f"{loaded.url}/v1/objects/b/o?etl_name=abort"
+    loaded.client.put("/v1/objects/bkt/o", content=data)
+    url = f"{loaded.url}/v1/objects/bkt/o?etl_name=abort"
     got = bytearray()
     with pytest.raises(httpx.RemoteProtocolError):
         with httpx.stream("GET", url, timeout=30) as r:
@@ -152,8 +152,8 @@ def test_broken_transformer_stream_aborts_the_client(loaded: RunningTarget) -> N
 
 def test_stats_and_logs_proxy(loaded: RunningTarget, transformers: dict) -> None:
     c = loaded.client
-    c.put("/v1/objects/b/o", content=b"x")
-    c.get("/v1/objects/b/o", params={"etl_name": "rev"})
+    c.put("/v1/objects/bkt/o", content=b"x")
+    c.get("/v1/objects/bkt/o", params={"etl_name": "rev"})
     s = c.get("/v1/_etl/rev/stats").json()
     assert s["reachable"] is True and s["target"] == "t0"
     assert s["objects"] >= 1 and s["errors"] == 2 and s["bytes_out"] == 20

@@ -28,7 +28,7 @@ def loaded(
     target_on_loop: RunningTarget, session_servers: SessionServers, loop_name: str
 ) -> RunningTarget:
     target = target_on_loop
-    target.client.post("/v1/buckets/b", json={"action": "create-bck"})
+    target.client.post("/v1/buckets/bkt", json={"action": "create-bck"})
     for mode in ("object", "wds"):
         url = loop_transformer(session_servers, mode, loop_name)
         target.registry.put(record(mode, {"t0": url}, mode=mode))
@@ -47,8 +47,8 @@ def loaded(
 
 def test_wds_shard_streams_through_target(loaded: RunningTarget) -> None:
     keys = [f"s{i:04d}" for i in range(400)]  # 16 MiB: more than the socket buffers hold
-    assert loaded.client.put("/v1/objects/b/big.tar", content=text_shard(keys, 40_000)).is_success
-    r = loaded.client.get("/v1/objects/b/big.tar", params={"etl_name": "wds"})
+    assert loaded.client.put("/v1/objects/bkt/big.tar", content=text_shard(keys, 40_000)).is_success
+    r = loaded.client.get("/v1/objects/bkt/big.tar", params={"etl_name": "wds"})
     assert r.status_code == 200, r.text
     assert tar_members(r.content) == [
         (f"{k}.txt", k.upper().encode().ljust(40_000, b".")) for k in keys
@@ -57,17 +57,19 @@ def test_wds_shard_streams_through_target(loaded: RunningTarget) -> None:
 
 def test_objects_inline_and_streamed(loaded: RunningTarget) -> None:
     small, big = b"small object", bytes(range(256)) * 24_000  # 6 MiB: streamed both ways
-    loaded.client.put("/v1/objects/b/small", content=small)
-    loaded.client.put("/v1/objects/b/big", content=big)
-    r = loaded.client.get("/v1/objects/b/small", params={"etl_name": "object"})
+    loaded.client.put("/v1/objects/bkt/small", content=small)
+    loaded.client.put("/v1/objects/bkt/big", content=big)
+    r = loaded.client.get("/v1/objects/bkt/small", params={"etl_name": "object"})
     assert r.content == small.upper() and r.headers["content-length"] == str(len(small))
-    r = loaded.client.get("/v1/objects/b/big", params={"etl_name": "object", "etl_args": "pieces"})
+    r = loaded.client.get(
+        "/v1/objects/bkt/big", params={"etl_name": "object", "etl_args": "pieces"}
+    )
     assert r.content == big.upper() and r.headers["transfer-encoding"] == "chunked"
 
 
 def test_failure_after_first_byte_aborts_the_client(loaded: RunningTarget) -> None:
-    loaded.client.put("/v1/objects/b/o", content=b"anything")
-    url = f"{loaded.url}/v1/objects/b/o?etl_name=object&etl_args=failmid"
+    loaded.client.put("/v1/objects/bkt/o", content=b"anything")
+    url = f"{loaded.url}/v1/objects/bkt/o?etl_name=object&etl_args=failmid"
     got = bytearray()
     with pytest.raises(httpx.RemoteProtocolError):
         with httpx.stream("GET", url, timeout=30) as r:

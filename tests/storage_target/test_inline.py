@@ -82,12 +82,12 @@ def _serve(
         served = Served(inline_url, route_url, answers)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         c = served.route
-        c.post("/v1/buckets/b", json={"action": "create-bck"}, headers=headers).raise_for_status()
-        c.put("/v1/objects/b/small", content=SMALL, headers=headers).raise_for_status()
+        c.post("/v1/buckets/bkt", json={"action": "create-bck"}, headers=headers).raise_for_status()
+        c.put("/v1/objects/bkt/small", content=SMALL, headers=headers).raise_for_status()
         meta = {**headers, "Content-Type": "image/png", "X-Sluice-Meta-Label": "cat"}
-        c.put("/v1/objects/b/dir/typed", content=b"png", headers=meta).raise_for_status()
-        c.put("/v1/objects/b/big", content=BIG, headers=headers).raise_for_status()
-        c.put("/v1/objects/b/mid", content=MID, headers=headers).raise_for_status()
+        c.put("/v1/objects/bkt/dir/typed", content=b"png", headers=meta).raise_for_status()
+        c.put("/v1/objects/bkt/big", content=BIG, headers=headers).raise_for_status()
+        c.put("/v1/objects/bkt/mid", content=MID, headers=headers).raise_for_status()
         answers.clear()
         try:
             yield served
@@ -109,26 +109,26 @@ def _same(a: httpx.Response, b: httpx.Response) -> None:
 
 
 def test_an_inline_answer_is_the_routes_answer(served: Served) -> None:
-    for path in ("/v1/objects/b/small", "/v1/objects/b/dir/typed"):
+    for path in ("/v1/objects/bkt/small", "/v1/objects/bkt/dir/typed"):
         inline, route = served.inline.get(path), served.route.get(path)
         _same(inline, route)
     assert served.answers == [True, True]
-    r = served.inline.get("/v1/objects/b/dir/typed")
+    r = served.inline.get("/v1/objects/bkt/dir/typed")
     assert r.headers["content-type"] == "image/png" and r.headers["x-sluice-meta-label"] == "cat"
 
 
 @pytest.mark.parametrize(
     ("path", "headers", "status"),
     [
-        ("/v1/objects/b/small", {"Range": "bytes=10-19"}, 206),
-        ("/v1/objects/b/small", {"If-None-Match": "*"}, 304),
-        ("/v1/objects/b/small", {"If-Match": '"nope"'}, 412),
-        ("/v1/objects/b/small?etl_name=nope", {}, 404),
-        ("/v1/objects/b/small?bogus=1", {}, 400),
-        ("/v1/objects/b/big", {}, 200),
-        ("/v1/objects/b/missing", {}, 404),
+        ("/v1/objects/bkt/small", {"Range": "bytes=10-19"}, 206),
+        ("/v1/objects/bkt/small", {"If-None-Match": "*"}, 304),
+        ("/v1/objects/bkt/small", {"If-Match": '"nope"'}, 412),
+        ("/v1/objects/bkt/small?etl_name=nope", {}, 404),
+        ("/v1/objects/bkt/small?bogus=1", {}, 400),
+        ("/v1/objects/bkt/big", {}, 200),
+        ("/v1/objects/bkt/missing", {}, 404),
         ("/v1/objects/nobucket/small", {}, 404),
-        ("/v1/objects/b/..%2Fsmall", {}, 400),
+        ("/v1/objects/bkt/..%2Fsmall", {}, 400),
     ],
 )
 def test_what_it_declines_the_route_answers(
@@ -144,8 +144,8 @@ def test_what_it_declines_the_route_answers(
 
 
 def test_head_and_a_get_with_a_body_go_the_route(served: Served) -> None:
-    _same(served.inline.head("/v1/objects/b/small"), served.route.head("/v1/objects/b/small"))
-    r = served.inline.request("GET", "/v1/objects/b/small", content=b"body")
+    _same(served.inline.head("/v1/objects/bkt/small"), served.route.head("/v1/objects/bkt/small"))
+    r = served.inline.request("GET", "/v1/objects/bkt/small", content=b"body")
     assert r.status_code == 200 and r.content == SMALL
     assert served.answers == [False, False]  # it declines HEAD, and a GET with a body
 
@@ -153,12 +153,12 @@ def test_head_and_a_get_with_a_body_go_the_route(served: Served) -> None:
 def test_a_read_token_is_checked_before_answering(tmp_path: Path, loop_name: str) -> None:
     for served in _serve(tmp_path, loop_name, "s3cret", 0.5, read_token="r3ad"):
         for headers in ({}, {"Authorization": "Bearer wrong"}):
-            r = served.inline.get("/v1/objects/b/small", headers=headers)
+            r = served.inline.get("/v1/objects/bkt/small", headers=headers)
             assert r.status_code == 401 and "SLUICE_READ_TOKEN" in r.text
-            _same(r, served.route.get("/v1/objects/b/small", headers=headers))
+            _same(r, served.route.get("/v1/objects/bkt/small", headers=headers))
         for token in ("r3ad", "s3cret"):
             r = served.inline.get(
-                "/v1/objects/b/small", headers={"Authorization": f"Bearer {token}"}
+                "/v1/objects/bkt/small", headers={"Authorization": f"Bearer {token}"}
             )
             assert r.status_code == 200 and r.content == SMALL
         assert served.answers == [False, False, True, True]
@@ -181,9 +181,9 @@ def test_pipelined_keep_alive_and_close(served: Served) -> None:
         ask = lambda p, extra="": f"GET {p} HTTP/1.1\r\nHost: {host}\r\n{extra}\r\n"  # noqa: E731
         sock.sendall(
             (
-                ask("/v1/objects/b/small")
-                + ask("/v1/objects/b/missing")
-                + ask("/v1/objects/b/small")
+                ask("/v1/objects/bkt/small")
+                + ask("/v1/objects/bkt/missing")
+                + ask("/v1/objects/bkt/small")
             ).encode()
         )
         got = [_read_answer(f) for _ in range(3)]
@@ -191,7 +191,7 @@ def test_pipelined_keep_alive_and_close(served: Served) -> None:
         assert "missing" in got[1][2].decode()
         # past the header timeout (0.5 s) the kept-alive connection still serves
         time.sleep(1.0)
-        sock.sendall(ask("/v1/objects/b/small", "Connection: close\r\n").encode())
+        sock.sendall(ask("/v1/objects/bkt/small", "Connection: close\r\n").encode())
         status, headers, body = _read_answer(f)
         assert (status, body == SMALL, headers["connection"]) == (200, True, "close")
         assert f.read() == b""  # the server closed it
@@ -212,7 +212,7 @@ def test_inline_answers_are_counted_as_the_routes(served: Served) -> None:
     sent0 = _metric(served.route, "sluice_http_sent_bytes_total", **route)
     ok0 = _metric(served.route, "sluice_http_requests_total", **route, status="200")
     for _ in range(3):
-        assert served.inline.get("/v1/objects/b/small").content == SMALL
+        assert served.inline.get("/v1/objects/bkt/small").content == SMALL
     assert served.answers == [True] * 3
     assert _metric(served.route, "sluice_http_sent_bytes_total", **route) - sent0 == 3 * len(SMALL)
     assert _metric(served.route, "sluice_http_requests_total", **route, status="200") - ok0 == 3
@@ -227,7 +227,7 @@ def test_a_client_that_does_not_read_gets_no_pile_of_inline_answers(served: Serv
     n = 300
     with socket.create_connection((addr[0], int(addr[1]))) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
-        one = f"GET /v1/objects/b/mid HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
+        one = f"GET /v1/objects/bkt/mid HTTP/1.1\r\nHost: {host}\r\n\r\n".encode()
         sock.sendall(one * n)
         time.sleep(1.0)
         answered_unread = sum(served.answers)

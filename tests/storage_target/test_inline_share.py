@@ -27,10 +27,10 @@ from etl_runtime.getbatch.exchange import MANIFEST_LEN, OK, SHARE_ETL_PATH, SHAR
 from tests.storage_target.test_inline import SMALL, Served, _metric, _serve
 
 ROWS = [
-    ["b", "small", 0, 0, "b/small"],
-    ["b", "dir/typed", 0, 0, "x/typed"],
-    ["b", "small", 5, 100, "b/small-range"],
-    ["b", "gone", 0, 0, "b/gone"],
+    ["bkt", "small", 0, 0, "bkt/small"],
+    ["bkt", "dir/typed", 0, 0, "x/typed"],
+    ["bkt", "small", 5, 100, "bkt/small-range"],
+    ["bkt", "gone", 0, 0, "bkt/gone"],
     ["nobucket", "o", 0, 0, "nobucket/o"],
 ]
 
@@ -80,7 +80,7 @@ def test_a_share_answered_inline_is_the_routes_answer(served: Served) -> None:
 
 
 def test_shares_the_answerer_declines_get_the_routes_answer(served: Served) -> None:
-    big = [["b", "big", 0, 0, "b/big"], *ROWS]  # 512 KiB: a file for sendfile
+    big = [["bkt", "big", 0, 0, "bkt/big"], *ROWS]  # 512 KiB: a file for sendfile
     _same(post(served.inline, big), post(served.route, big))
     etl = post(served.inline, ROWS, SHARE_ETL_PATH)  # not a share through an ETL: 400
     _same(etl, post(served.route, ROWS, SHARE_ETL_PATH))
@@ -104,7 +104,7 @@ def test_a_body_after_its_head_and_pipelined_requests(served: Served) -> None:
     body = json.dumps({"in": ROWS}).encode()
     head = f"POST {SHARE_PATH} HTTP/1.1\r\nHost: t\r\nContent-Length: {len(body)}\r\n\r\n"
     want = parsed(post(served.route, ROWS).content)
-    get = b"GET /v1/objects/b/small HTTP/1.1\r\nHost: t\r\n\r\n"
+    get = b"GET /v1/objects/bkt/small HTTP/1.1\r\nHost: t\r\n\r\n"
     with socket.create_connection((host, int(port)), timeout=10) as s:
         s.sendall(head.encode())
         time.sleep(0.3)  # the body comes later than the head, in another segment

@@ -17,14 +17,14 @@ def test_gets_and_puts_are_counted_by_route_template_status_and_bytes(
     target: RunningTarget,
 ) -> None:
     c = target.client
-    assert c.post("/v1/buckets/b", json={"action": "create-bck"}).status_code == 200
+    assert c.post("/v1/buckets/bkt", json={"action": "create-bck"}).status_code == 200
     data = os.urandom(KIB16)
     before = scrape(target.url)
 
-    assert c.put("/v1/objects/b/deep/dir/x.bin", content=data).status_code == 200
+    assert c.put("/v1/objects/bkt/deep/dir/x.bin", content=data).status_code == 200
     for _ in range(7):
-        assert c.get("/v1/objects/b/deep/dir/x.bin").content == data
-    assert c.get("/v1/objects/b/missing.bin").status_code == 404
+        assert c.get("/v1/objects/bkt/deep/dir/x.bin").content == data
+    assert c.get("/v1/objects/bkt/missing.bin").status_code == 404
     after = scrape(target.url)
 
     def rose(name: str, **labels: str) -> float:
@@ -46,12 +46,12 @@ def test_gets_and_puts_are_counted_by_route_template_status_and_bytes(
 
 def test_an_etl_get_is_timed_apart_from_plain_gets(target: RunningTarget) -> None:
     c = target.client
-    c.post("/v1/buckets/b", json={"action": "create-bck"})
-    c.put("/v1/objects/b/x", content=b"abc" * 1000)
+    c.post("/v1/buckets/bkt", json={"action": "create-bck"})
+    c.put("/v1/objects/bkt/x", content=b"abc" * 1000)
     with serve_in_thread(transformer_app("rev")) as url:
         target.registry.put(record("rev", {"t0": url}))
         for _ in range(3):
-            r = c.get("/v1/objects/b/x", params={"etl_name": "rev"})
+            r = c.get("/v1/objects/bkt/x", params={"etl_name": "rev"})
             assert r.content == (b"abc" * 1000)[::-1]
     s = scrape(target.url)
     etl_get = {"route": OBJECT_ROUTE, "op": "etl_get"}
@@ -63,9 +63,9 @@ def test_an_etl_get_is_timed_apart_from_plain_gets(target: RunningTarget) -> Non
 
 def test_disk_and_stored_objects_are_reported(target: RunningTarget) -> None:
     c = target.client
-    c.post("/v1/buckets/b", json={"action": "create-bck"})
+    c.post("/v1/buckets/bkt", json={"action": "create-bck"})
     for i in range(5):
-        c.put(f"/v1/objects/b/o{i}", content=b"z" * 1000)
+        c.put(f"/v1/objects/bkt/o{i}", content=b"z" * 1000)
     s = scrape(target.url)
     usage = os.statvfs(target.data_dir)
     assert s.value("sluice_target_objects", target="t0") == 5

@@ -67,13 +67,13 @@ def test_big_shard_streams_through_target(
     target: RunningTarget, wds_identity: str, tmp_path: Path
 ) -> None:
     c = target.client
-    c.post("/v1/buckets/b", json={"action": "create-bck"})
+    c.post("/v1/buckets/bkt", json={"action": "create-bck"})
     target.registry.put(record("ident", {"t0": wds_identity}))
     path = tmp_path / "in.tar"
     shard(path, SAMPLES)
     with open(path, "rb") as f:
-        assert c.put("/v1/objects/b/big.tar", content=f).status_code == 200
-    url = f"{target.url}/v1/objects/b/big.tar?etl_name=ident"
+        assert c.put("/v1/objects/bkt/big.tar", content=f).status_code == 200
+    url = f"{target.url}/v1/objects/bkt/big.tar?etl_name=ident"
     # webdataset's own http opener is curl without a time limit: the same curl
     # with -m turns a regression (deadlock) into a failure instead of a hang
     ds = wds.WebDataset(f"pipe:curl -m 120 -f -s -L '{url}'", shardshuffle=False)
@@ -87,16 +87,16 @@ def test_failing_sample_is_not_retried_by_webdataset(
 ) -> None:
     """A transform failure is 422, which curl's ``--retry`` (webdataset's opener) skips."""
     c = target.client
-    c.post("/v1/buckets/b", json={"action": "create-bck"})
+    c.post("/v1/buckets/bkt", json={"action": "create-bck"})
     target.registry.put(record("ident", {"t0": wds_identity}))
     path = tmp_path / "bad.tar"
     shard(path, 2, first="poison")
     with open(path, "rb") as f:
-        assert c.put("/v1/objects/b/bad.tar", content=f).status_code == 200
-    r = c.get("/v1/objects/b/bad.tar", params={"etl_name": "ident"})
+        assert c.put("/v1/objects/bkt/bad.tar", content=f).status_code == 200
+    r = c.get("/v1/objects/bkt/bad.tar", params={"etl_name": "ident"})
     assert r.status_code == 422, r.text
     assert r.json()["kind"] == "TransformError" and r.json()["sample"] == "poison"
-    url = f"{target.url}/v1/objects/b/bad.tar?etl_name=ident"
+    url = f"{target.url}/v1/objects/bkt/bad.tar?etl_name=ident"
     started = time.monotonic()
     # curl -f writes nothing on an HTTP error: webdataset reports "empty file"
     # (or curl's exit 22); either way at once, not after curl's retries

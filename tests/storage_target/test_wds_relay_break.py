@@ -41,9 +41,11 @@ def relay(
     url = loop_transformer(session_servers, "wds", loop_name)
     for name in ("first", "second"):  # a pipeline may name the same transformer twice
         target.registry.put(record(name, {"t0": url}, mode="wds"))
-    target.client.post("/v1/buckets/b", json={"action": "create-bck"})
+    target.client.post("/v1/buckets/bkt", json={"action": "create-bck"})
     for failing in FAILURES:
-        assert target.client.put(f"/v1/objects/b/{failing}.tar", content=shard(failing)).is_success
+        assert target.client.put(
+            f"/v1/objects/bkt/{failing}.tar", content=shard(failing)
+        ).is_success
     yield target
 
 
@@ -87,7 +89,7 @@ QUERIES = {"single": "etl_name=first", "pipeline": "etl_name=first&etl_pipeline=
 def test_relayed_break_is_never_a_short_shard(
     relay: RunningTarget, failing: str, chain: str
 ) -> None:
-    url = f"{relay.url}/v1/objects/b/{failing}.tar?{QUERIES[chain]}"
+    url = f"{relay.url}/v1/objects/bkt/{failing}.tar?{QUERIES[chain]}"
     outcomes = [webdataset_read(url) for _ in range(READS)]
     silent = [n for error, n in outcomes if error is None]
     assert silent == [], f"{len(silent)} of {READS} reads ended quietly with {silent} samples"
@@ -104,9 +106,9 @@ def test_relayed_break_is_never_a_short_shard(
 
 def test_whole_shards_relay_unchanged(relay: RunningTarget) -> None:
     keys = [f"s{i:04d}" for i in range(300)]
-    relay.client.put("/v1/objects/b/whole.tar", content=text_shard(keys, 3_001))
+    relay.client.put("/v1/objects/bkt/whole.tar", content=text_shard(keys, 3_001))
     want = [(f"{k}.txt", k.upper().encode().ljust(3_001, b".")) for k in keys]
     for query in QUERIES.values():
-        r = relay.client.get(f"/v1/objects/b/whole.tar?{query}")
+        r = relay.client.get(f"/v1/objects/bkt/whole.tar?{query}")
         assert r.status_code == 200, r.text
         assert tar_members(r.content) == want
