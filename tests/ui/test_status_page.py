@@ -65,7 +65,7 @@ def test_status_page_shows_etls_errors_and_a_target_going_down(
 
     data = tmp_path / "data"
     with LocalCluster(data, targets=2) as cluster, Client(cluster.endpoint) as client:
-        bucket = client.bucket("ui").create()
+        bucket = client.bucket("ui-bkt").create()
         bucket.object("shards/a.tar").put_content(shard(["s0", HOSTILE_KEY, "s2"]))
         client.etl("ui-picky").init_code(transform=picky, mode="wds", on_error="skip", workers=1)
 
@@ -82,7 +82,7 @@ def test_status_page_shows_etls_errors_and_a_target_going_down(
         names = tarfile.open(fileobj=io.BytesIO(out)).getnames()
         assert names == ["s0.txt", "s2.txt"], names
         # (The SDK's bar for an ETL GET: bytes and speed, the size is not known up front.)
-        assert "get ui/shards/a.tar via ui-picky" in capsys.readouterr().err
+        assert "get ui-bkt/shards/a.tar via ui-picky" in capsys.readouterr().err
         errors = page.locator("#errors tbody")
         expect(errors).to_contain_text(HOSTILE_KEY, timeout=WAIT_MS)
         expect(errors).to_contain_text("shards/a.tar")
