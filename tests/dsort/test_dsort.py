@@ -168,7 +168,7 @@ def test_bad_spec_is_a_400_naming_the_field(cluster: tuple[MapCluster, dict]) ->
 
 def test_missing_input_shard_fails_the_job_naming_it(cluster: tuple[MapCluster, dict]) -> None:
     c, _samples = cluster
-    spec = {**SPEC, "input_format": "shard-{000000..000006}", "output_bck": {"name": "m"}}
+    spec = {**SPEC, "input_format": "shard-{000000..000006}", "output_bck": {"name": "missing-out"}}
     spec["missing_shards"] = "abort"  # the default is AIStore's: ignore
     with c.client() as http:
         view = wait(http, start(http, spec))
@@ -280,10 +280,10 @@ def test_sdk_dsort_returns_a_job(cluster: tuple[MapCluster, dict]) -> None:
         client.dsort({**SPEC, "output_shard_size": "-1"})
     assert e.value.status == 400 and "output_shard_size" in str(e.value)
     missing = {"input_format": "nope-{0..1}", "missing_shards": "abort"}
-    bad = client.dsort({**SPEC, **missing, "output_bck": {"name": "x"}})
+    bad = client.dsort({**SPEC, **missing, "output_bck": {"name": "bad-out"}})
     with pytest.raises(JobError, match=r"images/nope-[01]\.tar does not exist"):
         bad.wait(timeout=90)
     # a shuffle without a seed gets one, shown in the job, so it can be repeated
-    job = client.dsort({**SPEC, "algorithm": {"kind": "shuffle"}, "output_bck": {"name": "r"}})
+    job = client.dsort({**SPEC, "algorithm": {"kind": "shuffle"}, "output_bck": {"name": "seeded"}})
     seed = job.wait(timeout=90)["spec"]["algorithm"]["seed"]
     assert seed and job.status()["output"]["seed"] == seed
