@@ -47,6 +47,7 @@ class Target(Protocol):
     placement: Placement | None
     read_token: str | None
     remote: RemoteCache | None
+    events: Any  # Kubernetes Events on the target's pod (cluster/kube/events.py), or None
 
 
 class JobAborted(Exception):

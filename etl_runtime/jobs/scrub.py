@@ -23,6 +23,12 @@ The job's output (summed over targets): ``scanned``, ``bytes``,
 ``copies_made``, ``orphaned``, ``checksums_added``, and lists ``corrupted_objects`` and
 ``orphaned_objects`` (the first 100 of each per target). Counted in
 ``sluice_integrity_scrub_*``.
+
+On Kubernetes (a target started with ``--events kubernetes``, as the chart
+does) each finding is also a Warning Event on the target's Pod, naming bucket,
+object and target: ``ObjectCorrupted`` (not repaired), ``ObjectRepaired``,
+``CopyMissing``, ``CopyOrphaned``; at most ``EVENTS`` per target and job, then
+one ``ScrubFinished`` with the counts (Normal when nothing was found).
 """
 
 from __future__ import annotations
@@ -43,6 +49,7 @@ from etl_runtime.storage.store import ObjectStore
 
 DEFAULT_MBPS = 64.0
 LISTED = 100
+EVENTS = 20  # Events per target and job for its findings; the summary says the rest
 _FIELDS = ("bucket", "mbps")
 
 
@@ -100,6 +107,31 @@ class _Scrub:
         )
         self.corrupted: list[str] = []
         self.orphaned: list[str] = []
+        events = getattr(ctx.target, "events", None)
+        self.events = events.budget(EVENTS) if events is not None else None
+
+    async def event(self, reason: str, message: str) -> None:
+        if self.events is not None:
+            await self.events.record(reason, message)
+
+    async def finished(self) -> None:
+        if self.events is None:
+            return
+        o = self.out
+        found = o["corrupted"] + o["missing_copies"] + o["orphaned"]
+        more = (
+            f"; {self.events.dropped} more finding(s) not shown as events"
+            if self.events.dropped
+            else ""
+        )
+        await self.events.events.record(
+            "ScrubFinished",
+            f"scrub job {self.ctx.id} on target {self.me!r}: {o['scanned']} object(s) read, "
+            f"{o['corrupted']} corrupted ({o['repaired']} repaired, {o['unrepaired']} not), "
+            f"{o['missing_copies']} missing copies ({o['copies_made']} made), "
+            f"{o['orphaned']} orphaned{more}",
+            "Warning" if found else "Normal",
+        )
 
     def _count(self, field: str, n: int = 1, metric: str | None = None) -> None:
         self.out[field] += n
@@ -134,6 +166,11 @@ class _Scrub:
             if outcome is True:
                 self._count("repaired", metric="scrub_repaired")
                 ok = True
+                await self.event(
+                    "ObjectRepaired",
+                    f"ais://{obj} on target {self.me!r} did not match its checksum; "
+                    "repaired from a good copy",
+                )
             else:
                 self._count("unrepaired")
                 why = (
@@ -141,15 +178,20 @@ class _Scrub:
                     if outcome is None
                     else "no good copy to repair it from: rewrite the object"
                 )
-                ctx.error(
-                    obj, f"ais://{obj} on target {self.me!r} does not match its checksum; {why}"
-                )
+                what = f"ais://{obj} on target {self.me!r} does not match its checksum; {why}"
+                ctx.error(obj, what)
+                await self.event("ObjectCorrupted", what)
         owners = ctx.owners(bucket, name)
         if self.me not in owners:
             if not self._rebalancing():
                 self._count("orphaned", metric="scrub_orphaned_copies")
                 if len(self.orphaned) < LISTED:
                     self.orphaned.append(obj)
+                await self.event(
+                    "CopyOrphaned",
+                    f"target {self.me!r} holds ais://{obj} but does not own it "
+                    "(a rebalance moves or removes it)",
+                )
             return
         if len(owners) < 2 or placement is None or placement.peers is None:
             return
@@ -161,6 +203,11 @@ class _Scrub:
                 if await peers.has(t, bucket, name):
                     continue
                 self._count("missing_copies", metric="scrub_missing_copies")
+                await self.event(
+                    "CopyMissing",
+                    f"target {t!r} lacks its copy of ais://{obj}"
+                    + ("" if ok is False else f"; sending it from target {self.me!r}"),
+                )
                 if ok is False:
                     continue  # never copy bad bytes
                 path = store.local_path(bucket, name)
@@ -196,6 +243,7 @@ async def run_scrub(ctx: JobContext) -> None:
             if scrub.out["scanned"] % 256 == 0:
                 scrub.publish()
     scrub.publish()
+    await scrub.finished()
 
 
 register_kind("scrub", run_scrub, validate=validate_scrub)

@@ -75,6 +75,8 @@ PASSED_ENV = (
     "SLUICE_VERIFY_READS",  # storage/integrity.py: reads' checksum checks (on unless 0)
     "SLUICE_SCRUB_MBPS",  # jobs/scrub.py: the scrub's read rate per target
     "SLUICE_HEDGE_AFTER",  # gateway/s3/hedge.py: when the S3 relay asks a copy
+    "SLUICE_EVENTS",  # storage_target: targets record their findings as Kubernetes Events
+    "SLUICE_NAMESPACE",  # ... in this namespace (cluster/kube/events.py)
 )
 
 

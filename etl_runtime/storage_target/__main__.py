@@ -72,6 +72,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="Kubernetes: this target's StatefulSet; on a scale-down it hands its objects "
         "over before it exits",
     )
+    p.add_argument(
+        "--events",
+        default=env("SLUICE_EVENTS"),
+        help="kubernetes: record what this target finds (a scrub's corrupted, missing and "
+        "orphaned copies) as Events on its pod",
+    )
     args = p.parse_args(argv)
     if not args.data_dir:
         p.error("--data-dir (or SLUICE_DATA_DIR) is required")
@@ -107,6 +113,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         cluster_map=cmap,
         read_token=args.read_token,
     )
+    if args.events:
+        from etl_runtime.cluster.kube.events import events_from_option
+
+        try:
+            app.state.target.events = events_from_option(args.events, args.id)
+        except ValueError as e:
+            raise SystemExit(f"sluice-target: {e}") from None
     close = getattr(registry, "close", None)  # the Kubernetes registry's watch
     before_exit = None
     if cmap is not None and args.target_statefulset:

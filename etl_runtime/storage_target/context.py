@@ -24,6 +24,7 @@ class Target:
     placement: Placement | None = None
     read_token: str | None = None
     remote: RemoteCache | None = None  # remote (aws) buckets; needs a cluster map
+    events: Any = None  # cluster/kube/events.py PodEvents on Kubernetes (--events), else None
 
     def token_records(self) -> Mapping[str, Any]:
         """The access tokens' records (revocation, ``core/tokens.py``) from the cluster map."""

@@ -175,6 +175,8 @@ def test_target_and_gateway_run_the_contract_commands(combo: tuple[dict, Manifes
         f"kubernetes:{cluster_map}",
         "--target-statefulset",
         sts["metadata"]["name"],
+        "--events",
+        "kubernetes",
     ]
     # The S3 keys: the chart's Secret, without data (the gateways write it; kept on upgrade).
     (keys,) = [s for s in m.of_kind("Secret") if s["metadata"]["name"].endswith("-s3-keys")]

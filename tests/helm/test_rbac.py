@@ -20,6 +20,7 @@ EXPECTED: dict[str, Rules] = {
         ("sluice.dev", "etls"): {"get", "list", "watch"},
         ("", "configmaps"): {"get", "list", "watch"},  # the cluster map, by name
         ("apps", "statefulsets"): {"get"},  # leaving or restarting? by name
+        ("", "events"): {"create"},  # a scrub's findings, on its own pod
     },
     "gateway": {
         ("sluice.dev", "etls"): {"get", "list", "watch", "create", "update", "patch", "delete"},
