@@ -64,7 +64,7 @@ def target(
         )
         for name, body in (("a.txt", b"hello"), ("big.bin", BIG)):
             for bad in ("", "fail-", "busy-", "direct-"):
-                r = t.client.put(f"/v1/objects/b/{bad}{name}", content=body)
+                r = t.client.put(f"/v1/objects/bkt/{bad}{name}", content=body)
                 assert r.status_code == 200, r.text
         yield t
 
@@ -99,12 +99,14 @@ def test_errors_of_the_users_server_become_sluice_errors_naming_etl_and_object(
         assert body["kind"] == "TransformerFailed" and body["etl"] == "img"
         assert body["object"] == name and body["transformer_status"] == 500
         assert body["error"] == (
-            f"ETL 'img' (image 'me/echo:1') failed to transform 'b/{name}': its server "
-            f"answered 500: cannot transform /b/{name}"
+            f"ETL 'img' (image 'me/echo:1') failed to transform 'bkt/{name}': its server "
+            f"answered 500: cannot transform /bkt/{name}"
         )
     busy = target.get("busy-a.txt", "img")
     assert busy.status_code == 503 and busy.headers["retry-after"]
-    assert "is busy for 'b/busy-a.txt' (its server answered 503: too busy)" in busy.json()["error"]
+    assert (
+        "is busy for 'bkt/busy-a.txt' (its server answered 503: too busy)" in busy.json()["error"]
+    )
     direct = target.get("direct-a.txt", "img")
     assert direct.status_code == 502 and "answered 204" in direct.json()["error"]
     # and the target still serves the next object
