@@ -30,22 +30,19 @@ from collections.abc import AsyncIterator, Callable
 from typing import IO, Any
 
 import anyio.to_thread
-import httpx
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
 
-from etl_runtime.core.access import object_url
 from etl_runtime.core.errors import (
     InvalidRequest,
-    NoTargets,
     NotATar,
     ObjectNotFound,
     UnsafeShard,
 )
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway import views
-from etl_runtime.gateway.context import Gateway, passthrough
-from etl_runtime.gateway.placement import route
+from etl_runtime.gateway.context import Gateway
+from etl_runtime.gateway.placement import object_bytes
 from etl_runtime.getbatch.archive import ArchiveWriter
 from etl_runtime.getbatch.items import Spool
 from etl_runtime.wire.formats.shardread import ShardReader
@@ -56,7 +53,6 @@ ZIP_EXT = ".zip"
 ARCH_PARAMS = ("archpath", "archregx", "archmode")
 READ_PARAMS = ("provider", *ARCH_PARAMS)
 MODES = ("regexp", "prefix", "suffix", "substr", "wdskey")
-TIMEOUT = httpx.Timeout(600.0, connect=10.0)
 FILE_WRITE = 1 << 20  # bytes gathered before one write of a zip's temp file
 
 
@@ -82,29 +78,9 @@ def _refuse_view(gw: Gateway, bucket: str, name: str | None = None) -> None:
         )
 
 
-async def _chunks(gw: Gateway, bucket: str, name: str) -> AsyncIterator[bytes]:
+def _chunks(gw: Gateway, bucket: str, name: str) -> AsyncIterator[bytes]:
     """The stored bytes of ``bucket/name``, from a target that holds it."""
-    src = route(gw, "GET", bucket, name)
-    try:
-        async with gw.http.stream(
-            "GET",
-            object_url(src.url, bucket, name),
-            headers=gw.target_headers(),
-            timeout=TIMEOUT,
-            follow_redirects=True,
-        ) as got:
-            if got.status_code != 200:
-                await got.aread()
-                raise passthrough(got)
-            async for chunk in got.aiter_bytes():
-                yield chunk
-    except httpx.HTTPError as e:
-        raise NoTargets(
-            f"reading shard {_shard(bucket, name)}: a target did not answer "
-            f"({type(e).__name__}); retry",
-            bucket=bucket,
-            object=name,
-        ) from None
+    return object_bytes(gw, bucket, name, f"reading shard {_shard(bucket, name)}")
 
 
 async def _zip_file(gw: Gateway, bucket: str, name: str) -> IO[bytes]:
@@ -277,12 +253,14 @@ async def _one(gw: Gateway, bucket: str, name: str, archpath: str) -> Response:
         if shard_kind(name) == "zip":
             f = await _zip_file(gw, bucket, name)
             try:
-                data = await anyio.to_thread.run_sync(_zip_read, f, bucket, name, archpath)
+                found = await anyio.to_thread.run_sync(
+                    _zip_matching, f, bucket, name, lambda n: normalized(n) == archpath
+                )
             finally:
                 f.close()
-            if data is None:
+            if not found:
                 raise _not_in(f"file {archpath!r}", bucket, name)
-            await spool.write(data)
+            await spool.write(found[0][1])
         else:
             reader = ShardReader(_chunks(gw, bucket, name), _shard(bucket, name))
             while (got := await reader.next()) is not None:
@@ -298,15 +276,6 @@ async def _one(gw: Gateway, bucket: str, name: str, archpath: str) -> Response:
         spool.close()
         raise
     return _spooled(spool, "application/octet-stream")
-
-
-def _zip_read(f: IO[bytes], bucket: str, name: str, archpath: str) -> bytes | None:
-    with _zip_open(f, bucket, name) as z:
-        for i in z.infolist():
-            if not i.is_dir() and unsafe_name(i.filename) is None:
-                if normalized(i.filename) == archpath:
-                    return z.read(i)
-    return None
 
 
 def _zip_matching(

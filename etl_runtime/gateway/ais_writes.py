@@ -54,7 +54,7 @@ from etl_runtime.gateway import remote as remote_gateway
 from etl_runtime.gateway import views
 from etl_runtime.gateway.buckets import list_bucket_page
 from etl_runtime.gateway.context import Gateway, passthrough
-from etl_runtime.gateway.placement import route
+from etl_runtime.gateway.placement import object_bytes, route
 from etl_runtime.gateway.s3.multipart import HIDDEN
 
 UPLOAD_ID = "uploadId"
@@ -249,21 +249,8 @@ async def _put(
 async def _read(gw: Gateway, parts: list[tuple[str, str]]) -> AsyncIterator[bytes]:
     """The bytes of the objects ``(bucket, name)``, one after the other, streamed."""
     for bucket, name in parts:
-        src = route(gw, "GET", bucket, name)
-        try:
-            async with gw.http.stream(
-                "GET",
-                object_url(src.url, bucket, name),
-                headers=gw.target_headers(),
-                timeout=TIMEOUT,
-            ) as r:
-                if r.status_code != 200:
-                    await r.aread()
-                    raise passthrough(r)
-                async for chunk in r.aiter_bytes():
-                    yield chunk
-        except httpx.HTTPError as e:
-            raise _unreachable(f"{bucket}/{name}", e) from None
+        async for chunk in object_bytes(gw, bucket, name, f"writing {bucket}/{name}"):
+            yield chunk
 
 
 async def _head(gw: Gateway, bucket: str, name: str) -> httpx.Response | None:

@@ -20,11 +20,16 @@ among the live targets, as before.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+import httpx
+
 from etl_runtime.cluster.hrw import hrw_owner, object_key
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core import errors as target_errors
+from etl_runtime.core.access import object_url
 from etl_runtime.core.errors import BucketNotFound, NoTargets
-from etl_runtime.gateway.context import Gateway
+from etl_runtime.gateway.context import Gateway, passthrough
 
 RETRY_AFTER_SECONDS = 2
 READS = frozenset({"GET", "HEAD"})
@@ -74,3 +79,32 @@ def route(gw: Gateway, method: str, bucket: str, name: str) -> TargetInfo:
     info = gw.target_info(owners[0], cmap)
     assert info is not None
     return info
+
+
+STREAM_TIMEOUT = httpx.Timeout(600.0, connect=10.0)
+
+
+async def object_bytes(gw: Gateway, bucket: str, name: str, doing: str) -> AsyncIterator[bytes]:
+    """The stored bytes of ``bucket/name``, streamed from a target that holds it (the
+    target checks them as it sends them). A target's error answer is passed through; a
+    target that does not answer is a 503 ``NoTargets`` saying what was being done."""
+    src = route(gw, "GET", bucket, name)
+    try:
+        async with gw.http.stream(
+            "GET",
+            object_url(src.url, bucket, name),
+            headers=gw.target_headers(),
+            timeout=STREAM_TIMEOUT,
+            follow_redirects=True,
+        ) as got:
+            if got.status_code != 200:
+                await got.aread()
+                raise passthrough(got)
+            async for chunk in got.aiter_bytes():
+                yield chunk
+    except httpx.HTTPError as e:
+        raise NoTargets(
+            f"{doing}: a target did not answer ({type(e).__name__}); retry",
+            bucket=bucket,
+            object=name,
+        ) from None
