@@ -17,15 +17,16 @@ each size, then reads them round-robin with one client thread, in one run:
   reading its own disk) on the same machine: the "boto3 reading Sluice ÷
   boto3 reading MinIO" ratio of issue 22.
 
-Printed per size: requests/s, ms per request, client CPU ms per request
-(``time.process_time``), the servers' CPU ms per request (psutil: the gateway
-and the targets for Sluice, the one process for MinIO; on a loaded machine the
-steadier figure), each S3 column ÷ native (requests/s), and boto3 on Sluice ÷
-boto3 on MinIO. Sequential requests, so the figures are per-request
+Printed per size: requests/s, ms per request, the load generator's CPU ms
+per request (this process, ``time.process_time``: httpx or boto3), the
+servers' CPU ms per request (psutil, user + system: the gateway and the
+targets apart and their sum for Sluice, the one process for MinIO; on a loaded
+machine the steadier figure), each path ÷ native (requests/s), and boto3 on
+Sluice ÷ boto3 on MinIO. Sequential requests, so the figures are per-request
 latency, not cluster throughput. ``--rounds N`` measures every path N times,
 in turn, and prints the medians (the machine's noise hits all paths alike).
 
-    .venv/bin/python bench/s3.py [--objects 32] [--seconds 4] [--rounds 3]
+    .venv/bin/python bench/s3.py [--objects 32] [--seconds 4] [--rounds 3] [--boto3-only]
 """
 
 from __future__ import annotations
@@ -66,36 +67,44 @@ def server_cpu(pids: list[int]) -> float:
     return total
 
 
-def sluice_pids() -> list[int]:
+def sluice_pids() -> dict[str, list[int]]:
     """The gateway's and the targets' (children of ``sluice up``, which runs in this one)."""
-    out = []
+    out: dict[str, list[int]] = {"gateway": [], "targets": []}
     for proc in psutil.Process().children(recursive=True):
         try:
             cmd = " ".join(proc.cmdline())
         except psutil.Error:
             continue
-        if "etl_runtime.storage_target" in cmd or "etl_runtime.gateway" in cmd:
-            out.append(proc.pid)
+        if "etl_runtime.storage_target" in cmd:
+            out["targets"].append(proc.pid)
+        elif "etl_runtime.gateway" in cmd:
+            out["gateway"].append(proc.pid)
     return out
 
 
 def measure(
-    get: Callable[[str], bytes], names: list[str], size: int, seconds: float, servers: list[int]
+    get: Callable[[str], bytes],
+    names: list[str],
+    size: int,
+    seconds: float,
+    servers: dict[str, list[int]],
 ) -> dict:
     for n in names[:4]:  # warm connections and page cache
         assert len(get(n)) == size
     count, wall0, cpu0 = 0, time.perf_counter(), time.process_time()
-    scpu0 = server_cpu(servers)
+    scpu0 = {role: server_cpu(pids) for role, pids in servers.items()}
     while time.perf_counter() - wall0 < seconds:
         assert len(get(names[count % len(names)])) == size
         count += 1
     wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-    scpu = server_cpu(servers) - scpu0
+    scpu = {role: server_cpu(pids) - scpu0[role] for role, pids in servers.items()}
     return {
         "rps": count / wall,
         "ms": 1000 * wall / count,
         "cpu_ms": 1000 * cpu / count,
-        "server_cpu_ms": 1000 * scpu / count,
+        "server_cpu_ms": 1000 * sum(scpu.values()) / count,
+        "gateway_ms": 1000 * scpu.get("gateway", 0.0) / count,
+        "targets_ms": 1000 * scpu.get("targets", 0.0) / count,
     }
 
 
@@ -119,6 +128,9 @@ def main() -> None:
     p.add_argument("--objects", type=int, default=32)
     p.add_argument("--seconds", type=float, default=4.0)
     p.add_argument("--rounds", type=int, default=1)
+    p.add_argument(
+        "--boto3-only", action="store_true", help="only the two boto3 paths (Sluice, MinIO)"
+    )
     args = p.parse_args()
     # No ETL here: the eager zygote's warm-up (seconds of CPU after start) would land on
     # the first rows only. "lazy" starts it with the first ETL, i.e. never in this run.
@@ -146,13 +158,14 @@ def run(ep: str, minio: MinioServer, args: argparse.Namespace) -> None:
         f"cores: {os.cpu_count()}, objects per size: {args.objects}, "
         f"{args.seconds:g} s per path, medians of {args.rounds} round(s)"
     )
-    head = ("size", "path", "req/s", "ms/req", "client CPU ms/req", "server CPU ms/req", "÷ native")
+    print("CPU in ms per request: load = this process (the client), gw = gateway, tg = targets")
+    head = ("size", "path", "req/s", "ms/req", "load", "server", "gw", "tg", "÷ native")
     print(
-        f"{head[0]:>7} {head[1]:<14} {head[2]:>8} {head[3]:>8} {head[4]:>18} {head[5]:>18} "
-        f"{head[6]:>9}"
+        f"{head[0]:>7} {head[1]:<14} {head[2]:>8} {head[3]:>7} {head[4]:>6} {head[5]:>7} "
+        f"{head[6]:>6} {head[7]:>6} {head[8]:>9}"
     )
     assert minio.process is not None
-    ours, theirs = sluice_pids(), [minio.process.pid]
+    ours, theirs = sluice_pids(), {"minio": [minio.process.pid]}
     for label, size in SIZES.items():
         names = [f"{size}/o{i:03d}" for i in range(args.objects)]
         for n in names:
@@ -165,6 +178,8 @@ def run(ep: str, minio: MinioServer, args: argparse.Namespace) -> None:
             "s3 (boto3)": lambda n: s3.get_object(Bucket="bench", Key=n)["Body"].read(),
             "minio (boto3)": lambda n: ms3.get_object(Bucket="bench", Key=n)["Body"].read(),
         }
+        if args.boto3_only:
+            paths = {k: v for k, v in paths.items() if "boto3" in k}
         rounds: dict[str, list[dict]] = {path: [] for path in paths}
         order = list(paths)
         for i in range(args.rounds):
@@ -173,11 +188,16 @@ def run(ep: str, minio: MinioServer, args: argparse.Namespace) -> None:
                 servers = theirs if path.startswith("minio") else ours
                 rounds[path].append(measure(get, names, size, args.seconds, servers))
         runs = {path: median_run(r) for path, r in rounds.items()}
-        base = runs["native"]["rps"]
+        base = runs["native"]["rps"] if "native" in runs else float("nan")
         for path, r in runs.items():
+            split = (
+                "     -      -"
+                if path.startswith("minio")
+                else (f"{r['gateway_ms']:>6.2f} {r['targets_ms']:>6.2f}")
+            )
             print(
-                f"{label:>7} {path:<14} {r['rps']:>8.0f} {r['ms']:>8.2f} "
-                f"{r['cpu_ms']:>18.2f} {r['server_cpu_ms']:>18.2f} {r['rps'] / base:>9.2f}"
+                f"{label:>7} {path:<14} {r['rps']:>8.0f} {r['ms']:>7.2f} {r['cpu_ms']:>6.2f} "
+                f"{r['server_cpu_ms']:>7.2f} {split} {r['rps'] / base:>9.2f}"
             )
         ratio = runs["s3 (boto3)"]["rps"] / runs["minio (boto3)"]["rps"]
         print(f"{label:>7} boto3 on Sluice ÷ boto3 on MinIO: {ratio:.2f}")
