@@ -8,6 +8,7 @@ get-from-neighbor by ``copies.Placement``; errors are raised as
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import parse_qsl, urlencode
 
@@ -32,6 +33,7 @@ from etl_runtime.core.params import (
     refuse_unknown_object_params,
 )
 from etl_runtime.etl.pipeline import parse_chain, pipeline_response
+from etl_runtime.getbatch import archread
 from etl_runtime.storage.ranges import preconditions
 from etl_runtime.storage_target import remote_reads as remote
 from etl_runtime.storage_target.context import Target
@@ -47,6 +49,22 @@ from etl_runtime.storage_target.write_conditions import check_write
 from etl_runtime.wire.http.fastpath import FastRouter
 from etl_runtime.wire.http.routes import each_method
 from etl_runtime.wire.http.zerocopy import offers_zerocopy
+
+CHUNK = 1 << 20  # bytes of a shard read at a time for its files (archpath)
+
+
+def stored_bytes(target: Target, bucket: str, name: str) -> archread.Source:
+    """The bytes of ``bucket/name`` as this target stores them, read in a thread."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        f, info = await anyio.to_thread.run_sync(target.store.open_object, bucket, name)
+        with f:
+            left = info.size
+            while left > 0 and (chunk := await anyio.to_thread.run_sync(f.read, min(left, CHUNK))):
+                left -= len(chunk)
+                yield chunk
+
+    return chunks
 
 
 def owner_redirect(target: Target, request: Request, bucket: str, name: str) -> Response | None:
@@ -168,6 +186,8 @@ def object_router(target: Target) -> FastRouter:
         etl_pipeline: str | None = None,
     ) -> Response:
         validate_names(bucket, name)
+        if archread.is_arch_read(request):  # the aistore SDK's direct read of a shard's files
+            return await arch_read(request, bucket, name)
         refuse_unknown_object_params(request, bucket, name)
         may_read(request, bucket, object_path(bucket, name))
         if etl_name and "range" in request.headers:
@@ -198,6 +218,22 @@ def object_router(target: Target) -> FastRouter:
             )
         # Checked against the checksum stored at write time (storage_target/reads.py).
         return await serve_local(target, request, bucket, name)
+
+    async def arch_read(request: Request, bucket: str, name: str) -> Response:
+        """``archpath`` / ``archregx`` at this target (``gateway/ais_shards.py`` answers the
+        same through the gateway): the shard read from this disk once checked whole."""
+        may_read(request, bucket, object_path(bucket, name))
+        refuse_unknown(
+            request, (*archread.READ_PARAMS, REDIRECTED_FROM), bucket=bucket, object=name
+        )
+        plan = archread.parse(request.query_params, bucket, name)
+        if (moved := owner_redirect(target, request, bucket, name)) is not None:
+            return moved
+        await remote.get(target.remote, target.forwarder, request, bucket, name, None, None)
+        if placement:
+            await placement.ensure_local(bucket, name)
+        await verify_local(target, bucket, name)
+        return await plan.answer(stored_bytes(target, bucket, name))
 
     @router.head("/v1/objects/{bucket}/{name:path}")
     async def head_object(bucket: str, name: str, request: Request) -> Response:

@@ -68,7 +68,8 @@ async def get(
     await fill.ready.wait()
     if fill.error is not None:
         raise fill.error
-    pipeline = "etl_pipeline" in request.query_params  # a chain reads the cached file
+    q = request.query_params  # a chain, or files in a shard (archpath), read the cached file
+    pipeline = any(p in q for p in ("etl_pipeline", "archpath", "archregx"))
     if fqn or pipeline or (not etl_name and any(h in request.headers for h in WHOLE_FIRST)):
         await cache.wait_filled(fill)
         return None

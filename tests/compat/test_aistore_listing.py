@@ -122,15 +122,19 @@ def test_list_archive_lists_the_files_inside_each_shard(up: str) -> None:
     assert not any("evil" in e.name for e in everything)
 
 
-def test_archpath_and_regex_reads_from_inside_a_shard(up: str) -> None:
+@pytest.mark.parametrize("direct", [False, True], ids=["gateway", "direct"])
+def test_archpath_and_regex_reads_from_inside_a_shard(up: str, direct: bool) -> None:
+    """Through the gateway, and with ``direct=True`` from a target (the SDK picks one
+    by AIStore's HRW; one that does not hold the shard redirects to its owner)."""
     bck = Client(up).bucket("shards")
     for shard in ("a.tar", "b.tar.gz", "c.zip"):
         obj = bck.object(shard)
-        got = obj.get_reader(archive_config=ArchiveConfig(archpath="d/s2.jpg")).read_all()
+        config = ArchiveConfig(archpath="d/s2.jpg")
+        got = obj.get_reader(archive_config=config, direct=direct).read_all()
         assert got == b"jpeg-2", shard
         config = ArchiveConfig(regex="s1", mode=ArchiveMode.WDSKEY)
         with tarfile.open(
-            fileobj=io.BytesIO(obj.get_reader(archive_config=config).read_all())
+            fileobj=io.BytesIO(obj.get_reader(archive_config=config, direct=direct).read_all())
         ) as t:
             assert {m.name: t.extractfile(m).read() for m in t} == {  # type: ignore[union-attr]
                 "s1.cls": b"1",
@@ -138,18 +142,21 @@ def test_archpath_and_regex_reads_from_inside_a_shard(up: str) -> None:
             }
         config = ArchiveConfig(regex=r"\.jpg$", mode=ArchiveMode.REGEXP)
         with tarfile.open(
-            fileobj=io.BytesIO(obj.get_reader(archive_config=config).read_all())
+            fileobj=io.BytesIO(obj.get_reader(archive_config=config, direct=direct).read_all())
         ) as t:
             assert [m.name for m in t] in (["s1.jpg", "d/s2.jpg"], ["d/s2.jpg", "s1.jpg"])
         with pytest.raises(AISError) as err:
-            obj.get_reader(archive_config=ArchiveConfig(archpath="nope.txt")).read_all()
+            config = ArchiveConfig(archpath="nope.txt")
+            obj.get_reader(archive_config=config, direct=direct).read_all()
         assert err.value.status_code == 404 and shard in err.value.message, err.value
         assert "nope.txt" in err.value.message
     with pytest.raises(AISError) as err:
         bck.object("a.tar").get_reader(
-            archive_config=ArchiveConfig(archpath="../evil.txt")
+            archive_config=ArchiveConfig(archpath="../evil.txt"), direct=direct
         ).read_all()
     assert err.value.status_code == 422 and "a.tar" in err.value.message, err.value
+    if direct:
+        return
     r = httpx.get(f"{up}/v1/objects/shards/a.tar", params={"archregx": "x", "archmode": "glob"})
     assert r.status_code == 400 and "glob" in r.json()["error"], r.text
     r = httpx.get(f"{up}/v1/objects/shards/plain.txt", params={"archpath": "x"})

@@ -46,7 +46,8 @@ CALLS: list[tuple[str, str, str, str]] = [
     ),
     (
         "`get_reader(archive_config=ArchiveConfig(archpath=...))`, `ArchiveConfig(regex, mode)` "
-        "(`regexp`, `prefix`, `suffix`, `substr`, `wdskey`: a tar of the matches)",
+        "(`regexp`, `prefix`, `suffix`, `substr`, `wdskey`: a tar of the matches), also with "
+        "`direct=True`",
         WORKS,
         "compat/test_aistore_listing.py",
         "ArchiveMode.WDSKEY",
