@@ -1,7 +1,8 @@
 """S3's bucket-name rules on every way of making a bucket, over a 3-target ``sluice up``.
 
 A bucket made by ``POST /v1/buckets/{b}``, the ``sluice`` CLI and SDK, the
-aistore SDK, an ETL view, a copy's or a rename's destination follows the rules
+aistore SDK, an ETL view, a copy's, a rename's, a transform's or a dSort's
+destination follows the rules
 S3's CreateBucket does: a name that breaks one is a 400 naming the bucket and
 the rule, and nothing is made. A bucket that exists under a looser name (from
 an older version) keeps working: only creation is refused.
@@ -128,3 +129,32 @@ def test_a_bucket_from_an_older_version_with_a_loose_name_keeps_working(
     assert http.delete("/objects/Old_Data/k").status_code == 200
     assert http.delete("/buckets/Old_Data").status_code == 200
     assert "Old_Data" not in buckets(up)
+
+
+def test_transform_and_dsort_jobs_do_not_make_a_destination_with_a_bad_name(
+    up: LocalCluster,
+) -> None:
+    client = Client(up.endpoint)
+    src = client.bucket("jobs-src").create()
+    src.object("shard-000000.tar").put_content(b"not read: the job is refused first")
+    spec = {"mode": "object", "workers": 1, "code": {"source": "def transform(d):\n  return d\n"}}
+    http = httpx.Client(base_url=up.endpoint, timeout=30)
+    assert http.put("/v1/etl", json={"name": "same", "spec": spec}).status_code == 200
+    with pytest.raises(BadRequest, match="'B_ad'.*lower-case letters"):
+        src.transform("same", to_bucket="B_ad")
+    dsort = {
+        "extension": ".tar",
+        "bck": {"name": "jobs-src", "provider": "ais"},
+        "input_format": "shard-{000000..000000}",
+        "output_format": "out-%06d.tar",
+        "output_shard_size": "40KB",
+        "output_bck": {"name": "B_ad", "provider": "ais"},
+    }
+    r = http.post("/v1/dsort", json=dsort)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["kind"] == "InvalidName" and body["bucket"] == "B_ad"
+    assert "'B_ad'" in body["error"] and "lower-case letters" in body["error"]
+    assert "B_ad" not in buckets(up)
+    assert client.jobs() == []  # neither job was started
+    assert http.delete("/v1/etl/same").status_code == 200
