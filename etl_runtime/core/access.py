@@ -27,6 +27,7 @@ a valid token whose scope does not cover the call, naming the bucket.
 
 from __future__ import annotations
 
+import hmac
 import json
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
@@ -238,3 +239,80 @@ def carries_token(request: Request) -> bool:
     """The call's bearer is a signed token (which ``check`` verified, where it ran)."""
     held = bearer(request)
     return bool(held) and tokens.looks_like_token(held or "")
+
+
+# -- the credentials before anything else --------------------------------------------
+
+# Paths every server answers anyone (the probes, the metrics, the API's description and
+# the status page's HTML): ``tests/auth/test_routes.py`` lists why, route by route.
+OPEN_PATHS = frozenset(
+    {"/v1/health", "/metrics", "/ui", "/openapi.json", "/docs", "/docs/oauth2-redirect", "/redoc"}
+)
+WRITE_METHODS = frozenset({b"PUT", b"POST", b"DELETE", b"PATCH"})
+_INTERNAL = b"x-sluice-internal"  # storage/peers.py INTERNAL_HEADER, lower-cased
+_SIGNED = b"sluice_sig="
+
+
+def _send_json(status: int, body: dict[str, Any], headers: Mapping[str, str], head: bool) -> Any:
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    fields = [(b"content-type", b"application/json"), (b"content-length", str(len(raw)).encode())]
+    fields += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    return [
+        {"type": "http.response.start", "status": status, "headers": fields},
+        {"type": "http.response.body", "body": b"" if head else raw},
+    ]
+
+
+class CredentialGate:
+    """ASGI: with a user or a read token set, a call that carries no credential this
+    server could accept is a 401 before its route reads anything of it.
+
+    Routes check names, query parameters (FastAPI's own validation included) and
+    bodies; before this gate some did so before ``check``, so a caller without a token
+    could tell which routes and parameters exist from their 400s. Here, ahead of
+    routing: a call is let through when it could be allowed at all (an open read or
+    write, the user or read token, a signed token that verifies and is not revoked, a
+    redirect's signature, the targets' internal header); the route then makes the full
+    check, with the call's buckets (a 403 naming the bucket), before anything else.
+    ``passes``: calls another check answers (the S3 API's signatures).
+    """
+
+    def __init__(self, app: Any, holder: Holder, passes: Any = None) -> None:
+        self.app, self.holder, self.passes = app, holder, passes
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and (self.holder.token or self.holder.read_token):
+            refused = self.refusal(scope)
+            if refused is not None:
+                head = scope["method"] == "HEAD"
+                for message in _send_json(refused.status, refused.body(), refused.headers, head):
+                    await send(message)
+                return
+        await self.app(scope, receive, send)
+
+    def refusal(self, scope: Any) -> Unauthorized | None:
+        h = self.holder
+        write = scope["method"].encode() in WRITE_METHODS
+        if (write and not h.token) or (not write and not h.read_token):
+            return None  # open to anyone: the route's own check says the rest
+        if scope["path"] in OPEN_PATHS or (self.passes is not None and self.passes(scope)):
+            return None
+        if _SIGNED in scope.get("query_string", b""):
+            return None  # a redirect's signature: checked by the route, over its path
+        held = None
+        for name, value in scope["headers"]:
+            if name == _INTERNAL:
+                return None  # checked by the internal route (core/auth.py internal_ok)
+            if name == b"authorization" and value.startswith(b"Bearer "):
+                held = value[len(b"Bearer ") :].strip().decode("latin-1") or None
+        if held is not None:
+            for known in (h.token, h.read_token):
+                if known and hmac.compare_digest(held.encode(), known.encode()):
+                    return None
+            if tokens.looks_like_token(held) and h.cluster_key:
+                try:
+                    tokens.verify(h.cluster_key, held, h.token_records())
+                    return None
+                except tokens.TokenError as e:
+                    return Unauthorized(f"{e}: ask for a new one (`sluice token create`)")
+        return Unauthorized() if write else Unauthorized(f"this call reads data: {READ_HINT}")

@@ -37,6 +37,17 @@ def cluster_key_from_env() -> str | None:
     return os.environ.get("SLUICE_CLUSTER_KEY") or None
 
 
+def equal(a: str | bytes | None, b: str | bytes | None) -> bool:
+    """``hmac.compare_digest`` of two secrets, either of which may hold any character: a
+    header or query value a caller chose (``compare_digest`` of two ``str`` raises
+    ``TypeError`` for a non-ASCII one, which would be a 500)."""
+    if a is None or b is None:
+        return False
+    left = a.encode("utf-8", "surrogateescape") if isinstance(a, str) else a
+    right = b.encode("utf-8", "surrogateescape") if isinstance(b, str) else b
+    return hmac.compare_digest(left, right)
+
+
 def _mac(key: str, message: str) -> str:
     return hmac.new(key.encode(), message.encode(), hashlib.sha256).hexdigest()
 
@@ -53,7 +64,7 @@ def internal_ok(header: str | None, cluster_key: str | None) -> bool:
     """True without a cluster key (nothing to check against), else an exact match."""
     if not cluster_key:
         return True
-    return bool(header) and hmac.compare_digest(header or "", internal_token(cluster_key))
+    return bool(header) and equal(header, internal_token(cluster_key))
 
 
 def bearer_ok(header: str | None, expected: str | None) -> bool:
@@ -62,7 +73,7 @@ def bearer_ok(header: str | None, expected: str | None) -> bool:
         return True
     if not header or not header.startswith("Bearer "):
         return False
-    return hmac.compare_digest(header[len("Bearer ") :].strip(), expected)
+    return equal(header[len("Bearer ") :].strip(), expected)
 
 
 def read_ok(header: str | None, read_token: str | None, token: str | None) -> bool:
@@ -97,9 +108,9 @@ def verify_redirect(
     sig: str | None,
     tid: str | None = None,
 ) -> bool:
-    if not (exp and sig and exp.isdigit()) or int(exp) < time.time():
+    if not (exp and sig and exp.isascii() and exp.isdigit()) or int(exp) < time.time():
         return False
-    return hmac.compare_digest(_mac(cluster_key, _redirect_message(method, path, exp, tid)), sig)
+    return equal(_mac(cluster_key, _redirect_message(method, path, exp, tid)), sig)
 
 
 def _direct_message(obj: str, fqn: str, args: str | None, exp: str) -> str:
@@ -121,7 +132,7 @@ def sign_direct(
 def verify_direct(
     transformer_token: str, obj: str, fqn: str, args: str | None, exp: str | None, sig: str | None
 ) -> bool:
-    if not (exp and sig and exp.isdigit()) or int(exp) < time.time():
+    if not (exp and sig and exp.isascii() and exp.isdigit()) or int(exp) < time.time():
         return False
     expected = _mac(transformer_token, _direct_message(obj, fqn, args, exp))
-    return hmac.compare_digest(expected, sig)
+    return equal(expected, sig)

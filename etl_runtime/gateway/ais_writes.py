@@ -295,7 +295,7 @@ async def _stored_parts(gw: Gateway, bucket: str, prefix: str) -> dict[int, dict
         page = await list_bucket_page(gw, bucket, prefix, after, 1000)
         for o in page["objects"]:
             tail = o["name"][len(prefix) :]
-            if tail.isdigit():
+            if tail.isascii() and tail.isdigit():
                 found[int(tail)] = o
         if page["next"] is None:
             return found
@@ -304,7 +304,7 @@ async def _stored_parts(gw: Gateway, bucket: str, prefix: str) -> dict[int, dict
 
 def _body(request: Request) -> tuple[AsyncIterator[bytes], int | None]:
     raw = request.headers.get("content-length")
-    length = int(raw) if raw is not None and raw.isdigit() else None
+    length = int(raw) if raw is not None and (raw.isascii() and raw.isdigit()) else None
     return request.stream(), length
 
 
@@ -335,7 +335,7 @@ async def _check_upload(gw: Gateway, bucket: str, name: str, upload_id: str) -> 
 
 def _part_number(request: Request, bucket: str, name: str) -> int:
     raw = request.query_params.get(PART_NO, "")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PARTS:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PARTS:
         raise InvalidRequest(
             f"{PART_NO} must be 1..{MAX_PARTS}, got {raw!r} (a part of {bucket}/{name})",
             bucket=bucket,
@@ -405,7 +405,11 @@ async def abort(gw: Gateway, bucket: str, name: str, upload_id: str) -> None:
 
 def _parse_handle(handle: str, bucket: str, name: str) -> tuple[str, int]:
     upload_id, _, count = handle.partition(".")
-    if not _ID.match(upload_id) or not count.isdigit() or not 1 <= int(count) <= MAX_PARTS:
+    if (
+        not _ID.match(upload_id)
+        or not (count.isascii() and count.isdigit())
+        or not 1 <= int(count) <= MAX_PARTS
+    ):
         raise InvalidRequest(
             f"{APPEND_HANDLE}={handle!r} is not a handle an append of {bucket}/{name} answered",
             bucket=bucket,

@@ -15,6 +15,7 @@ from fastapi import FastAPI, Request
 
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
+from etl_runtime.core.access import CredentialGate
 from etl_runtime.core.metrics import TargetStateCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.aisjobs import cluster_router
@@ -37,6 +38,11 @@ from etl_runtime.gateway.ui import ui_router
 from etl_runtime.wire.clients.duplex import DuplexClient
 from etl_runtime.wire.http.errors import install_error_handlers
 from etl_runtime.wire.http.fastpath import FastPathApp
+
+
+def _s3_call(scope: dict[str, Any]) -> bool:
+    path: str = scope["path"]
+    return path == "/s3" or path.startswith("/s3/")
 
 
 def create_gateway_app(
@@ -97,6 +103,9 @@ def create_gateway_app(
     app.state.gateway = gw
     app.state.starter = early_starter(gw)  # for run_server: S3 GetObject's owner GET, early
     install_error_handlers(app)
+    # Inside the metrics and S3AtRoot (added after it): a call without credentials is a
+    # 401 before any route reads it (core/access.py); the S3 API checks its signatures.
+    app.add_middleware(CredentialGate, holder=gw, passes=_s3_call)
 
     def known() -> list[str]:
         members = gw.cmap.get().members if gw.cmap else []

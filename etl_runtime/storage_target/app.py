@@ -19,7 +19,7 @@ from prometheus_client.registry import Collector
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlRegistry
 from etl_runtime.cluster.smap import smap_doc
-from etl_runtime.core.access import check, require_read
+from etl_runtime.core.access import CredentialGate, check, require_read
 from etl_runtime.core.metrics import RemoteCacheCollector, StorageCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown, refuse_what
 from etl_runtime.etl.cacheindex import OutputCacheCollector
@@ -34,6 +34,7 @@ from etl_runtime.storage.store import ObjectStore
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.getbatch_routes import moss_router
 from etl_runtime.storage_target.getbatch_share import batch_router
+from etl_runtime.storage_target.handoff import FileHandoff
 from etl_runtime.storage_target.inprotocol import answerer
 from etl_runtime.storage_target.internal import internal_router
 from etl_runtime.storage_target.multipart_sweep import MultipartSweep
@@ -88,6 +89,7 @@ def create_target_app(
 
     moss_http = DuplexClient()  # a designated target's GETs of items outside shares
     sweep = MultipartSweep(store)  # abandoned S3 uploads: SLUICE_S3_UPLOAD_TTL (24 h)
+    handoff = FileHandoff(target)  # S3 GETs' files to a gateway on this host (handoff.py)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -98,9 +100,11 @@ def create_target_app(
             await rebalancer.start()
         await jobs.manager.start()
         await sweep.start()
+        await handoff.start()
         try:
             yield
         finally:
+            await handoff.stop()
             await sweep.stop()
             await jobs.manager.stop()
             if rebalancer is not None:
@@ -116,6 +120,8 @@ def create_target_app(
     app = FastPathApp(title=f"Sluice target {target_id}", lifespan=lifespan)
     app.state.target = target
     install_error_handlers(app, {"target": target_id})
+    # Inside the metrics: a call without credentials is a 401 before any route reads it.
+    app.add_middleware(CredentialGate, holder=target)
     collectors: list[Collector] = [StorageCollector(target_id, data_dir)]
     if target.remote is not None:
         collectors.append(RemoteCacheCollector(target_id, target.remote.counters))

@@ -114,7 +114,7 @@ def moss_router(target: Target, http: DuplexClient) -> FastRouter:
             )
         cmap = store.get()
         planned = request.query_params.get(MAP_PARAM)
-        if planned is not None and not planned.isdigit():
+        if planned is not None and not (planned.isascii() and planned.isdigit()):
             raise InvalidRequest(
                 f"{MAP_PARAM}={planned!r} is not a cluster map version", target=t.id
             )

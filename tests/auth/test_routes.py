@@ -1,6 +1,9 @@
 """With a user and a read token, no route of the gateway or of a target answers a caller
 without one: every route in the apps' own route tables is called with no token and
-with a wrong one, on a real 2-target ``sluice up``, and each answer is a 401 or 403.
+with a wrong one, on a real 2-target ``sluice up``, and each answer is a 401 or 403 —
+also with an unknown, repeated or malformed parameter and with a bad bucket, object
+or ETL name, which the route would refuse with a 400 for a caller with the token: the
+credentials are checked first, so no caller without them learns what exists.
 
 The only routes that answer anyone are in ``OPEN``, each with the reason. A route
 added later is walked too (it comes from the route table), so one that forgets
@@ -53,6 +56,10 @@ BRANCHES = {
     "/v1/buckets": ["provider=ais"],
 }
 FILL = {"bucket": "data-1", "name": "o.txt", "key": "o.txt", "target_id": "t0"}
+# What a route refuses with a 400 for a caller who may make the call: without the
+# token, each is a 401 first (no caller learns which routes and parameters exist).
+PROBES = ["bogus=1", "provider=zz", "limit=abc", "bogus=1&bogus=2", "sluice_exp=%C2%B2"]
+BAD_NAMES = {"data-1": "BAD..name!", "o.txt": "a%00b/..", "x1": "%2e%2e"}
 # S3 at the gateway's root (S3AtRoot): not in the route table, a middleware.
 ROOT_S3 = [("GET", "/data-1/o.txt"), ("GET", "/data-1"), ("PUT", "/data-1/new.txt")]
 
@@ -104,13 +111,21 @@ def test_no_route_answers_a_caller_without_a_token(up: LocalCluster, tmp_path: P
                 path = fill(template)
                 calls.append((server, method, path))
                 calls += [(server, method, f"{path}?{q}") for q in BRANCHES.get(template, [])]
-    assert len(calls) > 100, calls  # the walk saw the route tables (about 110 routes)
+                calls += [(server, method, f"{path}?{q}") for q in PROBES]
+                for good, bad in BAD_NAMES.items():
+                    if good in path.split("/"):
+                        calls.append((server, method, path.replace(good, bad)))
+    assert len(calls) > 600, len(calls)  # the walk saw the route tables (about 110 routes)
     opened = []
-    for headers in ({}, {"Authorization": "Bearer wrong"}):
+    wrong = ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Bearer sluice1.e30.x"})
+    clients = {server: httpx.Client(base_url=base, timeout=30) for server, base in bases.items()}
+    for headers in wrong:
         for server, method, path in calls:
-            r = httpx.request(method, bases[server] + path, headers=headers, timeout=30)
+            r = clients[server].request(method, path, headers=headers)
             if r.status_code not in (401, 403):
                 opened.append((server, method, path, headers, r.status_code, r.text[:120]))
+    for client in clients.values():
+        client.close()
     assert opened == [], "\n".join(map(str, opened))
     # The allow-list names routes that exist, and they answer with no token indeed.
     everything = {(s, p) for s, table in tables.items() for p, _ in table}

@@ -33,6 +33,7 @@ from typing import Any
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
+from etl_runtime.core import auth
 from etl_runtime.core.errors import InvalidRequest, S3Error
 
 STREAMING = (
@@ -219,7 +220,7 @@ async def _decoded(
         if signer is not None and sha is not None:
             sent = ext.decode("latin-1").partition("chunk-signature=")[2].strip()
             expected = signer.chunk(previous, sha.hexdigest())
-            if not hmac.compare_digest(expected, sent):
+            if not auth.equal(expected, sent):
                 raise S3Error("SignatureDoesNotMatch", 403, "a chunk's signature does not match")
             previous = expected
         if size == 0:
@@ -241,7 +242,7 @@ async def _decoded(
         if checked.trailer and name == CHECKSUM_PREFIX + (checked.algorithm or ""):
             checked.value = value
     if signer is not None and request.headers.get("x-amz-content-sha256", "").endswith("TRAILER"):
-        if not hmac.compare_digest(signer.trailer(previous, text), signature):
+        if not auth.equal(signer.trailer(previous, text), signature):
             raise S3Error("SignatureDoesNotMatch", 403, "the trailer's signature does not match")
     if checked.trailer and checked.value is None:
         raise _incomplete(f"the trailer x-amz-checksum-{checked.algorithm} did not come")

@@ -137,7 +137,7 @@ async def create(gw: Gateway, request: Request, bucket: str, key: str) -> Respon
 
 def _part_number(request: Request) -> int:
     raw = request.query_params.get("partNumber", "")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PARTS:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PARTS:
         raise S3Error("InvalidArgument", 400, f"partNumber must be 1..{MAX_PARTS}, got {raw!r}")
     return int(raw)
 
@@ -171,7 +171,7 @@ async def complete(
     asked: list[tuple[int, str]] = []
     for p in xml.children(root, "Part"):
         number = (xml.text(p, "PartNumber") or "").strip()
-        if not number.isdigit():
+        if not (number.isascii() and number.isdigit()):
             raise S3Error("MalformedXML", 400, f"bad PartNumber {number!r}")
         asked.append((int(number), (xml.text(p, "ETag") or "").strip().strip('"')))
     if not asked:
@@ -225,7 +225,7 @@ async def list_uploads(gw: Gateway, bucket: str, params: dict[str, str]) -> Resp
     """ListMultipartUploads: the uploads in progress (their ``upload`` records), by key and
     upload ID; ``prefix``, ``key-marker``/``upload-id-marker``, ``max-uploads``."""
     raw = params.get("max-uploads", "1000")
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise S3Error("InvalidArgument", 400, f"max-uploads must be an integer, got {raw!r}")
     limit = min(int(raw), 1000)
     params["max-uploads"] = str(limit)

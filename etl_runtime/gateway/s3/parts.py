@@ -45,7 +45,11 @@ def decode(raw: str | None) -> list[int] | None:
     sizes: list[int] = []
     for run in raw.split(","):
         size, _, count = run.partition("*")
-        if not size.isdigit() or not (count or "1").isdigit():
+        if (
+            not (size.isascii() and size.isdigit())
+            or not (count or "1").isascii()
+            or not (count or "1").isdigit()
+        ):
             return None
         sizes += [int(size)] * int(count or "1")
         if len(sizes) > MAX_PARTS:
@@ -71,7 +75,7 @@ def with_sizes(meta: dict[str, str], sizes: list[int]) -> dict[str, str]:
 
 def _number(request: Request) -> int:
     raw = request.query_params.get("partNumber", "")
-    if not raw.isdigit() or not 1 <= int(raw) <= MAX_PARTS:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_PARTS:
         raise S3Error("InvalidArgument", 400, f"partNumber must be 1..{MAX_PARTS}, got {raw!r}")
     if "range" in request.headers:
         raise S3Error(

@@ -27,6 +27,7 @@ from urllib.parse import unquote
 
 from fastapi import Request
 
+from etl_runtime.core import auth
 from etl_runtime.core.errors import S3Error
 from etl_runtime.gateway.s3.root import VHOST_KEY
 from etl_runtime.gateway.s3.sigv4 import MAX_EXPIRES_SECONDS, UNSIGNED, SecretLookup, Signed, denied
@@ -97,7 +98,7 @@ def verify(request: Request, secret_of: SecretLookup, now: float | None = None) 
             "AuthorizationQueryParametersError", 400, f"a V2 presigned URL needs {missing}"
         )
     expires = q["Expires"]
-    if not expires.isdigit():
+    if not (expires.isascii() and expires.isdigit()):
         raise S3Error("AuthorizationQueryParametersError", 400, "Expires must be a POSIX time")
     if now > int(expires):
         raise denied("Request has expired")
@@ -118,7 +119,7 @@ def verify(request: Request, secret_of: SecretLookup, now: float | None = None) 
     for prefix in (False, True):
         text = string_to_sign(request, expires, prefix).encode()
         expected = base64.b64encode(hmac.new(secret.encode(), text, hashlib.sha1).digest())
-        matched = matched or hmac.compare_digest(expected.decode(), sent)
+        matched = matched or auth.equal(expected.decode(), sent)
     if not matched:
         raise S3Error(
             "SignatureDoesNotMatch",

@@ -18,7 +18,7 @@ Any region is accepted (the client's choice is part of what it signed); the
 service must be ``s3``. A header-signed request more than 15 minutes from the
 gateway's clock is refused (``RequestTimeTooSkewed``); a presigned URL past
 ``X-Amz-Date + X-Amz-Expires`` is ``AccessDenied`` and never served.
-Signatures are compared with ``hmac.compare_digest``.
+Signatures are compared in constant time (``core/auth.py`` ``equal``: any characters).
 
 A hex payload hash is the client's promise about the body: the object data
 path checks it while it streams (``objects.py``), and holds back the last
@@ -41,6 +41,7 @@ from urllib.parse import quote, unquote
 
 from fastapi import Request
 
+from etl_runtime.core import auth
 from etl_runtime.core.errors import S3Error
 from etl_runtime.gateway.s3.chunked import STREAMING, ChunkSigner
 
@@ -239,7 +240,7 @@ def _verify_header(request: Request, secret_of: SecretLookup, now: float) -> Sig
     canonical = canonical_request(request, _signed_headers(fields["SignedHeaders"]), payload, None)
     secret = _secret(secret_of, access_key)
     expected = signature(secret, amz_date, scope, canonical)
-    if not hmac.compare_digest(expected, fields["Signature"]):
+    if not auth.equal(expected, fields["Signature"]):
         raise mismatch()
     signer = None
     if payload in STREAMING[1:]:
@@ -259,7 +260,10 @@ def _verify_query(request: Request, secret_of: SecretLookup, now: float) -> Sign
             "AuthorizationQueryParametersError", 400, f"a presigned URL needs {', '.join(needed)}"
         )
     amz_date, expires = q["X-Amz-Date"], q["X-Amz-Expires"]
-    if not expires.isdigit() or not 1 <= int(expires) <= MAX_EXPIRES_SECONDS:
+    if (
+        not (expires.isascii() and expires.isdigit())
+        or not 1 <= int(expires) <= MAX_EXPIRES_SECONDS
+    ):
         raise S3Error(
             "AuthorizationQueryParametersError",
             400,
@@ -275,6 +279,6 @@ def _verify_query(request: Request, secret_of: SecretLookup, now: float) -> Sign
     names = _signed_headers(q["X-Amz-SignedHeaders"])
     canonical = canonical_request(request, names, payload, drop="X-Amz-Signature")
     expected = signature(_secret(secret_of, access_key), amz_date, scope, canonical)
-    if not hmac.compare_digest(expected, q["X-Amz-Signature"]):
+    if not auth.equal(expected, q["X-Amz-Signature"]):
         raise mismatch()
     return Signed(access_key, payload)
