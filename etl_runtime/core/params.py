@@ -15,7 +15,10 @@ calls it, so every route that refuses unknown parameters refuses repeats too,
 and the listings (which take any parameter) call it themselves. Every query
 parameter Sluice reads is single-valued; one that may repeat belongs in
 ``MULTI_VALUED``. ``etl_args`` without ``etl_name`` is refused too: it would
-otherwise be dropped, and the object answered untransformed. The internal
+otherwise be dropped, and the object answered untransformed. ``etl_skip=K``
+(a wds ETL's answer without the shard's first ``K`` samples, which are not
+transformed: a loader resuming mid-shard) must be a decimal count and goes
+with no ``etl_pipeline``; the target refuses it without a wds ETL. The internal
 routes targets and the gateway call on each other (``/v1/_replica``,
 ``/v1/_jobs``, ``/v1/_etl``, ``/v1/_remote``, ``/v1/_rebalance``) refuse
 unknown and repeated parameters the same way, and
@@ -36,7 +39,7 @@ from etl_runtime.core.errors import InvalidRequest
 
 OBJECT_PARAMS: dict[str, frozenset[str]] = {
     "GET": frozenset(
-        {"etl_name", "etl_pipeline", "etl_args", "provider", "props", REDIRECTED_FROM}
+        {"etl_name", "etl_pipeline", "etl_args", "etl_skip", "provider", "props", REDIRECTED_FROM}
     ),
     "HEAD": frozenset({"provider", "props", REDIRECTED_FROM}),
     "PUT": frozenset({"provider"}),
@@ -79,6 +82,35 @@ def _refuse_orphan_args(request: Request, **context: Any) -> None:
         )
 
 
+ETL_SKIP = "etl_skip"
+ETL_SKIP_MAX = 1 << 31  # samples in one shard; more is a typo
+
+
+def etl_skip_of(value: str | None, **context: Any) -> int:
+    """The count of ``etl_skip=`` (0 when absent); a 400 naming it when it is no count."""
+    if value is None:
+        return 0
+    if not (value.isascii() and value.isdigit()) or int(value) > ETL_SKIP_MAX:
+        raise InvalidRequest(
+            f"etl_skip={value!r} is not a count of samples: give a whole number from 0 "
+            f"to {ETL_SKIP_MAX} (the samples of the shard to leave out)",
+            **context,
+        )
+    return int(value)
+
+
+def _refuse_bad_skip(request: Request, **context: Any) -> None:
+    q = request.query_params
+    if ETL_SKIP in q:
+        etl_skip_of(q[ETL_SKIP], **context)
+        if "etl_pipeline" in q:
+            raise InvalidRequest(
+                "etl_skip does not go with etl_pipeline: a step may drop samples, so the "
+                "count would not say where the answer starts; name one wds ETL",
+                **context,
+            )
+
+
 def refuse_unknown(request: Request, known: Iterable[str], **context: Any) -> None:
     """400 naming every query parameter of ``request`` outside ``known``, or repeated."""
     allowed = set(known) | set(SIGNATURE_PARAMS)
@@ -86,6 +118,7 @@ def refuse_unknown(request: Request, known: Iterable[str], **context: Any) -> No
     if not unknown:
         refuse_repeated(request, **context)
         _refuse_orphan_args(request, **context)
+        _refuse_bad_skip(request, **context)
         if request.query_params.get("provider", "ais") not in (*providers.spellings(), ""):
             raise InvalidRequest(
                 f"provider {request.query_params['provider']!r} is not supported: a bucket "

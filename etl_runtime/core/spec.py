@@ -31,6 +31,12 @@ REQUEST_SECONDS = 120.0
 # A transformer's answers carry the content_hash() of the spec it runs: a target's
 # output cache (etl/outcache.py) keeps an answer only under the generation that made it.
 SPEC_HASH_HEADER = "X-Sluice-Spec-Hash"
+# A wds answer asked with ``etl_skip=K`` says how many samples it left out and the
+# key of the last of them (percent-encoded), so a reader can check it resumes
+# where it stopped (webserver/shards.py, pytorch/shards.py).
+SKIPPED_HEADER = "X-Sluice-Etl-Skipped"
+SKIPPED_KEY_HEADER = "X-Sluice-Etl-Skipped-Key"
+SKIPPED_HEADERS = (SKIPPED_HEADER, SKIPPED_KEY_HEADER)
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?$")
 
 

@@ -48,12 +48,14 @@ from etl_runtime.core.errors import (
     EtlNotFound,
     EtlNotReady,
     EtlStopped,
+    InvalidRequest,
     SluiceError,
     Timeout,
     TransformerFailed,
     TransformTimeout,
 )
-from etl_runtime.core.spec import SPEC_HASH_HEADER
+from etl_runtime.core.params import ETL_SKIP
+from etl_runtime.core.spec import SKIPPED_HEADERS, SPEC_HASH_HEADER
 from etl_runtime.etl import aisimage
 from etl_runtime.etl.outcache import OutputCache, file_chunks
 from etl_runtime.etl.streambreak import TransformerStreamBroken, upstream_error
@@ -252,14 +254,26 @@ class EtlForwarder:
         client: bool = False,
         zerocopy: bool = False,
         cached: bool = True,
+        skip: int = 0,
     ) -> Response:
         """``source``: the object's bytes as they arrive (a remote bucket's cold object)
         instead of the stored file; not for ``fqn`` ETLs. ``client``: the caller is an
         HTTP client that follows redirects (a GET), so a big object may get the 307.
-        ``zerocopy``: its server sends files (a cache hit); ``cached=False``: skip the cache."""
+        ``zerocopy``: its server sends files (a cache hit); ``cached=False``: skip the cache.
+        ``skip``: a wds ETL leaves out the shard's first ``skip`` samples untransformed
+        (``etl_skip``); such an answer is never looked up in the cache nor stored there."""
         # Refuse unknown/stopped/not-ready ETLs before touching the disk.
         record = self.record(etl_name)
+        if skip and (record.spec.mode != "wds" or record.spec.foreign):
+            raise InvalidRequest(
+                f"etl_skip={skip}: ETL {etl_name!r} is not a wds ETL of Sluice's runtime "
+                f"(mode {record.spec.mode!r}), so it has no samples to skip; drop etl_skip",
+                etl=etl_name,
+                bucket=bucket,
+                object=name,
+            )
         tf = self.transformer(record)
+        cached = cached and not skip  # a part of a shard is never its whole output
         if cached and record.spec.cache and source is None and self.cache is not None:
             relay = lambda: self.transform(bucket, name, etl_name, etl_args, cached=False)  # noqa: E731
             return await self.cache.answer(record, bucket, name, etl_args, zerocopy, relay)
@@ -273,7 +287,7 @@ class EtlForwarder:
             # Every size goes to the transformer: only the path is needed, no thread
             # hop to open the file (a stat and a realpath on the loop, as for a 404).
             path = str(self.store.object_file(bucket, name))  # ObjectNotFound: 404
-            return self._redirect(record, tf, bucket, name, path, etl_args)
+            return self._redirect(record, tf, bucket, name, path, etl_args, skip)
         if source is not None and not fqn:
             f, inline = None, None
         else:
@@ -283,12 +297,14 @@ class EtlForwarder:
                 if info.size >= self.redirect_bytes:
                     f.close()
                     path = str(Path(f.name).resolve())
-                    return self._redirect(record, tf, bucket, name, path, etl_args)
+                    return self._redirect(record, tf, bucket, name, path, etl_args, skip)
         size: int | None = None
         try:
             params: dict[str, str] = {}
             if etl_args is not None:
                 params["etl_args"] = etl_args
+            if skip:
+                params[ETL_SKIP] = str(skip)
             content: bytes | AsyncIterator[bytes]
             if f is None:
                 assert source is not None
@@ -312,6 +328,10 @@ class EtlForwarder:
         headers = {"X-Sluice-Etl": etl_name}
         if generation := response.headers.get(SPEC_HASH_HEADER.lower()):
             headers[SPEC_HASH_HEADER] = generation  # what a cache keys on (outcache.py)
+        if skip:  # what the transformer skipped, for the reader to check (webserver/shards.py)
+            for header in SKIPPED_HEADERS:
+                if value := response.headers.get(header.lower()):
+                    headers[header] = value
         length = response.headers.get("content-length", "")
         if length.isdigit() and int(length) <= WHOLE_BODY_MAX:
             # Known, small: read it whole and answer with Content-Length, one write.
@@ -342,13 +362,17 @@ class EtlForwarder:
         name: str,
         fqn: str,
         etl_args: str | None,
+        skip: int = 0,
     ) -> Response:
-        """307 to ``GET {transformer}/B/O?etl_fqn=<fqn>``, signed for this object only."""
+        """307 to ``GET {transformer}/B/O?etl_fqn=<fqn>``, signed for this object only
+        (``etl_skip`` beside the signature: it can only make the answer shorter)."""
         assert tf.endpoint is not None
         token = auth.transformer_token(self.cluster_key, record.name, record.uid)
         query = {"etl_fqn": fqn}
         if etl_args is not None:
             query["etl_args"] = etl_args
+        if skip:
+            query[ETL_SKIP] = str(skip)
         query.update(auth.sign_direct(token, f"{bucket}/{name}", fqn, etl_args))
         url = f"{tf.endpoint.rstrip('/')}/{quote(bucket, safe='')}/{quote(name, safe='/')}"
         return Response(

@@ -79,6 +79,7 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         self.etl_args = etl_args
         self.decode = decode
         self._init_position(shuffle, seed, rank, world_size)
+        self._wds: bool | None = None  # the ETL's mode is wds (it skips samples itself)
         make_decoder(decode)  # a bad image spec fails here, not in a worker
 
     @property
@@ -126,7 +127,9 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         was saved raises ``DatasetError`` rather than resuming elsewhere);
         ``offset``: the byte offset where that last one starts, when known: the
         shard is then read from there (a ``Range`` GET, without an ETL) instead
-        of from its first byte.
+        of from its first byte. Through a wds ETL the GET asks for the shard
+        without its first ``skip`` samples (``etl_skip``): they are neither
+        transformed nor sent, and the answer names the last one left out.
         """
         for key, fields, _ in self._samples(index, decoder, skip, after, offset):
             yield key, fields
@@ -139,17 +142,56 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         after: str | None,
         offset: int | None,
     ) -> Iterator[tuple[str, dict[str, Any], int | None]]:
-        """``read_shard``'s samples with the offset each starts at (None through an ETL)."""
+        """``read_shard``'s samples with the offset each starts at (None through an ETL).
+
+        Through a wds ETL the first ``skip`` are left out by the ETL (``etl_skip``);
+        if its answer does not say it left out ``skip`` samples ending at ``after``
+        (an ETL with ``onError: skip`` dropped one of them, or the shard changed),
+        the whole answer is read and the samples skipped here, as without it."""
+        if skip > 0 and self.etl_name is not None and self._etl_skips():
+            missed: list[bool] = []
+            yield from self._read(index, decoder, skip, after, offset, missed)
+            if not missed:
+                return
+        yield from self._read(index, decoder, skip, after, offset, None)
+
+    def _etl_skips(self) -> bool:
+        """Whether the ETL leaves samples out itself (``etl_skip``: a wds ETL); asked once."""
+        if self._wds is None:
+            client = self.catalog.connection.client()
+            self._wds = client.etl(str(self.etl_name)).details().mode == "wds"
+        return self._wds
+
+    def _read(
+        self,
+        index: int,
+        decoder: Callable[[dict[str, Any]], dict[str, Any]] | None,
+        skip: int,
+        after: str | None,
+        offset: int | None,
+        missed: list[bool] | None,
+    ) -> Iterator[tuple[str, dict[str, Any], int | None]]:
+        """``missed``: ask the ETL to skip; if its answer ends elsewhere, append to it
+        and yield nothing."""
         bucket, name = self.catalog.buckets[index], self.catalog.names[index]
         obj = self.catalog.connection.client().bucket(bucket).object(name)
         raw = self.etl_name is None
         resume = offset if raw and skip > 0 and offset else 0
+        leave = skip if missed is not None else 0
         key = None
         seen = 0
         try:
-            with obj.open(etl_name=self.etl_name, etl_args=self.etl_args, offset=resume) as reader:
+            with obj.open(
+                etl_name=self.etl_name, etl_args=self.etl_args, offset=resume, etl_skip=leave
+            ) as reader:
                 if resume and reader.start == resume:
                     seen = skip - 1  # the body starts at sample ``skip`` (the last one read)
+                if missed is not None:
+                    done = reader.skipped
+                    if done is None or done[0] != skip or after not in (None, done[1]):
+                        missed.append(True)
+                        return
+                    seen = skip  # the body starts at sample ``skip + 1``
                 src = tar.Chunks(reader.chunks(), offset=reader.start)
                 if tar.compressed(src.peek(8)):
                     found: Iterator[tuple[str, dict[str, Any], int | None]] = _tarfile_samples(

@@ -13,10 +13,12 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from email.utils import parsedate_to_datetime
 from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote
 
 import httpx
 from tqdm import tqdm
 
+from etl_runtime.core.spec import SKIPPED_HEADER, SKIPPED_KEY_HEADER
 from etl_runtime.sdk import errors
 from etl_runtime.sdk.client import EtlArgs, EtlName, etl_params, quote_path
 from etl_runtime.sdk.progress import byte_bar
@@ -207,6 +209,7 @@ class Object:
         etl_args: EtlArgs = None,
         progress: bool = False,
         offset: int = 0,
+        etl_skip: int = 0,
     ) -> ObjectReader:
         """A streaming reader; use it as a context manager so the connection is freed.
 
@@ -214,13 +217,19 @@ class Object:
         (without a total when the size is not known, as for most ETL output).
         ``offset``: ask for the bytes from there on (a ``Range`` GET, stored bytes
         only); ``reader.start`` says where the body begins (0 if the whole object came).
+        ``etl_skip``: a wds ETL's shard without its first ``etl_skip`` samples, which
+        are not transformed; ``reader.skipped`` says how many were left out and the
+        key of the last of them.
         """
         etl = etl_name if isinstance(etl_name, str | None) else ",".join(etl_name)
         ctx = dict(self._context, etl=etl)
+        params = etl_params(etl_name, etl_args)
+        if etl_skip:
+            params["etl_skip"] = str(etl_skip)
         cm = self.bucket.client.object_request(
             "GET",
             self._path,
-            params=etl_params(etl_name, etl_args),
+            params=params,
             headers={"Range": f"bytes={offset}-"} if offset else None,
             context=ctx,
         )
@@ -258,6 +267,12 @@ class ObjectReader(io.RawIOBase):
         self.size: int | None = int(length) if length and length.isdigit() else None
         self.etag = clean_etag(response.headers.get("etag"))
         self.start = 0  # the offset of the body's first byte in the object (a Range GET's)
+        skipped = response.headers.get(SKIPPED_HEADER, "")
+        # (count, key of the last) of the samples an ``etl_skip`` GET left out
+        self.skipped: tuple[int, str | None] | None = None
+        if skipped.isdigit():
+            key = response.headers.get(SKIPPED_KEY_HEADER)
+            self.skipped = (int(skipped), None if key is None else unquote(key))
         span = response.headers.get("content-range", "") if response.status_code == 206 else ""
         if span.startswith("bytes ") and "-" in span:
             first = span[6:].split("-", 1)[0]

@@ -28,6 +28,7 @@ from etl_runtime.core.access import (
 from etl_runtime.core.errors import InvalidName, InvalidRequest, ObjectNotFound
 from etl_runtime.core.names import read_bucket_action, validate_bucket, validate_names
 from etl_runtime.core.params import (
+    etl_skip_of,
     refuse_repeated,
     refuse_unknown,
     refuse_unknown_object_params,
@@ -184,12 +185,21 @@ def object_router(target: Target) -> FastRouter:
         etl_name: str | None = None,
         etl_args: str | None = None,
         etl_pipeline: str | None = None,
+        etl_skip: str | None = None,
     ) -> Response:
         validate_names(bucket, name)
         if archread.is_arch_read(request):  # the aistore SDK's direct read of a shard's files
             return await arch_read(request, bucket, name)
         refuse_unknown_object_params(request, bucket, name)
         may_read(request, bucket, object_path(bucket, name))
+        skip = etl_skip_of(etl_skip, bucket=bucket, object=name)  # refused: a 400 naming it
+        if etl_skip is not None and not etl_name:
+            raise InvalidRequest(
+                f"etl_skip={etl_skip} needs etl_name (a wds ETL whose answer leaves out "
+                "the shard's first samples); drop etl_skip, or name the ETL",
+                bucket=bucket,
+                object=name,
+            )
         if etl_name and "range" in request.headers:
             raise InvalidRequest(
                 f"Range is not supported with etl_name={etl_name!r}: the transformed "
@@ -214,7 +224,7 @@ def object_router(target: Target) -> FastRouter:
             await verify_local(target, bucket, name)  # the ETL never reads bad bytes
             zerocopy = offers_zerocopy(request.scope)  # a cached answer is sent as a file
             return await target.forwarder.transform(
-                bucket, name, etl_name, etl_args, client=True, zerocopy=zerocopy
+                bucket, name, etl_name, etl_args, client=True, zerocopy=zerocopy, skip=skip
             )
         # Checked against the checksum stored at write time (storage_target/reads.py).
         return await serve_local(target, request, bucket, name)
@@ -255,7 +265,7 @@ def object_router(target: Target) -> FastRouter:
 
     async def get_object_fast(request: Request, bucket: str, name: str) -> Response:
         q = request.query_params  # what FastAPI would have solved, read directly
-        etl = q.get("etl_name"), q.get("etl_args"), q.get("etl_pipeline")
+        etl = q.get("etl_name"), q.get("etl_args"), q.get("etl_pipeline"), q.get("etl_skip")
         return await get_object(bucket, name, request, *etl)
 
     # The data path's GET and HEAD skip FastAPI's routing (wire/http/fastpath.py).

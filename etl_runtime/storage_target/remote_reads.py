@@ -68,8 +68,9 @@ async def get(
     await fill.ready.wait()
     if fill.error is not None:
         raise fill.error
-    q = request.query_params  # a chain, or files in a shard (archpath), read the cached file
-    pipeline = any(p in q for p in ("etl_pipeline", "archpath", "archregx"))
+    # A chain, files in a shard (archpath), a wds answer that skips samples: the cached file.
+    q = request.query_params
+    pipeline = any(p in q for p in ("etl_pipeline", "archpath", "archregx", "etl_skip"))
     if fqn or pipeline or (not etl_name and any(h in request.headers for h in WHOLE_FIRST)):
         await cache.wait_filled(fill)
         return None

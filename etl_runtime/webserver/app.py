@@ -21,13 +21,13 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from etl_runtime.core.auth import bearer_ok
 from etl_runtime.core.errors import InvalidRequest, NotReady, SluiceError, Unauthorized
 from etl_runtime.core.metrics import EtlStatsCollector, install_metrics
-from etl_runtime.core.params import refuse_repeated
+from etl_runtime.core.params import ETL_SKIP, refuse_repeated
 from etl_runtime.core.spec import SPEC_HASH_HEADER, EtlSpec
 from etl_runtime.webserver.bulk import batch_answer
 from etl_runtime.webserver.direct import direct_answer
 from etl_runtime.webserver.fqn import confine, data_roots
 from etl_runtime.webserver.objects import transform_object
-from etl_runtime.webserver.shards import transform_shard
+from etl_runtime.webserver.shards import skip_of, transform_shard
 from etl_runtime.webserver.stats import Board, Stats
 from etl_runtime.webserver.transformer import Transformer
 from etl_runtime.wire.formats import bulk
@@ -35,7 +35,7 @@ from etl_runtime.wire.http import names
 from etl_runtime.wire.http.fastpath import FastPathApp
 
 LOGGERS = ("sluice", names.ERROR_LOGGER)
-HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn"})
+HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn", ETL_SKIP})
 
 
 class _Totals:
@@ -148,9 +148,10 @@ def create_app(
             raise NotReady(transformer.fatal or f"ETL {name!r} is still starting; retry shortly")
         obj = f"{bucket}/{object}"
         q = request.query_params
-        if len(q) > 2 or not HPUSH_PARAMS.issuperset(q) or len(q.multi_items()) > len(q):
+        if len(q) > 3 or not HPUSH_PARAMS.issuperset(q) or len(q.multi_items()) > len(q):
             refuse_hpush_params(request, obj)
         args = q.get("etl_args")
+        skip = skip_of(transformer, q.get(ETL_SKIP), obj)
         fqn = q.get("etl_fqn") or None
         if fqn is not None:
             fqn = confine(fqn, roots)  # under the target's data dir, or 400 unopened
@@ -158,7 +159,7 @@ def create_app(
         if transformer.inline is not None:
             response = await transformer.inline.transform(stats, request, obj, args, fqn)
         elif spec.mode == "wds":
-            response = await transform_shard(transformer, request, obj, args, fqn)
+            response = await transform_shard(transformer, request, obj, args, fqn, skip)
         else:
             response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
         response.headers[SPEC_HASH_HEADER] = generation

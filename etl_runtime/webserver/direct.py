@@ -16,7 +16,7 @@ Everything else is the hpush path with ``etl_fqn``: the same modes (inline,
 worker processes, WebDataset), the same errors (JSON before the first byte,
 an aborted connection after it), the same counters; an error body is shaped
 as a target's (``bucket`` and ``object`` apart), so SDKs cannot tell who
-answered. A query parameter other than the four the target writes is refused
+answered. A query parameter other than those the target writes is refused
 with 400 naming it: it would be silently dropped otherwise, and a client may
 have meant it for the ETL; so is one of them given twice.
 """
@@ -30,15 +30,15 @@ from starlette.responses import JSONResponse, Response
 
 from etl_runtime.core import auth
 from etl_runtime.core.errors import BadRequest, NotReady, SluiceError, Unauthorized
-from etl_runtime.core.params import refuse_repeated
+from etl_runtime.core.params import ETL_SKIP, refuse_repeated
 from etl_runtime.webserver.fqn import confine
 from etl_runtime.webserver.objects import transform_object
-from etl_runtime.webserver.shards import transform_shard
+from etl_runtime.webserver.shards import skip_of, transform_shard
 
 if TYPE_CHECKING:
     from etl_runtime.webserver.transformer import Transformer
 
-PARAMS = frozenset({"etl_fqn", "etl_args", "sluice_exp", "sluice_sig"})
+PARAMS = frozenset({"etl_fqn", "etl_args", "sluice_exp", "sluice_sig", ETL_SKIP})
 
 
 def check_signature(transformer: Transformer, obj: str, request: Request) -> tuple[str, str | None]:
@@ -90,12 +90,13 @@ async def _answer(
     if not transformer.ready:
         name = transformer.name
         raise NotReady(transformer.fatal or f"ETL {name!r} is still starting; retry shortly")
-    fqn = confine(fqn, roots)
+    skip = skip_of(transformer, request.query_params.get(ETL_SKIP), obj)  # unsigned: it
+    fqn = confine(fqn, roots)  # only leaves samples out of what the signature allows
     stats = transformer.stats
     if transformer.inline is not None:
         response = await transformer.inline.transform(stats, request, obj, args, fqn)
     elif transformer.spec.mode == "wds":
-        response = await transform_shard(transformer, request, obj, args, fqn)
+        response = await transform_shard(transformer, request, obj, args, fqn, skip)
     else:
         response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
     response.headers["X-Sluice-Etl"] = transformer.name

@@ -18,6 +18,12 @@ error if nothing was sent yet, otherwise an error marker (``wire/formats/tarbrea
 a member header promising more than follows) and an aborted connection, so no
 tar reader takes the shorter shard for a whole one.
 
+``etl_skip=K`` (a loader resuming mid-shard) leaves the shard's first ``K``
+samples out: the parser groups them and drops them, no worker sees them, and
+the answer's ``X-Sluice-Etl-Skipped`` / ``X-Sluice-Etl-Skipped-Key`` headers
+say how many were left out and the key of the last one (fewer than ``K`` when
+the shard is shorter), so the reader can check it resumes where it stopped.
+
 Before ``tarfile`` sees the shard, ``GuardedTar`` (``wire/formats/targuard.py``)
 inflates it and checks every header as it passes: a member name that is
 absolute, has a ``..`` segment or lies below a symlink member of the shard is
@@ -41,6 +47,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -51,6 +58,8 @@ from etl_runtime.core.errors import (
     ObjectNotFound,
     SluiceError,
 )
+from etl_runtime.core.params import etl_skip_of
+from etl_runtime.core.spec import SKIPPED_HEADER, SKIPPED_KEY_HEADER
 from etl_runtime.webserver import ipc
 from etl_runtime.webserver.bodyfile import BodyClosed, RequestBodyFile
 from etl_runtime.webserver.pool import SAMPLE_TASK, Task
@@ -104,10 +113,18 @@ class ShardParser:
     """Runs ``iter_samples`` in a thread, handing samples to the event loop."""
 
     def __init__(
-        self, fileobj: IO[bytes], obj: str, loop: asyncio.AbstractEventLoop, window: int
+        self,
+        fileobj: IO[bytes],
+        obj: str,
+        loop: asyncio.AbstractEventLoop,
+        window: int,
+        skip: int = 0,
     ) -> None:
         self.fileobj = fileobj
         self.obj = obj
+        self.skip = skip
+        self.skipped = 0  # of ``skip``, set before any sample is queued
+        self.skipped_key: str | None = None
         self.loop = loop
         self.queue: asyncio.Queue[Any] = asyncio.Queue()
         self.room = threading.Semaphore(window)
@@ -122,6 +139,10 @@ class ShardParser:
         try:
             guarded = GuardedTar(self.fileobj, f"object {self.obj!r}")
             for sample in iter_samples(guarded, self.obj):
+                if self.skipped < self.skip:  # grouped, never transformed nor sent
+                    self.skipped += 1
+                    self.skipped_key = last_key = sample["__key__"]
+                    continue
                 self.room.acquire()
                 if self.stopped:
                     return
@@ -162,8 +183,24 @@ class ShardParser:
             self.fileobj.abandon()
 
 
+def skip_of(transformer: Transformer, value: str | None, obj: str) -> int:
+    """An hpush or direct request's ``etl_skip`` count; a 400 when bad or not wds."""
+    skip = etl_skip_of(value)
+    if skip and transformer.spec.mode != "wds":
+        raise BadRequest(
+            f"etl_skip={skip} on object {obj!r}: ETL {transformer.name!r} is in "
+            f"{transformer.spec.mode} mode; only a wds ETL skips samples"
+        )
+    return skip
+
+
 async def transform_shard(
-    transformer: Transformer, request: Request, obj: str, args: str | None, fqn: str | None
+    transformer: Transformer,
+    request: Request,
+    obj: str,
+    args: str | None,
+    fqn: str | None,
+    skip: int = 0,
 ) -> Response:
     stats = transformer.stats
     loop = asyncio.get_running_loop()
@@ -186,14 +223,19 @@ async def transform_shard(
 
         fileobj = RequestBodyFile(request.stream(), loop, on_bytes=count)  # type: ignore[assignment]
         body_done = fileobj.done  # type: ignore[attr-defined]
-    parser = ShardParser(fileobj, obj, loop, window)
+    parser = ShardParser(fileobj, obj, loop, window, skip)
     stream = _shard_stream(transformer, parser, obj, args)
     try:
         first = await anext(stream)
     except SluiceError as e:
         stats.error(obj, e.sample, e.message)
         raise
-    return TransformedStream(_continue(first, stream, transformer, obj), MEDIA_TYPE, body_done)
+    response = TransformedStream(_continue(first, stream, transformer, obj), MEDIA_TYPE, body_done)
+    if skip:  # the first chunk came after the skipped samples: their count is final
+        response.headers[SKIPPED_HEADER] = str(parser.skipped)
+        if parser.skipped_key is not None:
+            response.headers[SKIPPED_KEY_HEADER] = quote(parser.skipped_key, safe="")
+    return response
 
 
 async def _continue(

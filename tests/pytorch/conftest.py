@@ -68,6 +68,9 @@ def client(endpoint: str) -> Iterator[Client]:
         # Start the ETLs now: they come up while the data is uploaded.
         c.etl("pt-upper").init_code(transform=upper, workers=1, wait=False)
         c.etl("pt-tag").init_code(transform=tag, mode="wds", workers=1, wait=False)
+        c.etl("pt-tag-cached").init_code(  # test_etl_skip: answers the targets keep
+            transform=tag, mode="wds", workers=1, wait=False, cache=True
+        )
         yield c
 
 
