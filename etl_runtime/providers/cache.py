@@ -8,10 +8,24 @@ it gets the headers as soon as the backend answered (size, ETag,
 Last-Modified), then each byte as soon as the fill wrote it, so the first
 byte does not wait for the whole object, and ten concurrent cold GETs make
 one backend fetch. The fill runs to its end even when its
-readers leave (it is the cache), then publishes the file into the store like
-any write (fsync, atomic rename). A fill that breaks makes its readers'
-answers break off (never a short answer that looks whole) and leaves nothing
-in the cache.
+readers leave (it is the cache), then publishes the file into the store
+(atomic rename). A fill that breaks makes its readers' answers break off
+(never a short answer that looks whole) and leaves nothing in the cache.
+
+Durability. A fill is not fsynced (neither the file nor its directory): a
+cached copy is refetchable from the backend, so it need not survive a power
+loss, only never be *served* torn. It cannot be: the temp file is renamed
+into place only once every byte is in, with the backend's ETag and the
+copy's checksum (``integrity``: XXH3 and size) set on it before the rename,
+and every read checks the bytes against that checksum. After a crash the
+rename may be there without all of the data (a shorter file, or zeros where
+the kernel had not written back yet): the read finds the size or the hash
+wrong (before the first byte; a big object's stream is cut before its last
+byte), drops the copy and fetches the object again (``refetch``); a lost
+rename is a plain cold GET. User PUTs and write-through PUTs stay durable
+(``ObjectStore.write_object``: fsync, rename, fsync of the directory) before
+they are acknowledged. The two fsyncs were most of a cold GET's target CPU
+besides the copy itself, and their disk waits delayed the next fill.
 
 Warm GET. A cached object is served by the ordinary store path. With the
 bucket's ``validate_warm_get`` it is first checked against the backend's
@@ -178,7 +192,7 @@ class RemoteCache:
         """True if ``bucket/name`` is cached here (and valid); a hit is counted."""
         fill = self._fills.get((bucket, name))
         if fill is not None and fill.meta is not None and fill.written >= fill.meta.size:
-            # Every byte is here and the fill is publishing (fsync, rename). A GET
+            # Every byte is here and the fill is publishing (rename). A GET
             # that comes now is a warm GET, checked as the bucket says, not another
             # reader of a fetch that began before it (it served an object deleted on
             # the backend meanwhile, with validate_warm_get on).
@@ -283,18 +297,18 @@ class RemoteCache:
         self._maybe_evict()
 
     def _publish(self, f: IO[bytes], fill: Fill, meta: RemoteMeta) -> None:
-        f.flush()
+        """The complete temp file, its ETag and checksum, renamed into place: no fsync
+        (the module's docstring, "Durability", says why)."""
         try:
             os.setxattr(f.fileno(), ETAG_XATTR, meta.etag.encode())
         except OSError:
             pass
         integrity.store(f.fileno(), fill.xxh.hexdigest(), fill.written)
-        os.fsync(f.fileno())
-        f.close()
         if meta.last_modified:  # Last-Modified as the backend says
-            os.utime(fill.tmp, (time.time(), meta.last_modified))
+            os.utime(f.fileno(), (time.time(), meta.last_modified))
+        f.close()
         bdir = self.store.bucket_dir(fill.bucket)
-        self.store._publish(fill.tmp, bdir, fill.bucket, fill.name, False)
+        self.store._publish(fill.tmp, bdir, fill.bucket, fill.name, False, durable=False)
 
     def open_fill(self, fill: Fill) -> IO[bytes] | None:
         """The fill's temp file for reading, or None once it is published (or failed)."""
@@ -321,7 +335,7 @@ class RemoteCache:
         assert fill.meta is not None
         size = fill.meta.size
         with src:
-            # Done when every byte went out: the fill's fsync and publish need not
+            # Done when every byte went out: the fill's publish need not
             # be waited for (they make the copy durable for later readers only).
             while offset < size:
                 await fill.wait_beyond(offset)
@@ -342,6 +356,16 @@ class RemoteCache:
         await fill.finished.wait()
         if fill.error is not None:
             raise fill.error
+
+    async def refetch(self, bucket: str, name: str, props: BucketProps) -> None:
+        """After a read found the cached copy's bytes not its checksum (a fill torn by a
+        crash, or a bad disk): drop it and fetch the object again (one fill at a time)."""
+        fill = self._fills.get((bucket, name))
+        if fill is None:
+            log.warning("cached copy of %s/%s is damaged: fetched again", bucket, name)
+            self._drop(bucket, name)
+            fill = self.fill(bucket, name, props)
+        await self.wait_filled(fill)
 
     async def prefetch_one(self, bucket: str, name: str, props: BucketProps) -> bool:
         """Warm ``bucket/name``; False if it was cached already."""

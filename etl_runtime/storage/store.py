@@ -495,7 +495,11 @@ class ObjectStore:
         os.fsync(f.fileno())
         f.close()
 
-    def _publish(self, tmp: Path, bdir: Path, bucket: str, name: str, if_absent: bool) -> bool:
+    def _publish(
+        self, tmp: Path, bdir: Path, bucket: str, name: str, if_absent: bool, durable: bool = True
+    ) -> bool:
+        """Rename ``tmp`` into place; ``durable``: and fsync its directory (a remote
+        bucket's cache fill is not durable: ``providers/cache.py`` says why)."""
         parent = (bdir / name).parent
         for _attempt in range(10):  # a concurrent delete may prune our parent dirs
             try:
@@ -509,7 +513,8 @@ class ObjectStore:
                     tmp.unlink()
                 else:
                     os.replace(tmp, bdir / name)
-                fsync_dir((bdir / name).parent)
+                if durable:
+                    fsync_dir((bdir / name).parent)
                 self._changed(bucket, name)
                 return True
             except FileNotFoundError:

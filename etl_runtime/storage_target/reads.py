@@ -87,7 +87,12 @@ def not_modified_answer(headers: dict[str, str]) -> Response:
 
 async def repair_or_fail(target: Target, bucket: str, name: str) -> None:
     """After a mismatch found before the first byte: return once a good copy replaced
-    the bad one, else raise ``ObjectCorrupted`` (never serve)."""
+    the bad one, else raise ``ObjectCorrupted`` (never serve). A remote bucket's cached
+    copy is fetched again from its backend instead (``RemoteCache.refetch``)."""
+    cache = target.remote
+    if cache is not None and (props := cache.props(bucket)) is not None:
+        await cache.refetch(bucket, name, props)
+        return
     placement = target.placement
     outcome: bool | None = False
     if placement is not None and placement.keeps_copies(bucket):
@@ -99,11 +104,21 @@ async def repair_or_fail(target: Target, bucket: str, name: str) -> None:
 
 
 def _repair_later(target: Target, bucket: str, name: str) -> integrity.BadRead:
-    """The ``BadRead`` of a streamed read: the repair runs on the loop, for the next read."""
-    placement = target.placement
+    """The ``BadRead`` of a streamed read: the repair (a remote bucket's: the refetch)
+    runs on the loop, for the next read."""
+    placement, cache = target.placement, target.remote
+    props = cache.props(bucket) if cache is not None else None
+    loop = asyncio.get_running_loop()
+    if cache is not None and props is not None:
+
+        def refetch() -> None:
+            loop.call_soon_threadsafe(
+                lambda: asyncio.ensure_future(cache.refetch(bucket, name, props))
+            )
+
+        return integrity.BadRead(bucket, name, target.id, refetch)
     if placement is None or not placement.keeps_copies(bucket):
         return integrity.BadRead(bucket, name, target.id)
-    loop = asyncio.get_running_loop()
 
     def start() -> None:
         loop.call_soon_threadsafe(lambda: asyncio.ensure_future(placement.repair(bucket, name)))

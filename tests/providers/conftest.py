@@ -45,9 +45,18 @@ def secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="package")
-def endpoint(
-    minio: MinioServer, secrets_dir: Path, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[str]:
+def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The data directory of ``endpoint``'s cluster (``targets/tI/buckets/...``)."""
+    return tmp_path_factory.mktemp("cluster")
+
+
+def cached_files(cluster_dir: Path, bucket: str, name: str) -> list[Path]:
+    """The cached copies of ``bucket/name`` on the cluster's targets' disks."""
+    return sorted(cluster_dir.glob(f"targets/*/buckets/{bucket}/{name}"))
+
+
+@pytest.fixture(scope="package")
+def endpoint(minio: MinioServer, secrets_dir: Path, cluster_dir: Path) -> Iterator[str]:
     from etl_runtime.local.api import LocalCluster
 
     env = {
@@ -57,7 +66,7 @@ def endpoint(
     }
     with (
         mock.patch.dict(os.environ, env),
-        LocalCluster(tmp_path_factory.mktemp("cluster"), targets=2, port=0) as cluster,
+        LocalCluster(cluster_dir, targets=2, port=0) as cluster,
     ):
         yield str(cluster.endpoint).rstrip("/")
 
