@@ -30,6 +30,7 @@
 #
 # Env overrides: K8S_VERSION, ETCD_VERSION, HELM_VERSION, COREDNS_VERSION, SLUICE_CACHE,
 # K8S_TOOLS_JOBS (go build -p, default 2).
+# Each step logs its wall time and CPU seconds (user+sys of its processes).
 set -euo pipefail
 
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
@@ -57,6 +58,16 @@ IMAGES="$CACHE/k8s-images"
 
 t_all=$SECONDS
 log() { printf '[k8s-tools %4ss] %s\n' "$((SECONDS - t_all))" "$*"; }
+# CPU seconds (user+sys) of this shell's finished children: a step's CPU is the
+# difference, the portable figure of a cold build (wall time depends on the load).
+# cpu VAR: VAR = those seconds so far, read with builtins only (a $(...) would be a
+# subshell of its own, with no finished children).
+TCK="$(getconf CLK_TCK)"
+cpu() {
+  local -a f
+  read -ra f <"/proc/$BASHPID/stat"
+  printf -v "$1" '%d' $(((f[15] + f[16]) / TCK))
+}
 
 # --- node runtime (Debian packages) ----------------------------------------
 # crun cannot start containers on this cgroup layout; runc can (issue 24).
@@ -126,7 +137,11 @@ build_pkgs() {
     cd "$dir"
     # Resolve every dependency of the wanted packages into go.mod/go.sum
     # (@ver pins the main module; a bare package path would mean @upgrade).
+    local t0=$SECONDS c0 c1
+    cpu c0
     go get "${pkgs[@]/%/@$ver}"
+    cpu c1
+    log "  modules resolved in $((SECONDS - t0))s ($((c1 - c0)) CPU-s)"
     go build -p "$JOBS" -ldflags="-s -w $ldflags" -o "$out/" "${pkgs[@]}"
   )
   for n in "${names[@]}"; do
@@ -141,7 +156,7 @@ k8s_names=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet
 need=()
 for n in "${k8s_names[@]}"; do up_to_date "$n" "$K8S_VERSION" || need+=("$n"); done
 if ((${#need[@]})); then
-  t=$SECONDS
+  t=$SECONDS; cpu c
   log "building ${need[*]} $K8S_VERSION (cold build: ~10-20 min on 2 cores)"
   dir="$(gomodule kubernetes k8s.io/kubernetes "$K8S_VERSION" "v0.${K8S_VERSION#v1.}")"
   ld=""
@@ -152,20 +167,22 @@ if ((${#need[@]})); then
   pairs=()
   for n in "${need[@]}"; do pairs+=("$n=k8s.io/kubernetes/cmd/$n"); done
   build_pkgs "$dir" "$K8S_VERSION" "$K8S_VERSION" "$ld" "${pairs[@]}"
-  log "kubernetes binaries done in $((SECONDS - t))s"
+  cpu c1
+  log "kubernetes binaries done in $((SECONDS - t))s ($((c1 - c)) CPU-s)"
 else
   log "kubernetes $K8S_VERSION binaries up to date"
 fi
 
 # --- etcd ------------------------------------------------------------------
 if ! up_to_date etcd "$ETCD_VERSION"; then
-  t=$SECONDS
+  t=$SECONDS; cpu c
   log "building etcd $ETCD_VERSION"
   dir="$(gomodule etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" "$ETCD_VERSION")"
   # go build -o dir/ names the binary "server" (major-version suffix dropped).
   build_pkgs "$dir" "$ETCD_VERSION" "$ETCD_VERSION" "" "server=go.etcd.io/etcd/server/v3"
   mv -f "$BIN/server" "$BIN/etcd" && mv -f "$BIN/.server.version" "$BIN/.etcd.version"
-  log "etcd done in $((SECONDS - t))s"
+  cpu c1
+  log "etcd done in $((SECONDS - t))s ($((c1 - c)) CPU-s)"
 else
   log "etcd $ETCD_VERSION up to date"
 fi
@@ -176,7 +193,7 @@ fi
 # `kubeVersion: >=1.26` fails.  We bake in the Kubernetes we test against.
 helm_stamp="$HELM_VERSION k8s-1.$K8S_MINOR"
 if ! up_to_date helm "$helm_stamp"; then
-  t=$SECONDS
+  t=$SECONDS; cpu c
   log "building helm $HELM_VERSION (default Kubernetes v1.$K8S_MINOR)"
   dir="$(gomodule helm helm.sh/helm/v3 "$HELM_VERSION" "")"
   ld="-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
@@ -185,7 +202,8 @@ if ! up_to_date helm "$helm_stamp"; then
     ld+=" -X $p.k8sVersionMajor=1 -X $p.k8sVersionMinor=$K8S_MINOR"
   done
   build_pkgs "$dir" "$HELM_VERSION" "$helm_stamp" "$ld" "helm=helm.sh/helm/v3/cmd/helm"
-  log "helm done in $((SECONDS - t))s"
+  cpu c1
+  log "helm done in $((SECONDS - t))s ($((c1 - c)) CPU-s)"
 else
   log "helm $helm_stamp up to date"
 fi
@@ -199,7 +217,7 @@ fi
 coredns_plugins=(bind ready health errors log cache kubernetes loop forward)
 coredns_stamp="$COREDNS_VERSION ${coredns_plugins[*]}"
 if ! up_to_date coredns "$coredns_stamp"; then
-  t=$SECONDS
+  t=$SECONDS; cpu c
   log "building coredns $COREDNS_VERSION (plugins: ${coredns_plugins[*]})"
   dir="$(gomodule coredns github.com/coredns/coredns "$COREDNS_VERSION" "")"
   imports="" names=""
@@ -228,12 +246,16 @@ func main() {
 EOF
   (
     cd "$dir"
+    t0=$SECONDS; cpu c0
     go mod tidy
+    cpu c1
+    log "  modules resolved in $((SECONDS - t0))s ($((c1 - c0)) CPU-s)"
     go build -p "$JOBS" -ldflags="-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION" \
       -o "$BIN/coredns" .
   )
   echo "$coredns_stamp" >"$BIN/.coredns.version"
-  log "coredns done in $((SECONDS - t))s"
+  cpu c1
+  log "coredns done in $((SECONDS - t))s ($((c1 - c)) CPU-s)"
 else
   log "coredns $coredns_stamp up to date"
 fi
@@ -257,4 +279,5 @@ for img in pause:3.10 echo:v1; do
   log "image localhost/sluice/$img built ($IMAGES/$name.tar)"
 done
 
-log "all tools ready in $BIN ($((SECONDS - t_all))s total)"
+cpu c1
+log "all tools ready in $BIN ($((SECONDS - t_all))s total, $c1 CPU-s)"
