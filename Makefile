@@ -110,7 +110,10 @@ images:  # localhost/sluice/{server,runtime,operator}:dev, no registry (docs/dep
 # keep both cores busy (tests sharing a cluster stay on one worker: tests/conftest.py).
 TEST_WORKERS ?= 2
 
-test: install tools lint
+# install (uv's downloads: the network) beside tools (the Go builds: the CPUs), lint as
+# soon as install is done: on a cold machine both hide under the Go lane.
+test:
+	$(MAKE) --no-print-directory -j2 tools lint
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40  # the slowest, to keep the suite in budget
 
 k8s-up: install k8s-tools
