@@ -16,8 +16,11 @@ from unittest import mock
 import httpx
 import pytest
 
+from tests.providers.cutproxy import CutProxy
 from tests.providers.emulators import FakeGcs
 from tests.providers.remote_suite import (  # noqa: F401  (collected here)
+    get,
+    new_bucket,
     refusing,
     sluice,
     test_401_403_404_503_name_the_bucket_and_the_backend,
@@ -93,3 +96,46 @@ def test_gcp_props_are_checked_by_the_gcp_provider(cluster: str, emu: FakeGcs) -
     assert made.returncode == 0, made.stderr
     props = json.loads(made.stdout)
     assert props["provider"] == "gcp" and props["backend"] == {"project": "sluice-test"}
+
+
+def test_a_big_write_through_put_is_a_resumable_upload_in_chunks(
+    cluster: str, emu: FakeGcs
+) -> None:
+    from etl_runtime.providers.gcp import RESUMABLE_ABOVE, RESUMABLE_CHUNK
+
+    proxy = CutProxy(emu.endpoint)  # in front of the emulator: it records each request
+    try:
+        bucket = new_bucket(emu, {})
+        r = httpx.post(
+            f"{cluster}/v1/buckets/{bucket}",
+            params={"provider": "gcp"},
+            json={"action": "create-bck", "props": {"endpoint": proxy.endpoint}},
+        )
+        assert r.status_code == 200, r.text
+        big = os.urandom(RESUMABLE_ABOVE + RESUMABLE_CHUNK + (3 << 20))  # three requests
+        small = os.urandom(1 << 20)
+        for name, data in (("big.bin", big), ("small.bin", small)):
+            put = httpx.put(
+                f"{cluster}/v1/objects/{bucket}/{name}",
+                params={"provider": "gcp"},
+                content=data,
+                follow_redirects=True,
+                timeout=120,
+            )
+            assert put.status_code == 200, put.text
+        uploads = [(m, p) for m, p in proxy.requests if p.startswith("/upload/")]
+    finally:
+        proxy.close()
+    sessions = [p for m, p in uploads if m == "POST" and "uploadType=resumable" in p]
+    chunks = [p for m, p in uploads if m == "PUT" and "upload_id=" in p]
+    media = [p for m, p in uploads if m == "POST" and "uploadType=media" in p]
+    assert len(sessions) == 1 and "name=big.bin" in sessions[0]
+    assert len(chunks) == 3  # 8 MiB, 8 MiB, 3 MiB
+    assert len(media) == 1 and "name=small.bin" in media[0]  # a small body: one request
+    # On the backend as the official client reads it, and the cached copy carries its ETag.
+    assert emu.read(bucket, "big.bin") == big and emu.read(bucket, "small.bin") == small
+    got = get(cluster, emu, bucket, "big.bin")
+    assert got.status_code == 200 and got.content == big
+    blob = emu.client().bucket(bucket).get_blob("big.bin")
+    assert blob is not None and blob.size == len(big)
+    assert got.headers["etag"].strip('"') == blob.etag.strip('"')
