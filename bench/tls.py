@@ -5,7 +5,8 @@ the same objects of 16 KiB and 1 MiB), one plain and one with ``--tls``;
 ``--clients`` threads read from one of them for ``--seconds`` per row, the
 rows alternating plain / TLS so a machine whose load changes affects both
 alike, ``--rounds`` times, for each event loop (``SLUICE_LOOP``: asyncio,
-uvloop; both clusters are started again for each). Four reads:
+uvloop; both clusters are started again for each), with ``SLUICE_ZYGOTE=off``
+(its warm-up would be counted as the servers' CPU). Four reads:
 
 * ``GET``: the SDK's plain GET (gateway 307 -> target);
 * ``ETL GET``: ``?etl_name=identity`` (gateway -> target -> transformer);
@@ -15,8 +16,9 @@ uvloop; both clusters are started again for each). Four reads:
 Every client keeps its connections (one SDK client per thread, TLS sessions
 reused as a real client's are). Printed per row: requests/s and MB/s, the
 servers' CPU milliseconds per request (every process of the cluster: the
-load-independent figure), the load generator's own CPU milliseconds per request
-(its TLS decrypt shares the machine's cores), and per (loop, read, size) the
+load-independent figure; the gateway's and the targets' also apart), the load
+generator's own CPU milliseconds per request (its TLS decrypt shares the
+machine's cores), and per (loop, read, size) the
 median TLS ÷ plain of the rates and TLS's CPU per request over plain's.
 
     .venv/bin/python bench/tls.py [--seconds 3] [--rounds 3] [--clients 8] [--loops asyncio,uvloop]
@@ -65,14 +67,28 @@ def cluster(workdir: Path, tls: bool, targets: int, objects: int) -> Iterator[Lo
         yield c
 
 
-def server_cpu(c: LocalCluster) -> float:
-    """CPU seconds so far of every process of the cluster (``sluice up`` and below)."""
-    total = 0.0
+ROLES = ("gateway", "targets", "other")
+
+
+def _role(proc: psutil.Process) -> str:
+    argv = " ".join(proc.cmdline())
+    if "etl_runtime.gateway" in argv:
+        return "gateway"
+    if "etl_runtime.storage_target" in argv:
+        return "targets"
+    return "other"  # sluice up itself, transformers, zygotes
+
+
+def server_cpu(c: LocalCluster) -> dict[str, float]:
+    """CPU seconds so far of every process of the cluster (``sluice up`` and below), by
+    role: the gateway, the targets, the rest (``sluice up``, transformers)."""
+    total = dict.fromkeys(ROLES, 0.0)
     root = psutil.Process(c.pid)
     for proc in [root, *root.children(recursive=True)]:
         with contextlib.suppress(psutil.Error):
             t = proc.cpu_times()
-            total += t.user + t.system + t.children_user + t.children_system
+            role = "other" if proc.pid == root.pid else _role(proc)
+            total[role] += t.user + t.system + t.children_user + t.children_system
     return total
 
 
@@ -128,13 +144,39 @@ def measure(c: LocalCluster, read: str, label: str, args: argparse.Namespace) ->
     for t in threads:
         t.join()
     n = sum(counts)
+    per = {role: (cpu1[role] - cpu0[role]) * 1000 / max(n, 1) for role in ROLES}
     return {
         "objects/s": n / (t1 - t0),
         "MB/s": sum(nbytes) / (t1 - t0) / 1e6,
-        "server ms/object": (cpu1 - cpu0) * 1000 / max(n, 1),
+        "server ms/object": sum(per.values()),
+        "gateway ms/object": per["gateway"],
+        "targets ms/object": per["targets"],
         # The load generator's own CPU (its TLS decrypt shares the machine's cores).
         "client ms/object": (mine1 - mine0) * 1000 / max(n, 1),
     }
+
+
+def _med(rows: list[dict[str, float]], key: str) -> float:
+    return statistics.median(x[key] for x in rows)
+
+
+def row(
+    loop: str, read: str, label: str, rows: dict[tuple[str, str, bool], list[dict[str, float]]]
+) -> str:
+    """One line of the summary: medians of the rounds, and of TLS ÷ plain round by round."""
+    a, b = rows[(read, label, False)], rows[(read, label, True)]
+    rate = statistics.median(y["objects/s"] / x["objects/s"] for x, y in zip(a, b, strict=True))
+    cpu = statistics.median(
+        y["server ms/object"] / x["server ms/object"] for x, y in zip(a, b, strict=True)
+    )
+    cells = [loop, read, label, f"{_med(a, 'MB/s'):.1f}", f"{_med(b, 'MB/s'):.1f}", f"{rate:.2f}"]
+    cells += [f"{_med(a, 'server ms/object'):.2f}", f"{_med(b, 'server ms/object'):.2f}"]
+    cells.append(f"{cpu:.2f}")
+    for role in ("gateway", "targets"):
+        key = f"{role} ms/object"
+        cells.append(f"{_med(a, key):.2f} → {_med(b, key):.2f}")
+    cells += [f"{_med(a, 'client ms/object'):.2f}", f"{_med(b, 'client ms/object'):.2f}"]
+    return "| " + " | ".join(cells) + " |"
 
 
 def main() -> None:
@@ -149,6 +191,10 @@ def main() -> None:
     p.add_argument("--reads", default=",".join(READS))
     args = p.parse_args()
     reads = [r.strip() for r in args.reads.split(",")]
+    # No zygote: its warm-up (torch imports, about ten CPU seconds per target) would
+    # run during the first rows and be counted as the servers' CPU per request. The
+    # identity ETL's transformers start afresh; their data path is the same.
+    os.environ.setdefault("SLUICE_ZYGOTE", "off")
     summary: list[str] = []
     for loop in args.loops.split(","):
         os.environ["SLUICE_LOOP"] = loop
@@ -170,36 +216,22 @@ def main() -> None:
                                     f"{'TLS' if c.tls else 'plain':5} "
                                     f"{got['objects/s']:8.0f} obj/s {got['MB/s']:8.1f} MB/s "
                                     f"{got['server ms/object']:6.2f} server ms/obj "
+                                    f"(gateway {got['gateway ms/object']:5.2f} "
+                                    f"targets {got['targets ms/object']:5.2f}) "
                                     f"{got['client ms/object']:6.2f} client ms/obj",
                                     flush=True,
                                 )
                 for read in reads:
                     for label in SIZES:
-                        a, b = rows[(read, label, False)], rows[(read, label, True)]
-                        rate = statistics.median(
-                            y["objects/s"] / x["objects/s"] for x, y in zip(a, b, strict=True)
-                        )
-                        cpu = statistics.median(
-                            y["server ms/object"] / x["server ms/object"]
-                            for x, y in zip(a, b, strict=True)
-                        )
-                        pm = statistics.median(x["MB/s"] for x in a)
-                        tm = statistics.median(x["MB/s"] for x in b)
-                        pc = statistics.median(x["server ms/object"] for x in a)
-                        tc = statistics.median(x["server ms/object"] for x in b)
-                        pk = statistics.median(x["client ms/object"] for x in a)
-                        tk = statistics.median(x["client ms/object"] for x in b)
-                        summary.append(
-                            f"| {loop} | {read} | {label} | {pm:.1f} | {tm:.1f} | {rate:.2f} | "
-                            f"{pc:.2f} | {tc:.2f} | {cpu:.2f} | {pk:.2f} | {tk:.2f} |"
-                        )
+                        summary.append(row(loop, read, label, rows))
     print()
     print(
         "| loop | read | size | plain MB/s | TLS MB/s | TLS ÷ plain (rate) "
         "| plain server ms/obj | TLS server ms/obj | TLS ÷ plain (CPU/obj) "
+        "| gateway ms/obj plain → TLS | targets ms/obj plain → TLS "
         "| plain client ms/obj | TLS client ms/obj |"
     )
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | --- | --- |" + " ---: |" * 10)
     print("\n".join(summary))
 
 
