@@ -34,7 +34,7 @@ from etl_runtime.storage.store import ObjectStore
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.getbatch_routes import moss_router
 from etl_runtime.storage_target.getbatch_share import batch_router
-from etl_runtime.storage_target.handoff import FileHandoff
+from etl_runtime.storage_target.handoff import FileHandoff, HandoffCollector
 from etl_runtime.storage_target.inprotocol import answerer
 from etl_runtime.storage_target.internal import internal_router
 from etl_runtime.storage_target.multipart_sweep import MultipartSweep
@@ -126,6 +126,7 @@ def create_target_app(
     if target.remote is not None:
         collectors.append(RemoteCacheCollector(target_id, target.remote.counters))
     collectors.append(SendfileCollector(target_id))
+    collectors.append(HandoffCollector(target_id, handoff))
     collectors.append(IntegrityCollector(target_id))  # bad reads, repairs, scrub
     if forwarder.cache is not None:
         collectors.append(OutputCacheCollector(forwarder.cache.index))

@@ -1,0 +1,225 @@
+"""An owner's open, checked object file handed to a gateway on the same host.
+
+An S3 client cannot follow a 307 (``gateway/s3/objects.py`` says why), so the
+gateway relays every GetObject: the owner sends the bytes to the gateway over
+loopback TCP and the gateway splices them on to the client, a second trip
+through the network stack and two more wake-ups per GET. Under ``sluice up``
+gateway and targets share a host, and a file descriptor can cross between
+processes instead (``SCM_RIGHTS`` on a Unix socket): the gateway asks the
+owner for ``bucket/key``, the owner decides as its GET would, and answers with
+the object's headers and its open file, which the gateway sends to the client
+itself (``sendfile``, or one write for a small one).
+
+The owner hands a file only where its own GET would send that file's bytes as
+they are: a local object with a stored ETag, on a target that owns it and
+keeps no copy elsewhere, not in a remote bucket, whose bytes matched their
+stored checksum within ``integrity.VERIFIED``'s time and have not changed
+since, or, up to ``integrity.WHOLE_MAX``, match now (then remembered). Anything
+else (no such object, a mismatch, a bigger object not checked yet, an object
+being rebalanced) is a refusal, and the gateway asks the usual way, whose
+answer says why or repairs. A rewritten object keeps its old file open to the
+reader, as a GET in flight keeps reading it.
+
+The socket is ``$SLUICE_LOCAL_FILES/<target id>.sock`` (``sluice up`` sets the
+directory for the gateway and the targets; unset: nothing listens), mode 0600
+in a 0700 directory: only the user the servers run as may connect, as only
+it may read the files. One request per message (``SOCK_SEQPACKET``): JSON
+``{"bucket", "key"}``; the answer JSON ``{"headers": {...}}`` with the file's
+descriptor, or ``{"refused": why}`` without one. The target counts both
+(``sluice_handoff_{files,refused}_total{target}``): a handed GET is no HTTP
+request to it, so its ``sluice_http_*`` figures do not show it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, Metric
+
+from etl_runtime.core.errors import SluiceError
+from etl_runtime.core.names import validate_names
+from etl_runtime.storage import integrity
+from etl_runtime.storage_target.context import Target
+from etl_runtime.storage_target.objects import object_headers
+from etl_runtime.storage_target.reads import _matches
+
+log = logging.getLogger(__name__)
+
+ENV = "SLUICE_LOCAL_FILES"
+MESSAGE_MAX = 64 << 10  # a request: two names; an answer: headers with <= 2 KiB of metadata
+PATH_MAX = 100  # sun_path holds 108 bytes
+
+
+def socket_path(directory: str, target_id: str) -> str:
+    return os.path.join(directory, f"{target_id}.sock")
+
+
+def available() -> bool:
+    return hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX")
+
+
+async def readable(sock: socket.socket) -> None:
+    """Until ``sock`` has something to read (asyncio and uvloop alike)."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(sock.fileno(), wake)
+    try:
+        await ready
+    finally:
+        loop.remove_reader(sock.fileno())
+
+
+class FileHandoff:
+    """The target's side: listens on its socket while the target runs."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self._listener: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self.path: str | None = None
+        self.handed = self.refused = 0
+
+    async def start(self) -> None:
+        directory = os.environ.get(ENV)
+        if not directory or not available():
+            return
+        path = socket_path(directory, self.target.id)
+        if len(path.encode()) > PATH_MAX:
+            log.warning("%s: socket path too long (%d bytes); files not handed", ENV, len(path))
+            return
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)  # a stale one from a killed target
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.listen(64)
+        sock.setblocking(False)
+        self._listener, self.path = sock, path
+        self._spawn(self._accept(sock))
+
+    async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._listener is not None:
+            self._listener.close()
+            self._listener = None
+        if self.path is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self, listener: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            conn, _ = await loop.sock_accept(listener)
+            conn.setblocking(False)
+            self._spawn(self._serve(conn))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            while True:
+                await readable(conn)
+                try:
+                    message = conn.recv(MESSAGE_MAX)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    return
+                if not message:
+                    return  # the gateway closed it
+                try:
+                    ask = json.loads(message)
+                    bucket, key = str(ask["bucket"]), str(ask["key"])
+                except (ValueError, KeyError, TypeError):
+                    return  # not a gateway of this version: drop it
+                opened = await self.open_checked(bucket, key)
+                try:
+                    if opened is None:
+                        self.refused += 1
+                        conn.send(json.dumps({"refused": "ask over HTTP"}).encode())
+                    else:
+                        self.handed += 1
+                        fd, headers = opened
+                        reply = json.dumps({"headers": headers}).encode()
+                        socket.send_fds(conn, [reply], [fd])
+                except OSError:  # the gateway went away, or it is not reading: drop it
+                    return
+                finally:
+                    if opened is not None:
+                        os.close(opened[0])
+
+    async def open_checked(self, bucket: str, key: str) -> tuple[int, dict[str, str]] | None:
+        """The object's open descriptor and its GET's headers where the route would send
+        this file's bytes as they are (the module says when); else None."""
+        target = self.target
+        store, placement, remote = target.store, target.placement, target.remote
+        try:
+            validate_names(bucket, key)
+        except SluiceError:
+            return None
+        if placement is not None and (
+            placement.read_owner(bucket, key, False) is not None
+            or placement.may_be_elsewhere(bucket)
+        ):
+            return None
+        if remote is not None and remote.props(bucket) is not None:
+            return None
+        opened = store.open_if_tagged(bucket, key)
+        if opened is None:
+            return None
+        f, info = opened
+        with f:
+            if integrity.verify_reads():
+                cs = info.checksum
+                if cs is None or cs.size != info.size:
+                    return None  # the route makes its checksum, or says it is bad
+                if not integrity.VERIFIED.fresh(info.stamp, cs):
+                    if info.size > integrity.WHOLE_MAX:
+                        return None  # the route checks it as it streams
+                    if not await _matches(f.fileno(), cs, info.stamp):
+                        return None  # the route repairs it or says so
+            headers = {k.lower(): v for k, v in object_headers(info).items()}
+            return os.dup(f.fileno()), headers
+
+
+class HandoffCollector:
+    """``sluice_handoff_{files,refused}_total{target}``: files handed to a gateway on this
+    host for S3 GETs, and the asks refused (then served over HTTP)."""
+
+    def __init__(self, target_id: str, handoff: FileHandoff) -> None:
+        self.target_id, self.handoff = target_id, handoff
+
+    def describe(self) -> Iterable[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        for name, text, value in (
+            ("files", "Open object files handed to a gateway on this host.", self.handoff.handed),
+            ("refused", "Asks for a file refused (served over HTTP).", self.handoff.refused),
+        ):
+            family = CounterMetricFamily(f"sluice_handoff_{name}", text, labels=["target"])
+            family.add_metric([self.target_id], value)
+            yield family
