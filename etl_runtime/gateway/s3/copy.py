@@ -58,7 +58,20 @@ class Source:
 
 
 def parse_source(request: Request) -> tuple[str, str]:
-    raw = unquote(request.headers["x-amz-copy-source"]).split("?", 1)[0].lstrip("/")
+    """``[/]BUCKET/KEY[?versionId=null]``: a ``?`` in the key itself comes encoded (``%3F``)."""
+    header = request.headers["x-amz-copy-source"]
+    path, _, version = header.partition("?")
+    raw = unquote(path).lstrip("/")
+    if version:
+        name, _, value = version.partition("=")
+        if name != "versionId":
+            raise S3Error(
+                "InvalidArgument", 400, f"x-amz-copy-source: unknown {name!r} in {header!r}"
+            )
+        if unquote(value) != "null":  # a bucket without versioning has one version: null
+            raise S3Error(
+                "NoSuchVersion", 404, f"x-amz-copy-source: no version {value!r} of {raw!r}"
+            )
     bucket, _, key = raw.partition("/")
     if not bucket or not key:
         raise S3Error("InvalidArgument", 400, f"x-amz-copy-source must be BUCKET/KEY, got {raw!r}")

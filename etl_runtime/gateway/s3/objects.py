@@ -411,14 +411,12 @@ def upload_body(
 
 
 async def check_write(gw: Gateway, request: Request, bucket: str, key: str) -> None:
-    """S3's conditional writes: ``If-None-Match: *`` (412 if the key exists) and
-    ``If-Match: ETAG`` (412 if it is another version, 404 if there is none), checked
-    against the owner just before the write."""
+    """S3's conditional writes: ``If-None-Match: *`` (412 if the key exists) or ``ETAG``
+    (412 if it is that version) and ``If-Match: ETAG`` (412 if it is another version,
+    404 if there is none), checked against the owner just before the write."""
     if_match, if_none = request.headers.get("if-match"), request.headers.get("if-none-match")
     if if_match is None and if_none is None:
         return
-    if if_none is not None and if_none.strip() != "*":
-        raise S3Error("NotImplemented", 501, "If-None-Match on a write takes only '*'")
     url = owner_url(gw, "HEAD", bucket, key)
     try:
         r = await gw.http.head(url, headers=gw.target_headers())
@@ -426,15 +424,20 @@ async def check_write(gw: Gateway, request: Request, bucket: str, key: str) -> N
         raise _unreachable(f"{bucket}/{key}", e) from None
     if r.status_code >= 400 and r.status_code != 404:
         raise from_target(r, b"")
-    exists = r.status_code < 400
-    if if_none is not None and exists:
-        raise S3Error("PreconditionFailed", 412, f"If-None-Match: *: {bucket}/{key} exists")
+    exists, etag = r.status_code < 400, r.headers.get("etag", "").strip('"')
+    if if_none is not None and exists and _matches(if_none, etag):
+        raise S3Error("PreconditionFailed", 412, f"If-None-Match: {bucket}/{key} exists as {etag}")
     if if_match is not None:
         if not exists:
             raise S3Error("NoSuchKey", 404, f"If-Match: {bucket}/{key} does not exist")
-        tags = [t.strip().strip('"') for t in if_match.split(",")]
-        if "*" not in tags and r.headers.get("etag", "").strip('"') not in tags:
+        if not _matches(if_match, etag):
             raise S3Error("PreconditionFailed", 412, f"If-Match: {bucket}/{key} is another version")
+
+
+def _matches(header: str, etag: str) -> bool:
+    """Whether an ``If-Match`` / ``If-None-Match`` list (or ``*``) names ``etag``."""
+    tags = [t.strip().removeprefix("W/").strip('"') for t in header.split(",")]
+    return "*" in tags or etag in tags
 
 
 async def put(

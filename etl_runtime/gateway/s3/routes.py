@@ -14,6 +14,7 @@ key, or no signature where reads are open).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import time
@@ -30,7 +31,7 @@ from etl_runtime.core.names import validate_bucket
 from etl_runtime.gateway import buckets as native
 from etl_runtime.gateway import views
 from etl_runtime.gateway.context import Gateway, unreachable
-from etl_runtime.gateway.s3 import copy, multipart, objects, parts, xml
+from etl_runtime.gateway.s3 import copy, multipart, objects, overrides, parts, xml
 from etl_runtime.gateway.s3 import early as s3_early
 from etl_runtime.gateway.s3 import views as s3_views
 from etl_runtime.gateway.s3.auth import authorize
@@ -46,7 +47,9 @@ from etl_runtime.wire.http.routes import each_method
 
 XML = "application/xml"
 S3_METHODS = ("GET", "HEAD", "PUT", "DELETE", "POST")
+READS = ("GET", "HEAD")
 MAX_KEYS = 1000
+DELETE_PARALLEL = 16  # a DeleteObjects' deletes in flight at once (each to its key's owner)
 LAST = "\U0010ffff"  # sorts after every character a name can hold: skips a common prefix
 UNSUPPORTED = (
     "acl",
@@ -85,11 +88,15 @@ def _xml(body: bytes, status: int = 200) -> Response:
 _UNSUPPORTED = frozenset(UNSUPPORTED)
 
 
-def _refuse_unsupported(request: Request) -> None:
+def _refuse_unsupported(request: Request, listing: bool = False) -> None:
+    """501 for a sub-resource with no counterpart; ``listing``: a bucket GET (``?versions`` ok)."""
     query = request.query_params
     if query and not _UNSUPPORTED.isdisjoint(query.keys()):  # one C pass: on every call
-        name = next(n for n in UNSUPPORTED if n in query)
-        raise S3Error("NotImplemented", 501, f"the ?{name} sub-resource is not supported")
+        name = next(
+            (n for n in UNSUPPORTED if n in query and not (listing and n == "versions")), ""
+        )
+        if name:
+            raise S3Error("NotImplemented", 501, f"the ?{name} sub-resource is not supported")
 
 
 def _token(cursor: str) -> str:
@@ -103,26 +110,63 @@ def _cursor(token: str) -> str:
         raise S3Error("InvalidArgument", 400, "the continuation token is not valid") from None
 
 
-async def list_objects(gw: Gateway, bucket: str, params: dict[str, str]) -> bytes:
-    """ListObjectsV2 (and V1's ``marker``) over the merged listing of the targets.
-
-    Names under ``multipart.HIDDEN`` (parts of uploads in progress) are never
-    shown. With a delimiter, names under one common prefix are skipped in one
-    step (the next page starts after ``prefix + U+10FFFF``).
-    """
-    v1 = params.get("list-type") != "2"
-    prefix, delimiter = params.get("prefix", ""), params.get("delimiter", "")
+def _max_keys(params: dict[str, str]) -> int:
     try:
         max_keys = max(0, min(MAX_KEYS, int(params.get("max-keys", MAX_KEYS))))
     except ValueError:
         raise S3Error("InvalidArgument", 400, "max-keys must be an integer") from None
     params["max-keys"] = str(max_keys)
+    return max_keys
+
+
+async def list_objects(gw: Gateway, bucket: str, params: dict[str, str]) -> bytes:
+    """ListObjectsV2 (and V1's ``marker``) over the merged listing of the targets."""
+    v1 = params.get("list-type") != "2"
+    max_keys = _max_keys(params)
     if v1:
         cursor = params.get("marker", "")
     elif params.get("continuation-token"):
         cursor = _cursor(params["continuation-token"])
     else:
         cursor = params.get("start-after", "")
+    listed = await _listing(gw, bucket, params, cursor, max_keys, v1)
+    contents, prefixes, truncated, last, cursor = listed
+    encode = (lambda s: quote(s, safe="/")) if params.get("encoding-type") == "url" else str
+    if v1:
+        return xml.list_objects_v1(bucket, params, contents, prefixes, truncated, last, encode)
+    token = _token(cursor) if truncated else None
+    return xml.list_objects_v2(bucket, params, contents, prefixes, token, encode)
+
+
+async def list_versions(gw: Gateway, bucket: str, params: dict[str, str]) -> bytes:
+    """ListObjectVersions of a bucket without versioning, as S3 answers it for one.
+
+    Each object is its one version: ``VersionId`` ``null``, the latest, no delete
+    markers; ``key-marker`` pages as V1's ``marker`` does (a ``version-id-marker``
+    of ``null`` is the marker key's one version, already answered).
+    """
+    marker = params.get("key-marker", "")
+    vmark = params.get("version-id-marker")
+    if vmark is not None and (not marker or vmark not in ("", "null")):
+        detail = "needs a key-marker" if not marker else "names no version here"
+        raise S3Error("InvalidArgument", 400, f"version-id-marker {vmark!r} {detail}")
+    max_keys = _max_keys(params)
+    listed = await _listing(gw, bucket, params, marker, max_keys, True)
+    contents, prefixes, truncated, last, _ = listed
+    encode = (lambda s: quote(s, safe="/")) if params.get("encoding-type") == "url" else str
+    return xml.list_versions(bucket, params, contents, prefixes, truncated, last, encode)
+
+
+async def _listing(
+    gw: Gateway, bucket: str, params: dict[str, str], cursor: str, max_keys: int, v1: bool
+) -> tuple[list[dict[str, Any]], list[str], bool, str, str]:
+    """One page of a listing: (contents, common prefixes, truncated, last answered, cursor).
+
+    Names under ``multipart.HIDDEN`` (parts of uploads in progress) are never
+    shown. With a delimiter, names under one common prefix are skipped in one
+    step (the next page starts after ``prefix + U+10FFFF``).
+    """
+    prefix, delimiter = params.get("prefix", ""), params.get("delimiter", "")
     if v1 and delimiter and cursor.startswith(prefix) and cursor.endswith(delimiter):
         cursor += LAST  # resuming after a common prefix (V1's NextMarker): skip under it
     contents: list[dict[str, Any]] = []
@@ -152,11 +196,7 @@ async def list_objects(gw: Gateway, bucket: str, params: dict[str, str]) -> byte
                 cursor, last = name, shown
         if page["next"] is None:
             break
-    encode = (lambda s: quote(s, safe="/")) if params.get("encoding-type") == "url" else str
-    if v1:
-        return xml.list_objects_v1(bucket, params, contents, prefixes, truncated, last, encode)
-    token = _token(cursor) if truncated else None
-    return xml.list_objects_v2(bucket, params, contents, prefixes, token, encode)
+    return contents, prefixes, truncated, last, cursor
 
 
 async def create_bucket(gw: Gateway, bucket: str) -> None:
@@ -201,26 +241,41 @@ async def bucket_exists(gw: Gateway, bucket: str) -> bool:
 
 
 async def delete_objects(gw: Gateway, request: Request, bucket: str, sha256: str | None) -> bytes:
-    """DeleteObjects: up to 1000 keys, each deleted at its owner; per-key errors in the body."""
+    """DeleteObjects: up to 1000 keys, each deleted at its owner (``DELETE_PARALLEL`` at a
+    time); per-key errors in the body, in the request's order."""
     root = xml.parse(await multipart.checked_xml(request, sha256), "Delete")
-    keys = [xml.text(o, "Key") or "" for o in xml.children(root, "Object")]
+    objs = xml.children(root, "Object")
+    keys = [xml.text(o, "Key") or "" for o in objs]
+    versions = [xml.text(o, "VersionId") for o in objs]  # a bucket's one version: "null"
     if len(keys) > MAX_KEYS:
         raise S3Error("MalformedXML", 400, f"at most {MAX_KEYS} keys per DeleteObjects")
     if not await bucket_exists(gw, bucket):
         raise bucket_not_found(bucket)
-    deleted: list[str] = []
+    deleted: list[tuple[str, str | None]] = []
     failed: list[tuple[str, str, str]] = []
-    for key in keys:  # sequential: small calls on pooled connections, in key order
+    limit = asyncio.Semaphore(DELETE_PARALLEL)
+
+    async def one(key: str, version: str | None) -> tuple[str, str, str] | None:
         try:
+            if version not in (None, "null"):
+                raise S3Error("NoSuchVersion", 404, f"{key!r} has no version {version!r}")
             multipart.refuse_hidden(key)
-            await objects.delete(gw, bucket, stored_name(key))
-            deleted.append(key)
+            async with limit:
+                await objects.delete(gw, bucket, stored_name(key))
+            return None
         except S3Error as e:
-            failed.append((key, e.code, e.message))
+            return (key, e.code, e.message)
         except BucketNotFound as e:
-            failed.append((key, "NoSuchBucket", e.message))
+            return (key, "NoSuchBucket", e.message)
         except Exception as e:  # noqa: BLE001 - reported per key, as S3 does
-            failed.append((key, "InternalError", str(e)))
+            return (key, "InternalError", str(e))
+
+    done = await asyncio.gather(*(one(k, v) for k, v in zip(keys, versions, strict=True)))
+    for key, version, error in zip(keys, versions, done, strict=True):  # in key order
+        if error is None:
+            deleted.append((key, version))
+        else:
+            failed.append(error)
     quiet = (xml.text(root, "Quiet") or "").strip().lower() == "true"
     return xml.delete_result(deleted, failed, quiet)
 
@@ -243,7 +298,7 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
     async def bucket_call(bucket: str, request: Request) -> Response:
         method, q = request.method, request.query_params
         signed = await authorize(gw, keys, request, method in ("PUT", "DELETE", "POST"), bucket)
-        _refuse_unsupported(request)
+        _refuse_unsupported(request, listing=method == "GET")
         if method == "PUT":
             check_s3_bucket(bucket)  # S3's rules for a new bucket, each named
         validate_bucket(bucket)
@@ -260,6 +315,10 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
                 if not await bucket_exists(gw, bucket):
                     raise bucket_not_found(bucket)
                 return await multipart.list_uploads(gw, bucket, dict(q))
+            if "versions" in q:
+                if not await bucket_exists(gw, bucket):
+                    raise bucket_not_found(bucket)
+                return _xml(await list_versions(gw, bucket, dict(q)))
             return _xml(await list_objects(gw, bucket, dict(q)))
         if method == "PUT":
             await request.body()  # CreateBucketConfiguration: one region here, ignored
@@ -295,16 +354,20 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
         _refuse_unsupported(request)
         multipart.refuse_hidden(key)
         key = stored_name(key)
+        wanted = overrides.asked(request, signed is not None) if method in READS and q else {}
         if (view := views.view_of(gw, bucket)) is not None:
-            if method not in ("GET", "HEAD") or "uploadId" in q or "uploads" in q:
+            if method not in READS or "uploadId" in q or "uploads" in q:
                 raise s3_views.refuse_write(bucket, key, method)
-            return await s3_views.get(gw, request, bucket, key, view, head=method == "HEAD")
+            got = await s3_views.get(gw, request, bucket, key, view, head=method == "HEAD")
+            return overrides.apply(got, wanted)
         if "uploadId" in q or "uploads" in q:
             return await multipart.dispatch(gw, request, bucket, key, signed)
-        if method in ("GET", "HEAD"):
+        if method in READS:
             if "partNumber" in q:
-                return await parts.get(gw, request, bucket, key, method == "HEAD")
-            return await objects.get(gw, request, bucket, key, method == "HEAD", duplex, early)
+                got = await parts.get(gw, request, bucket, key, method == "HEAD")
+            else:
+                got = await objects.get(gw, request, bucket, key, method == "HEAD", duplex, early)
+            return overrides.apply(got, wanted)
         if method == "PUT" and "x-amz-copy-source" in request.headers:
             stored = await copy.copy_object(gw, request, bucket, key)
             return _xml(xml.copy_result("CopyObjectResult", f'"{stored["etag"]}"', time.time()))

@@ -15,6 +15,9 @@ HEAD = '<?xml version="1.0" encoding="UTF-8"?>\n'
 MAX_XML_BODY = 2 << 20  # DeleteObjects of 1000 long keys fits
 
 
+OWNER = "<Owner><ID>sluice</ID><DisplayName>sluice</DisplayName></Owner>"
+
+
 def iso(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
 
@@ -37,8 +40,7 @@ def list_buckets(names: list[str], created: dict[str, float]) -> bytes:
         "<Bucket>" + _el("Name", n) + _el("CreationDate", iso(created.get(n, 0))) + "</Bucket>"
         for n in names
     )
-    owner = "<Owner>" + _el("ID", "sluice") + _el("DisplayName", "sluice") + "</Owner>"
-    return document("ListAllMyBucketsResult", [owner, f"<Buckets>{buckets}</Buckets>"])
+    return document("ListAllMyBucketsResult", [OWNER, f"<Buckets>{buckets}</Buckets>"])
 
 
 def list_objects_v2(
@@ -55,7 +57,7 @@ def list_objects_v2(
         inner.append(_el("Delimiter", encode(params["delimiter"])))
     inner += [_el("MaxKeys", params["max-keys"]), _el("KeyCount", len(contents) + len(prefixes))]
     inner.append(_el("IsTruncated", "true" if next_token else "false"))
-    if params.get("continuation-token"):
+    if "continuation-token" in params:
         inner.append(_el("ContinuationToken", params["continuation-token"]))
     if next_token:
         inner.append(_el("NextContinuationToken", next_token))
@@ -63,7 +65,8 @@ def list_objects_v2(
         inner.append(_el("StartAfter", encode(params["start-after"])))
     if params.get("encoding-type"):
         inner.append(_el("EncodingType", params["encoding-type"]))
-    inner += _contents(contents, prefixes, encode)
+    owner = params.get("fetch-owner", "").lower() == "true"
+    inner += _contents(contents, prefixes, encode, owner)
     return document("ListBucketResult", inner)
 
 
@@ -87,8 +90,46 @@ def list_objects_v1(
         inner.append(_el("NextMarker", encode(cursor)))
     if params.get("encoding-type"):
         inner.append(_el("EncodingType", params["encoding-type"]))
-    inner += _contents(contents, prefixes, encode)
+    inner += _contents(contents, prefixes, encode, owner=True)  # V1 always names the owner
     return document("ListBucketResult", inner)
+
+
+def list_versions(
+    bucket: str,
+    params: dict[str, str],
+    contents: list[dict[str, Any]],
+    prefixes: list[str],
+    truncated: bool,
+    cursor: str,
+    encode: Any,
+) -> bytes:
+    """ListVersionsResult of a bucket without versioning: each object its one ``null`` version."""
+    inner = [_el("Name", bucket), _el("Prefix", encode(params.get("prefix", "")))]
+    inner += [_el("KeyMarker", encode(params.get("key-marker", "")))]
+    inner += [_el("VersionIdMarker", params.get("version-id-marker", ""))]
+    if params.get("delimiter"):
+        inner.append(_el("Delimiter", encode(params["delimiter"])))
+    inner += [_el("MaxKeys", params["max-keys"])]
+    inner.append(_el("IsTruncated", "true" if truncated else "false"))
+    if truncated:
+        inner += [_el("NextKeyMarker", encode(cursor)), _el("NextVersionIdMarker", "null")]
+    if params.get("encoding-type"):
+        inner.append(_el("EncodingType", params["encoding-type"]))
+    inner += [
+        "<Version>"
+        + _el("Key", encode(o["name"]))
+        + _el("VersionId", "null")
+        + _el("IsLatest", "true")
+        + _el("LastModified", iso(o["mtime"]))
+        + _el("ETag", f'"{o["etag"]}"')
+        + _el("Size", listed_size(o))
+        + _el("StorageClass", "STANDARD")
+        + OWNER
+        + "</Version>"
+        for o in contents
+    ]
+    inner += ["<CommonPrefixes>" + _el("Prefix", encode(p)) + "</CommonPrefixes>" for p in prefixes]
+    return document("ListVersionsResult", inner)
 
 
 def listed_size(o: dict[str, Any]) -> int:
@@ -97,23 +138,35 @@ def listed_size(o: dict[str, Any]) -> int:
     return int(size or 0)
 
 
-def _contents(contents: list[dict[str, Any]], prefixes: list[str], encode: Any) -> list[str]:
+def _contents(
+    contents: list[dict[str, Any]], prefixes: list[str], encode: Any, owner: bool
+) -> list[str]:
+    tail = "<StorageClass>STANDARD</StorageClass>" + (OWNER if owner else "") + "</Contents>"
     inner = [
         "<Contents>"
         + _el("Key", encode(o["name"]))
         + _el("LastModified", iso(o["mtime"]))
         + _el("ETag", f'"{o["etag"]}"')
         + _el("Size", listed_size(o))
-        + _el("StorageClass", "STANDARD")
-        + "</Contents>"
+        + tail
         for o in contents
     ]
     inner += ["<CommonPrefixes>" + _el("Prefix", encode(p)) + "</CommonPrefixes>" for p in prefixes]
     return inner
 
 
-def delete_result(deleted: list[str], errors: list[tuple[str, str, str]], quiet: bool) -> bytes:
-    inner = [] if quiet else ["<Deleted>" + _el("Key", k) + "</Deleted>" for k in deleted]
+def delete_result(
+    deleted: list[tuple[str, str | None]], errors: list[tuple[str, str, str]], quiet: bool
+) -> bytes:
+    """DeleteResult: ``deleted`` as (key, the VersionId asked or None)."""
+    inner = (
+        []
+        if quiet
+        else [
+            "<Deleted>" + _el("Key", k) + (_el("VersionId", v) if v else "") + "</Deleted>"
+            for k, v in deleted
+        ]
+    )
     inner += [
         "<Error>" + _el("Key", k) + _el("Code", c) + _el("Message", m) + "</Error>"
         for k, c, m in errors
