@@ -212,6 +212,8 @@ class Supervisor:
         env[procs.SUPERVISOR_ENV] = str(os.getpid())  # transformers outlive a killed gateway
         env["PYTHONUNBUFFERED"] = "1"
         env["SLUICE_ETL_FQN"] = "always"  # local transformers read the targets' files
+        if os.environ.get("SLUICE_LOCAL_FILES") != "0":  # S3 GETs from the owner's open file
+            env["SLUICE_LOCAL_FILES"] = str(self.data / "sock")  # (storage_target/handoff.py)
         if self.args.token:
             env["SLUICE_TOKEN"] = self.args.token
         if self.args.read_token:

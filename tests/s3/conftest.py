@@ -49,9 +49,14 @@ def make_key(endpoint: str, permission: str, token: str | None = None) -> dict[s
 
 
 @pytest.fixture(scope="package")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     with LocalCluster(tmp_path_factory.mktemp("s3") / "data", targets=2) as c:
-        yield c.endpoint.rstrip("/")
+        yield c
+
+
+@pytest.fixture(scope="package")
+def endpoint(cluster: LocalCluster) -> str:
+    return cluster.endpoint.rstrip("/")
 
 
 @pytest.fixture(scope="package")

@@ -56,6 +56,8 @@ def early_starter(gw: Gateway) -> Starter:
         bucket, _, key = path[len(PREFIX) :].partition("/")
         if not bucket or not key or scope.get("root_path") or not _plain(gw, bucket, key):
             return None
+        if objects.may_hand_off(gw, bucket):  # the owner's file is asked for instead
+            return None
         early = objects.send_early(gw, Request(scope), bucket, key)
         if early is None:
             return None
@@ -73,6 +75,6 @@ def take(gw: Gateway, request: Request, bucket: str, key: str) -> ShareBody | No
             early.close()
         return None
     if early is None and request.method == "GET" and not request.scope["query_string"]:
-        if _plain(gw, bucket, key):
+        if _plain(gw, bucket, key) and not objects.may_hand_off(gw, bucket):
             early = objects.send_early(gw, request, bucket, key)
     return early

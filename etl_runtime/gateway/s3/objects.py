@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from typing import Any
 
@@ -45,12 +46,13 @@ from etl_runtime.core.errors import DuplexError, InvalidRequest, NoTargets, S3Er
 from etl_runtime.core.names import validate_names
 from etl_runtime.gateway.context import Gateway
 from etl_runtime.gateway.placement import route
-from etl_runtime.gateway.s3 import chunked, hedge, spliced
+from etl_runtime.gateway.s3 import chunked, handoff, hedge, spliced
 from etl_runtime.gateway.s3.errors import from_target, from_target_parts
 from etl_runtime.gateway.s3.sigv4 import UNSIGNED, Signed
 from etl_runtime.getbatch.exchange import ShareBody, ShareBroken
 from etl_runtime.storage.ranges import READ_CONDITIONS
 from etl_runtime.wire.clients.duplex import DuplexClient
+from etl_runtime.wire.http.zerocopy import FileRangeResponse, offers_zerocopy
 
 UPLOAD_TIMEOUT = httpx.Timeout(600.0, connect=10.0)  # per read/write, not for the whole body
 WHOLE_READ_MAX = 1 << 20  # answers up to this size are read whole, bigger ones streamed
@@ -168,6 +170,10 @@ async def get(
     ``bench/s3.py`` measured it against httpx for this hop (docs/benchmarks.md,
     "S3 API"); httpx otherwise. ``early``: the GET already sent (``send_early``).
     """
+    if early is None and not head and _handed(gw, request, bucket):
+        handed = await _from_file(gw, bucket, key, _checksums_asked(request))
+        if handed is not None:
+            return handed
     if early is not None:
         try:  # raced against a copy when the owner is slow (hedge.py)
             headers = _owner_headers(gw, request)
@@ -220,6 +226,50 @@ async def get(
         media_type=_media(r.headers),
         background=BackgroundTask(r.aclose),
     )
+
+
+def may_hand_off(gw: Gateway, bucket: str) -> bool:
+    """Whether a plain GET may be answered from the owner's file (``handoff.py``): of a
+    bucket that keeps one copy, not while the cluster rebalances (the owner would refuse:
+    its GET may read from a neighbour). The caller checks that the server sends files."""
+    if handoff.FILES is None:
+        return False
+    if gw.cmap is not None:
+        cmap = gw.cmap.get()
+        if cmap.rebalancing or cmap.copies(bucket) > 1:
+            return False
+    return True
+
+
+def _handed(gw: Gateway, request: Request, bucket: str) -> bool:
+    headers = request.headers
+    if any(h in headers for h in READ_CONDITIONS) or not offers_zerocopy(request.scope):
+        return False
+    return may_hand_off(gw, bucket)
+
+
+async def _from_file(gw: Gateway, bucket: str, key: str, sums: bool) -> Response | None:
+    """GetObject from the owner's open file where it hands one (``handoff.py``), else None."""
+    assert handoff.FILES is not None
+    validate_names(bucket, key)
+    opened = await handoff.FILES.open(route(gw, "GET", bucket, key).id, bucket, key)
+    if opened is None:
+        return None
+    fd, headers = opened
+    f = os.fdopen(fd, "rb")
+    try:
+        size = int(headers["content-length"])
+        kept, media = _kept(headers, sums), _media(headers)
+        if size > spliced.SPLICE_MIN:
+            return FileRangeResponse(f, 0, size, 200, headers=kept, media_type=media)
+        body = os.pread(fd, size, 0)
+    except BaseException:
+        f.close()
+        raise
+    f.close()
+    if len(body) != size:  # cut under us: the route reads it again
+        return None
+    return spliced.WholeResponse(body, 200, headers=kept, media_type=media)
 
 
 async def _head_of(answer: ShareBody) -> ShareBody:
