@@ -14,12 +14,14 @@ Why proxy, when the native API answers object calls with a 307 to the owner:
 
 So every S3 object call is verified on the gateway and proxied to the owner
 (``placement.route``, the same HRW choice as the 307) with the gateway's own
-credentials (``gw.target_headers()``). A GetObject's body is spliced from
-the owner's socket to the client's (``spliced.py``) where the server offers
-it; otherwise, and for uploads, bodies are streamed in chunks, never buffered
-whole. The price is one more loopback hop per call: ``bench/s3.py`` measures
-S3 GET against native GET, and boto3 on Sluice against boto3 on MinIO
-(``docs/benchmarks.md``, "S3 API").
+credentials (``gw.target_headers()``). Under ``sluice up`` a plain
+GetObject is answered from the open file the owner hands over (``handoff.py``);
+otherwise its body is spliced from the owner's socket to the client's
+(``spliced.py``) where the server offers it; otherwise, and for uploads,
+bodies are streamed in chunks, never buffered whole. The price of the relay
+is one more loopback hop per call: ``bench/s3.py`` measures S3 GET against
+native GET, and boto3 on Sluice against boto3 on MinIO (``docs/benchmarks.md``,
+"S3 API").
 
 ``Content-Type`` and ``x-amz-meta-*`` of a PUT (or of CreateMultipartUpload)
 are stored with the object (``storage_target/meta.py``: the native API's
