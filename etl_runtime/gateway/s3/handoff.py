@@ -10,8 +10,9 @@ native GET's after its 307 do, instead of owner → gateway → client.
 
 Only a plain GET (no ``Range`` or ``If-*``), verified first like any other, on
 a server that sends files zero-copy (not under TLS). A refusal, a socket that
-is not there (another host, an older target) or breaks: the relay asks the
-owner over HTTP as before, so the answer is always the route's. Connections
+is not there (another host, an older target), breaks or does not answer
+within ``ASK_TIMEOUT``: the relay asks the owner over HTTP as before, so the
+answer is always the route's. Connections
 are pooled per owner, one request at a time each.
 """
 
@@ -27,6 +28,7 @@ from typing import Any
 ENV = "SLUICE_LOCAL_FILES"  # storage_target/handoff.py's
 MESSAGE_MAX = 64 << 10
 IDLE_MAX = 16  # idle connections kept per owner
+ASK_TIMEOUT = 10.0  # an owner that has not answered by then is asked over HTTP
 
 
 def _path(directory: str, target_id: str) -> str:
@@ -87,15 +89,16 @@ class LocalFiles:
         reply: Any = None
         try:
             sock.send(json.dumps({"bucket": bucket, "key": key}).encode())
-            while True:
-                await _readable(sock)
-                try:
-                    message, fds, _flags, _addr = socket.recv_fds(sock, MESSAGE_MAX, 1)
-                    break
-                except BlockingIOError:
-                    continue
+            async with asyncio.timeout(ASK_TIMEOUT):
+                while True:
+                    await _readable(sock)
+                    try:
+                        message, fds, _flags, _addr = socket.recv_fds(sock, MESSAGE_MAX, 1)
+                        break
+                    except BlockingIOError:
+                        continue
             reply = json.loads(message) if message else None
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # TimeoutError included: an owner that hangs
             reply = None
         except BaseException:  # cancelled mid-answer: the connection is at an unknown place
             sock.close()
