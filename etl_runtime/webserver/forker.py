@@ -3,7 +3,7 @@
 User code runs only in worker processes (``pool``). Forking them straight from
 the server process is unsafe (its threads and event loop), and starting each
 one afresh costs an interpreter and every import again: seconds with
-webdataset and torch. So the server forks this helper once, early, before any
+torch. So the server forks this helper once, early, before any
 thread or event loop exists (``Forker.start``). The helper imports the mode's
 heavy modules (``preload``) once, then forks one worker per request in a few
 milliseconds; a worker starts with everything the helper imported and loads

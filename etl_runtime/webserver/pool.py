@@ -182,7 +182,7 @@ class WorkerPool:
         self._background: set[asyncio.Task[Any]] = set()
         preload = ["etl_runtime.webserver.worker"]
         if spec.mode == "wds":
-            preload.append("etl_runtime.webserver.samples")  # webdataset + torch: seconds
+            preload.append("etl_runtime.webserver.samples")  # webdataset's codecs, not torch
         self.forker = Forker(preload)
 
     def start_forker(self) -> None:

@@ -18,12 +18,14 @@ names are refused before they reach the function.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import sys
 import tarfile
 import time
+import types
 from collections.abc import Callable
-from typing import Any
-
-from webdataset import autodecode, writer
+from typing import TYPE_CHECKING, Any
 
 from etl_runtime.core.errors import (
     BadResult,
@@ -33,6 +35,41 @@ from etl_runtime.core.errors import (
     traceback_tail,
 )
 from etl_runtime.wire.formats.targuard import unsafe_name
+
+
+def _codec_modules() -> tuple[types.ModuleType, types.ModuleType]:
+    """webdataset's ``autodecode`` and ``writer``, without the package's ``__init__``.
+
+    That ``__init__`` imports webdataset's datasets and, for their base classes,
+    torch (``webdataset.pytorch``): about 4 s of CPU (CUDA torch's libraries) in
+    every transformer that decodes and encodes samples but never builds a
+    dataset, 30-60 s of wall time to a ready wds transformer on a loaded
+    machine. These two modules import only numpy, braceexpand and webdataset's
+    ``utils`` and ``gopen`` (torch only inside its torch handlers), so they are
+    loaded from webdataset's folder as a private package. ``import webdataset``
+    in user code still gets the whole library, torch included; a webdataset
+    already imported is used as it is.
+    """
+    if "webdataset" in sys.modules:
+        from webdataset import autodecode, writer
+
+        return autodecode, writer
+    found = importlib.util.find_spec("webdataset")
+    if found is None or not found.submodule_search_locations:
+        raise ModuleNotFoundError("No module named 'webdataset'", name="webdataset")
+    name = f"{__name__}_webdataset"
+    if name not in sys.modules:
+        package = types.ModuleType(name)
+        package.__path__ = list(found.submodule_search_locations)
+        package.__package__ = name
+        sys.modules[name] = package
+    return importlib.import_module(f"{name}.autodecode"), importlib.import_module(f"{name}.writer")
+
+
+if TYPE_CHECKING:
+    from webdataset import autodecode, writer
+else:
+    autodecode, writer = _codec_modules()
 
 IMAGE_SPECS = tuple(autodecode.imagespecs)
 

@@ -2,7 +2,7 @@
 
 A transformer started from scratch spends most of its start-up importing:
 the interpreter, FastAPI and uvicorn (about a second of CPU), then in wds mode
-webdataset and torch, then the user's own imports (torchvision: several
+webdataset's codecs, then the user's own imports (torchvision: several
 seconds more) in every worker. On a laptop running three targets, three such
 starts at once compete for the same cores. The local cluster's ETL controller
 therefore keeps one *zygote*: a process that has imported the transformer's
@@ -70,7 +70,7 @@ PRELOAD = (
     *uvicorn_names.PRELOAD,  # uvicorn's modules (wire/http/names.py)
     "numpy",
     "PIL.Image",
-    "etl_runtime.webserver.samples",  # webdataset, and torch when installed
+    "etl_runtime.webserver.samples",  # webdataset's codecs (torch: torchvision's, next)
     "torchvision",
 )
 LITE = PRELOAD[: PRELOAD.index("numpy")]  # what every transformer's server imports
