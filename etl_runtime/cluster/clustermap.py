@@ -86,6 +86,9 @@ def hrw_order(ids: Sequence[str], key: str) -> list[str]:
     return sorted(ids, key=lambda t: (hrw_digest(t, k), t), reverse=True)
 
 
+_LOCK_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+
+
 @dataclass(frozen=True)
 class BucketProps:
     """Per-bucket properties, cluster-wide (part of the map).
@@ -317,7 +320,10 @@ class FileClusterMap:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.path.with_name(self.path.name + ".lock"), "a") as lock:
+        # 0600: a lock anyone may open, anyone may hold (an ETL's code, under sluice up,
+        # would stop every map update: tokens' revocation included).
+        fd = os.open(self.path.with_name(self.path.name + ".lock"), _LOCK_FLAGS, 0o600)
+        with os.fdopen(fd, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 yield

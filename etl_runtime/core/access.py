@@ -66,6 +66,9 @@ class Holder(Protocol):
 
     def token_records(self) -> Mapping[str, Any]: ...
 
+    # And, where the holder knows the buckets: ``view_sources(buckets) -> list[str]``,
+    # the source of each that is an ETL view, which ``check`` adds to a read's buckets.
+
 
 def object_path(bucket: str, name: str) -> str:
     """The canonical path of an object call: what the gateway signs and targets check."""
@@ -154,7 +157,11 @@ def check(
             raise Unauthorized(f"this call reads data: {READ_HINT}")
         raise Unauthorized()
     given = list(buckets or ())
-    wanted = sorted({b for b in given if isinstance(b, str)})
+    named = tuple(b for b in given if isinstance(b, str))
+    views = getattr(holder, "view_sources", None)  # reading a view reads its source too
+    if need == "read" and named and callable(views):
+        named += tuple(views(named))
+    wanted = sorted(set(named))
     if not wanted and IN_BODY in given:
         if need == "write" and claims.permission != "write":
             raise Forbidden(f"token {claims.id} may only read", token=claims.id)

@@ -246,6 +246,12 @@ class PreconditionFailed(SluiceError):
     status = 412
 
 
+class PayloadTooLarge(SluiceError):
+    """A request body over the route's bound (``core/jsonbody.py``: JSON and action bodies)."""
+
+    status = 413
+
+
 class RangeNotSatisfiable(SluiceError):
     status = 416
 

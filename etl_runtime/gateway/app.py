@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlBackend, TargetDiscovery
 from etl_runtime.core.access import CredentialGate
+from etl_runtime.core.jsonbody import BodyLimit
 from etl_runtime.core.metrics import TargetStateCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.aisjobs import cluster_router
@@ -43,6 +44,12 @@ from etl_runtime.wire.http.fastpath import FastPathApp
 def _s3_call(scope: dict[str, Any]) -> bool:
     path: str = scope["path"]
     return path == "/s3" or path.startswith("/s3/")
+
+
+def _data_call(scope: dict[str, Any]) -> bool:
+    """A call whose body is object data: an object PUT, the S3 API (its own bounds)."""
+    path: str = scope["path"]
+    return _s3_call(scope) or (scope["method"] == "PUT" and path.startswith("/v1/objects/"))
 
 
 def create_gateway_app(
@@ -105,6 +112,7 @@ def create_gateway_app(
     install_error_handlers(app)
     # Inside the metrics and S3AtRoot (added after it): a call without credentials is a
     # 401 before any route reads it (core/access.py); the S3 API checks its signatures.
+    app.add_middleware(BodyLimit, unbounded=_data_call)  # 413 over 16 MiB (core/jsonbody.py)
     app.add_middleware(CredentialGate, holder=gw, passes=_s3_call)
 
     def known() -> list[str]:

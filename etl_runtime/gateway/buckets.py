@@ -261,6 +261,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
                 f"bucket {bucket!r} is an ETL view: change it with view_of, etl and etl_args",
                 bucket=bucket,
             )
+        if isinstance(asked.get("view_of"), str):  # a view reads its source: so must its maker
+            gw.require_read(request, asked["view_of"])  # (before its existence is told)
         props = await views.view_props(gw, bucket, asked, old)
         gw.cmap.update(lambda m: m.with_bucket(bucket, props))
         return {"bucket": bucket, "created": old is None, "props": props.to_dict()}

@@ -14,7 +14,8 @@ Two jobs, both for ``local/runas.py``'s per-ETL uids:
 * ``lock_down(data_dir, group)``: modes under ``DIR`` so that an ETL uid (in the
   data ``group``) can traverse to what it needs and nothing else::
 
-    DIR                 0711  (no listing)      cluster-key 0600 as before
+    DIR                 0711  (no listing)      cluster-key 0600 as before,
+                                                and the lock files (LOCKS)
     DIR/logs, DIR/run   0700                    servers' logs and pids
     DIR/etl             0711                    ETL records are 0600
     DIR/etl/{logs,run}  0700                    every transformer's log, pids
@@ -42,6 +43,8 @@ from pathlib import Path
 RUNTIME_DIR = "runtime"
 PRIVATE = ("logs", "run")  # under DIR, and under DIR/etl
 OBJECTS = "buckets"  # the one entry of a target's data dir ETL code may read
+# flock()ed by the servers: the cluster map's writers, the running sluice up
+LOCKS = ("cluster.json.lock", ".sluice-up.lock")
 
 
 def runtime(data_dir: Path) -> tuple[str, dict[str, str]]:
@@ -130,6 +133,8 @@ def lock_down(data_dir: Path, group: int) -> None:
     _mode(data_dir, 0o711)
     for name in PRIVATE:
         _mode(data_dir / name, 0o700)
+    for name in LOCKS:  # a file one can open, one can flock: ETL code would hold it
+        _mode(data_dir / name, 0o600)
     etl = data_dir / "etl"
     _mode(etl, 0o711)
     for name in PRIVATE:

@@ -20,6 +20,7 @@ from etl_runtime.cluster.clustermap import ClusterMapStore
 from etl_runtime.cluster.records import EtlRegistry
 from etl_runtime.cluster.smap import smap_doc
 from etl_runtime.core.access import CredentialGate, check, require_read
+from etl_runtime.core.jsonbody import BodyLimit
 from etl_runtime.core.metrics import RemoteCacheCollector, StorageCollector, install_metrics
 from etl_runtime.core.params import refuse_unknown, refuse_what
 from etl_runtime.etl.cacheindex import OutputCacheCollector
@@ -44,6 +45,14 @@ from etl_runtime.wire.clients.duplex import DuplexClient
 from etl_runtime.wire.http.errors import install_error_handlers
 from etl_runtime.wire.http.fastpath import FastPathApp
 from etl_runtime.wire.http.zerocopy import SendfileCollector
+
+
+def _data_call(scope: dict[str, Any]) -> bool:
+    """A call whose body is object data: an object PUT, the internal routes (replicas,
+    a job's shards), which only the gateway and the targets may call."""
+    path: str = scope["path"]
+    put = scope["method"] == "PUT"
+    return path.startswith("/v1/_") or (put and path.startswith("/v1/objects/"))
 
 
 def create_target_app(
@@ -121,6 +130,7 @@ def create_target_app(
     app.state.target = target
     install_error_handlers(app, {"target": target_id})
     # Inside the metrics: a call without credentials is a 401 before any route reads it.
+    app.add_middleware(BodyLimit, unbounded=_data_call)  # 413 over 16 MiB (core/jsonbody.py)
     app.add_middleware(CredentialGate, holder=target)
     collectors: list[Collector] = [StorageCollector(target_id, data_dir)]
     if target.remote is not None:

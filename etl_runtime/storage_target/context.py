@@ -30,3 +30,13 @@ class Target:
         """The access tokens' records (revocation, ``core/tokens.py``) from the cluster map."""
         cmap = self.placement.cmap if self.placement is not None else None
         return cmap.get().tokens if cmap is not None else {}
+
+    def view_sources(self, buckets: tuple[Any, ...]) -> list[str]:
+        """The source bucket of each of ``buckets`` that is an ETL view (``core/access.py``
+        checks a token for both: a GetBatch of a view on a target reads its source)."""
+        cmap = self.placement.cmap if self.placement is not None else None
+        if cmap is None or not buckets:
+            return []
+        known = cmap.get().buckets
+        props = [known.get(b) for b in buckets if isinstance(b, str)]
+        return [str(p.view["of"]) for p in props if p is not None and p.view.get("of")]

@@ -17,6 +17,8 @@ connections. Three parts, all set up per server process:
   body, nor to a kept-alive connection between requests: that one keeps
   uvicorn's ``timeout_keep_alive`` (75 s on the target and gateway, so pooled
   clients' connections survive a paused target).
+* **Head size**: a request line and headers over ``MAX_HEAD_BYTES`` (64 KiB)
+  are answered ``431`` and the connection closed, before more of them is kept.
 * **Connection cap** (``SLUICE_MAX_CONNECTIONS``, ``0`` = none; default from
   the open-files limit, see ``default_max_connections``): a connection that
   would exceed it makes the server close the connection idle the longest (no
@@ -76,6 +78,17 @@ WARNING_INTERVAL_SECONDS = 60.0  # at most one "at the cap" warning a minute
 
 log = logging.getLogger("uvicorn.error")  # the server's own log, set up by uvicorn
 
+# A request's head (request line and headers) longer than this is refused with a 431
+# and the connection closed: uvicorn bounds neither (httptools kept a 64 MiB header).
+# S3 allows 8 KiB of headers; a Sluice token naming a hundred buckets is about 9 KiB.
+MAX_HEAD_BYTES = 64 << 10
+_TOO_LARGE_431 = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-type: text/plain; charset=utf-8\r\n"
+    b"content-length: 31\r\n"
+    b"connection: close\r\n\r\n"
+    b"Request Header Fields Too Large"
+)
 _TIMEOUT_408 = (
     b"HTTP/1.1 408 Request Timeout\r\n"
     b"content-type: text/plain; charset=utf-8\r\n"
@@ -308,6 +321,7 @@ class _Guard(asyncio.Protocol):
     app: Any
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = False  # some of the current request's head has come
+    _head_size = 0  # how much of it: at most MAX_HEAD_BYTES
     answered_in_protocol = False  # wire/http/inprotocol.py answered a request in this data_received
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -318,16 +332,23 @@ class _Guard(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         idle = not self._busy()
+        if idle:
+            self._head_size += len(data)
         self.answered_in_protocol = False
         super().data_received(data)
         if self._busy():
+            self._head_size = 0
             self._disarm()
             self.tracker.busy(self)
         elif (
             self.answered_in_protocol
         ):  # a whole request came and was answered (wire/http/inprotocol.py)
+            self._head_size = 0
             self._disarm()
         elif idle and data and not self.transport.is_closing():
+            if self._head_size > MAX_HEAD_BYTES:  # still no whole head: refused
+                self._refuse_head()
+                return
             self._head_bytes = True
             if self._head_timer is None:  # a later request's first bytes
                 self._arm()
@@ -335,7 +356,7 @@ class _Guard(asyncio.Protocol):
     def on_response_complete(self) -> None:
         cast(Any, super()).on_response_complete()
         if not self.transport.is_closing() and not self._busy():
-            self._head_bytes = False
+            self._head_bytes, self._head_size = False, 0
             self.tracker.rested(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -362,6 +383,12 @@ class _Guard(asyncio.Protocol):
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
+
+    def _refuse_head(self) -> None:
+        self._disarm()
+        self.tracker.closed(self)
+        self.transport.write(_TOO_LARGE_431)
+        self.transport.close()
 
     def _head_timeout(self) -> None:
         self._head_timer = None
