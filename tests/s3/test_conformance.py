@@ -14,6 +14,9 @@ from typing import Any
 import boto3
 import httpx
 import pytest
+from botocore.auth import S3SigV4QueryAuth
+from botocore.awsrequest import AWSRequest
+from botocore.credentials import Credentials
 
 from tests.providers.minio import ACCESS_KEY, REGION, SECRET_KEY, MinioServer
 from tests.s3.conftest import CONFIG
@@ -219,3 +222,40 @@ def test_response_overrides_refused_when_anonymous_or_unknown(endpoint: str, s3:
     )
     injected = httpx.get(signed, timeout=10)
     assert injected.status_code == 400 and b"response-content-type" in injected.content
+
+
+def test_a_retried_complete_gets_the_same_answer(s3: Any) -> None:
+    """S3 answers a CompleteMultipartUpload sent again (its answer lost) as the first time;
+    the upload is otherwise gone: its parts, ListParts, another parts list, abort."""
+    b = "conf-recomplete"
+    s3.create_bucket(Bucket=b)
+    up = s3.create_multipart_upload(Bucket=b, Key="k")["UploadId"]
+    done = []
+    for n, body in enumerate([b"a" * (5 << 20), b"tail"], 1):
+        r = s3.upload_part(Bucket=b, Key="k", UploadId=up, PartNumber=n, Body=body)
+        done.append({"PartNumber": n, "ETag": r["ETag"]})
+
+    def complete(parts: list[dict[str, Any]]) -> Any:
+        return s3.complete_multipart_upload(
+            Bucket=b, Key="k", UploadId=up, MultipartUpload={"Parts": parts}, IfNoneMatch="*"
+        )["ETag"]
+
+    first = complete(done)
+    assert first.endswith('-2"')
+    assert seen(lambda: complete(done)) == first  # If-None-Match was for the first one
+    gone = ("error", 404, "NoSuchUpload")
+    assert seen(lambda: complete(done[:1])) == gone
+    assert seen(lambda: s3.list_parts(Bucket=b, Key="k", UploadId=up)) == gone
+    assert seen(lambda: s3.abort_multipart_upload(Bucket=b, Key="k", UploadId=up)) == gone
+    assert not s3.list_multipart_uploads(Bucket=b).get("Uploads")
+    assert s3.get_object(Bucket=b, Key="k")["ContentLength"] == (5 << 20) + 4
+
+
+def test_a_presigned_url_of_zero_seconds_is_expired(s3: Any, writer: dict[str, Any]) -> None:
+    s3.create_bucket(Bucket="conf-expiry")
+    s3.put_object(Bucket="conf-expiry", Key="k", Body=b"x")
+    credentials = Credentials(writer["access_key"], writer["secret_key"])
+    request = AWSRequest("GET", f"{s3.meta.endpoint_url}/conf-expiry/k")
+    S3SigV4QueryAuth(credentials, "s3", "us-east-1", expires=0).add_auth(request)  # no CRT
+    r = httpx.get(request.url, timeout=10)
+    assert r.status_code == 403 and b"expired" in r.content

@@ -13,7 +13,11 @@ from its listings and refuses keys under ``.s3-multipart/``.
 * CompleteMultipartUpload checks the listed parts (ascending numbers, ETags
   that match, every part but the last at least 5 MiB, as S3 wants), streams
   them one after the other into a normal PUT of the key at its owner (one
-  part's chunk in memory at a time), then deletes the upload's objects. Its
+  part's chunk in memory at a time), then deletes the parts and marks the
+  ``upload`` record completed (its answer and parts list): the same Complete
+  sent again, say after its answer was lost, gets the same answer, as S3's
+  does; any other call on the upload is ``NoSuchUpload``. The sweep deletes
+  the record with the others. Its
   ETag is S3's multipart form, ``MD5(MD5(part 1) + ... + MD5(part N))-N``. The
   stored object keeps the MD5 of its bytes, which later GETs and HEADs show
   as its ETag (the store keeps one ETag per object);
@@ -96,9 +100,10 @@ async def _one(data: bytes) -> AsyncIterator[bytes]:
 
 
 async def _check_upload(
-    gw: Gateway, bucket: str, key: str | None, upload_id: str
+    gw: Gateway, bucket: str, key: str | None, upload_id: str, done: bool = False
 ) -> dict[str, Any]:
-    """The upload's record (``key``, ``created``, ``meta``); NoSuchUpload if it is not ``key``'s."""
+    """The upload's record (``key``, ``created``, ``meta``; ``completed`` once it is);
+    NoSuchUpload if it is not ``key``'s, or is completed and ``done`` is not asked."""
     name = _upload_dir(upload_id) + "upload"
     try:
         raw = b"".join([c async for c in objects.read_parts(gw, [(bucket, name)])])
@@ -108,6 +113,8 @@ async def _check_upload(
         raise
     record: dict[str, Any] = json.loads(raw)
     if key is not None and record.get("key") != key:
+        raise _no_upload(upload_id)
+    if "completed" in record and not done:
         raise _no_upload(upload_id)
     return record
 
@@ -166,14 +173,18 @@ async def complete(
     gw: Gateway, request: Request, bucket: str, key: str, upload_id: str, sha256: str | None
 ) -> Response:
     root = xml.parse(await checked_xml(request, sha256), "CompleteMultipartUpload")
-    record = await _check_upload(gw, bucket, key, upload_id)
-    await objects.check_write(gw, request, bucket, key)
+    record = await _check_upload(gw, bucket, key, upload_id, done=True)
     asked: list[tuple[int, str]] = []
     for p in xml.children(root, "Part"):
         number = (xml.text(p, "PartNumber") or "").strip()
         if not (number.isascii() and number.isdigit()):
             raise S3Error("MalformedXML", 400, f"bad PartNumber {number!r}")
         asked.append((int(number), (xml.text(p, "ETag") or "").strip().strip('"')))
+    if "completed" in record:  # a retried Complete (its answer lost?): the same answer
+        if [list(p) for p in asked] != record["completed"]["parts"]:
+            raise _no_upload(upload_id)
+        return _completed(bucket, key, record["completed"]["etag"])
+    await objects.check_write(gw, request, bucket, key)
     if not asked:
         raise S3Error("MalformedXML", 400, "CompleteMultipartUpload lists no parts")
     numbers = [n for n, _ in asked]
@@ -193,13 +204,24 @@ async def complete(
     await objects.put_stream(gw, bucket, key, body, str(length), meta)
     md5s = b"".join(bytes.fromhex(p["etag"]) for p in chosen)
     etag = f'"{hashlib.md5(md5s).hexdigest()}-{len(chosen)}"'
-    await _remove(gw, bucket, upload_id, list(stored.values()))
+    done = {**record, "completed": {"etag": etag, "parts": [list(p) for p in asked]}}
+    raw = json.dumps(done).encode()  # kept until the sweep: a retried Complete is answered
+    await objects.put_stream(
+        gw, bucket, _upload_dir(upload_id) + "upload", _one(raw), str(len(raw))
+    )
+    await _remove(gw, bucket, upload_id, list(stored.values()), record=False)
+    return _completed(bucket, key, etag)
+
+
+def _completed(bucket: str, key: str, etag: str) -> Response:
     body_xml = xml.complete_upload(f"/{bucket}/{key}", bucket, key, etag)
     return Response(body_xml, media_type="application/xml")
 
 
-async def _remove(gw: Gateway, bucket: str, upload_id: str, parts: list[dict[str, Any]]) -> None:
-    names = [p["name"] for p in parts] + [_upload_dir(upload_id) + "upload"]
+async def _remove(
+    gw: Gateway, bucket: str, upload_id: str, parts: list[dict[str, Any]], record: bool = True
+) -> None:
+    names = [p["name"] for p in parts] + ([_upload_dir(upload_id) + "upload"] if record else [])
     limit = asyncio.Semaphore(16)
 
     async def one(name: str) -> None:

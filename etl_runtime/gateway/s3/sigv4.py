@@ -262,15 +262,15 @@ def _verify_query(request: Request, secret_of: SecretLookup, now: float) -> Sign
     amz_date, expires = q["X-Amz-Date"], q["X-Amz-Expires"]
     if (
         not (expires.isascii() and expires.isdigit())
-        or not 1 <= int(expires) <= MAX_EXPIRES_SECONDS
+        or not 0 <= int(expires) <= MAX_EXPIRES_SECONDS
     ):
         raise S3Error(
             "AuthorizationQueryParametersError",
             400,
-            f"X-Amz-Expires must be 1..{MAX_EXPIRES_SECONDS} seconds",
+            f"X-Amz-Expires must be 0..{MAX_EXPIRES_SECONDS} seconds",
         )
     signed_at = _parse_time(amz_date)
-    if now > signed_at + int(expires):
+    if now > signed_at + int(expires) or int(expires) == 0:  # 0: expired when made, as in S3
         raise denied("Request has expired")
     if signed_at > now + MAX_SKEW_SECONDS:
         raise denied("Request is not valid yet")
