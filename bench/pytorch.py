@@ -195,7 +195,9 @@ def lit_item(item: tuple[str, bytes, int]) -> dict[str, Any]:
     return {"key": item[0], "jpg": item[1], "cls": item[2]}
 
 
-def bench_loaders(client: Client, images: int, workers: int, rounds: int) -> None:
+def bench_loaders(
+    client: Client, images: int, workers: int, rounds: int, args: argparse.Namespace, pid: int
+) -> None:
     """ShardReader, wds.WebDataset and LitData on the same images, ETL off and on."""
     import cloudpickle
     import httpx
@@ -222,6 +224,9 @@ def bench_loaders(client: Client, images: int, workers: int, rounds: int) -> Non
         "etl": "bench-resize",
         "workers": workers,
         "rounds": rounds,
+        "cluster_pid": pid,
+        "no_read_ahead": args.no_read_ahead,
+        "etl_rows": {"both": [False, True], "on": [True], "off": [False]}[args.etl],
     }
     key = httpx.post(f"{client.endpoint}/v1/s3/keys", json={"permission": "write"}).json()
     options = {
@@ -239,7 +244,8 @@ def bench_loaders(client: Client, images: int, workers: int, rounds: int) -> Non
     }
     with tempfile.TemporaryDirectory() as tmp:
         try:
-            config["litdata"] = litdata_over_s3(data, Path(tmp), options)
+            if not args.no_litdata:
+                config["litdata"] = litdata_over_s3(data, Path(tmp), options)
         except ImportError as exc:
             print(f"  litdata: not importable here ({exc}), no comparison")
         child = subprocess.run(
@@ -259,17 +265,29 @@ def bench_loaders(client: Client, images: int, workers: int, rounds: int) -> Non
         f"Loaders, {images} JPEGs of 160x160 ({size / 1024:.1f} KiB), {shards} wds shards, "
         f"DataLoader(num_workers={workers}), {rounds} rounds (median; each round's)"
     )
-    print(f"  {'loader':34s} {'samples/s':>10s} {'CPU ms/sample':>14s}   rounds (samples/s)")
+    print("  CPU: ms per sample, client | gateway, targets, transformers (the servers')")
+    head = f"  {'loader':40s} {'samples/s':>9s} {'client':>7s} {'gw':>5s} {'tgt':>5s} {'etl':>5s}"
+    print(f"{head}   rounds (samples/s; client ms)")
+
+    def median(values: list[float]) -> float:
+        return sorted(values)[len(values) // 2]
+
     for key, runs in results.items():
         failed = [r["error"] for r in runs if "error" in r]
         if failed:
-            print(f"  {key:34s} failed: {failed[0]}")
+            print(f"  {key:40s} failed: {failed[0]}")
             continue
         assert all(r["samples"] == images for r in runs), (key, runs)
-        rates = sorted(r["samples"] / r["seconds"] for r in runs)
-        cpus = sorted(1000 * r["cpu"] / r["samples"] for r in runs)
-        each = ", ".join(f"{r['samples'] / r['seconds']:.0f}" for r in runs)
-        print(f"  {key:34s} {rates[len(rates) // 2]:10.0f} {cpus[len(cpus) // 2]:14.2f}   {each}")
+        rate = median([r["samples"] / r["seconds"] for r in runs])
+        ms = [
+            median([1000 * r[role] / r["samples"] for r in runs])
+            for role in ("cpu", "gateway", "targets", "transformers")
+        ]
+        each = ", ".join(
+            f"{r['samples'] / r['seconds']:.0f}; {1000 * r['cpu'] / r['samples']:.2f}" for r in runs
+        )
+        figures = f"{rate:9.0f} {ms[0]:7.2f} {ms[1]:5.2f} {ms[2]:5.2f} {ms[3]:5.2f}"
+        print(f"  {key:40s} {figures}   {each}")
 
 
 def upload(directory: Path, bucket: str, options: dict[str, Any]) -> None:
@@ -305,6 +323,17 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=2048)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--etl", choices=("both", "on", "off"), default="both", help="--loaders: which rows"
+    )
+    parser.add_argument(
+        "--no-litdata", action="store_true", help="--loaders: leave LitData out (a shorter run)"
+    )
+    parser.add_argument(
+        "--no-read-ahead",
+        action="store_true",
+        help="--loaders: add ShardReader(read_ahead=False) rows, the baseline of read-ahead",
+    )
     args = parser.parse_args()
     print(f"machine: {machine()}")
     if args.loaders:
@@ -314,7 +343,7 @@ def main() -> None:
             Client(str(cluster.endpoint)) as client,
         ):
             print(f"cluster: local, {args.targets} targets")
-            bench_loaders(client, args.images, args.workers, args.rounds)
+            bench_loaders(client, args.images, args.workers, args.rounds, args, cluster.pid)
         return
     bench_sampler(1_000_000)
     with (

@@ -5,7 +5,9 @@ ETL off (the stored bytes) and on (a per-sample resize: on the storage
 target for Sluice's ``ShardReader`` and for ``wds.WebDataset`` over ETL
 URLs; in the loader's workers for LitData, which reads its own chunk format
 through Sluice's S3 API). Client CPU is this process's and its reaped
-children's (the DataLoader workers, webdataset's curl) user + system time.
+children's (the DataLoader workers, webdataset's curl) user + system time;
+server CPU is that of the cluster's processes (``sluice up`` and below: the
+gateway, the targets, the transformers and their workers), by role.
 """
 
 from __future__ import annotations
@@ -47,12 +49,37 @@ def cpu() -> float:
     return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def measure(make: Callable[[], Iterable[Any]]) -> dict[str, float]:
-    c0, t0 = cpu(), time.perf_counter()
+ROLES = ("gateway", "targets", "transformers")
+
+
+def server_cpu(pid: int | None) -> dict[str, float]:
+    """CPU seconds so far of the cluster's processes under ``pid``, by role."""
+    import psutil
+
+    total = dict.fromkeys(ROLES, 0.0)
+    if pid is None:
+        return total
+    root = psutil.Process(pid)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            argv = " ".join(proc.cmdline())
+            t = proc.cpu_times()
+        except psutil.Error:
+            continue
+        role = "gateway" if "etl_runtime.gateway" in argv else "transformers"
+        role = "targets" if "etl_runtime.storage_target" in argv else role
+        total[role] += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+def measure(make: Callable[[], Iterable[Any]], cluster: int | None = None) -> dict[str, float]:
+    s0, c0, t0 = server_cpu(cluster), cpu(), time.perf_counter()
     loader = make()
     n = sum(1 for _ in loader)
     del loader  # its workers are joined (reaped) here
-    return {"samples": n, "seconds": time.perf_counter() - t0, "cpu": cpu() - c0}
+    got = {"samples": n, "seconds": time.perf_counter() - t0, "cpu": cpu() - c0}
+    s1 = server_cpu(cluster)
+    return {**got, **{role: s1[role] - s0[role] for role in ROLES}}
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:
@@ -68,8 +95,12 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
     template = config["template"]
     results: dict[str, Any] = {}
 
-    def sluice(on: bool) -> DataLoader:
-        reader = ShardReader(Source(bucket, template=template), etl_name=etl if on else None)
+    def sluice(on: bool, ahead: bool = True) -> DataLoader:
+        reader = ShardReader(
+            Source(bucket, template=template),
+            etl_name=etl if on else None,
+            read_ahead=None if ahead else False,
+        )
         return DataLoader(reader, batch_size=None, num_workers=workers)
 
     def webdataset(on: bool) -> DataLoader:
@@ -77,10 +108,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         data = wds.WebDataset(urls, shardshuffle=False, empty_check=False)
         return DataLoader(data, batch_size=None, num_workers=workers)
 
-    loaders: dict[str, Callable[[bool], Iterable[Any]]] = {
-        "ShardReader": sluice,
-        "wds.WebDataset": webdataset,
-    }
+    loaders: dict[str, Callable[[bool], Iterable[Any]]] = {"ShardReader": sluice}
+    if config.get("no_read_ahead"):  # the baseline of read_ahead, in the same rounds
+        loaders["ShardReader read_ahead=False"] = lambda on: sluice(on, ahead=False)
+    loaders["wds.WebDataset"] = webdataset
     if config.get("litdata"):
         import litdata
         import litdata.streaming.downloader as lit_downloader
@@ -112,10 +143,10 @@ def run(config: dict[str, Any]) -> dict[str, Any]:
         loaders["litdata.StreamingDataset"] = litdata_loader
     for rnd in range(config["rounds"]):
         for name, make in loaders.items():
-            for on in (False, True):
+            for on in config.get("etl_rows", (False, True)):
                 key = f"{name} etl={'on' if on else 'off'}"
                 try:
-                    got: Any = measure(lambda m=make, o=on: m(o))
+                    got: Any = measure(lambda m=make, o=on: m(o), config.get("cluster_pid"))
                 except Exception as exc:  # one library failing does not sink the others
                     got = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                 print(key, got, file=sys.stderr, flush=True)

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 import io
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 from webdataset import autodecode, tariterators
 
 from etl_runtime.pytorch import tar
@@ -33,6 +34,7 @@ from etl_runtime.pytorch.sources import PrefixMap, Sources, build_catalog
 from etl_runtime.pytorch.stateful import Resumable
 from etl_runtime.sdk.client import EtlArgs
 from etl_runtime.sdk.errors import HTTPError
+from etl_runtime.sdk.object import ObjectReader
 
 Decode = str | Callable[..., Any] | Sequence[str | Callable[..., Any]] | None
 READ_BUFFER = 1 << 20
@@ -58,7 +60,11 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
     ``set_epoch(e)`` before each epoch. ``rank``/``world_size`` stand for
     DDP's when given. ``state_dict()``/``load_state_dict()`` save and restore
     the position to the sample: a shard read in part goes on at its next
-    sample (``position.py``).
+    sample (``position.py``). ``read_ahead``: open the next shard's GET while
+    this one is read, so its target (its ETL) starts on it meanwhile; by
+    default only in DataLoader workers (the thread that opens it is no hazard
+    there: a process that forks while a thread imports or holds a lock gives
+    the child a broken copy of it).
     """
 
     def __init__(
@@ -73,8 +79,10 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
+        read_ahead: bool | None = None,
     ) -> None:
         self.catalog = build_catalog(sources, prefix_map)
+        self.read_ahead = read_ahead
         self.etl_name = etl_name
         self.etl_args = etl_args
         self.decode = decode
@@ -93,23 +101,53 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
     def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
         decoder = make_decoder(self.decode)
         slot, units, order, base = self._begin()
-        for k in range(slot.taken, len(units)):
-            unit = int(units[k][0])
-            start = slot.at if k == slot.taken and slot.at is not None else None
-            start = start or base.partial.get(unit)
-            count, after, offset = start if start is not None else (0, None, None)
-            samples = self._samples(int(order[unit]), decoder, count, after, offset)
-            # One sample ahead: the state after a shard's last sample says it is read.
-            ahead = next(samples, None)
-            while ahead is not None:
-                (key, fields, at), ahead = ahead, next(samples, None)
-                count += 1
-                if ahead is None:
-                    slot.taken, slot.at = k + 1, None
-                else:
-                    slot.at = (count, key, at)
-                yield key, fields
-            slot.taken, slot.at = k + 1, None
+        # The next shard's GET is opened while this one is read (one thread): its
+        # target (its ETL) works on it meanwhile, instead of only once asked.
+        ahead_ok = self.read_ahead
+        if ahead_ok is None:  # a thread in a process that may fork (DataLoader) is a hazard
+            ahead_ok = get_worker_info() is not None
+        pool = ThreadPoolExecutor(1, "shard-ahead") if ahead_ok else None
+        pending: tuple[int, Future[ObjectReader]] | None = None
+        try:
+            for k in range(slot.taken, len(units)):
+                unit = int(units[k][0])
+                start = slot.at if k == slot.taken and slot.at is not None else None
+                start = start or base.partial.get(unit)
+                count, after, offset = start if start is not None else (0, None, None)
+                opened = None
+                if pending is not None:
+                    if pending[0] == k:
+                        opened = pending[1]
+                    else:
+                        _discard(pending[1])
+                    pending = None
+                samples = self._samples(int(order[unit]), decoder, count, after, offset, opened)
+                # One sample ahead: the state after a shard's last sample says it is read.
+                ahead = next(samples, None)
+                if pool is not None and k + 1 < len(units):  # this one's answer has begun
+                    following = int(units[k + 1][0])
+                    if base.partial.get(following) is None:  # read from its first byte
+                        pending = (k + 1, pool.submit(self._open, int(order[following])))
+                while ahead is not None:
+                    (key, fields, at), ahead = ahead, next(samples, None)
+                    count += 1
+                    if ahead is None:
+                        slot.taken, slot.at = k + 1, None
+                    else:
+                        slot.at = (count, key, at)
+                    yield key, fields
+                slot.taken, slot.at = k + 1, None
+        finally:
+            if pending is not None:
+                _discard(pending[1])
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
+
+    def _open(self, index: int) -> ObjectReader:
+        """The GET of the ``index``-th shard, from its first byte (through the ETL)."""
+        bucket, name = self.catalog.buckets[index], self.catalog.names[index]
+        obj = self.catalog.connection.client().bucket(bucket).object(name)
+        return obj.open(etl_name=self.etl_name, etl_args=self.etl_args)
 
     def read_shard(
         self,
@@ -141,8 +179,10 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         skip: int,
         after: str | None,
         offset: int | None,
+        opened: Future[ObjectReader] | None = None,
     ) -> Iterator[tuple[str, dict[str, Any], int | None]]:
-        """``read_shard``'s samples with the offset each starts at (None through an ETL).
+        """``read_shard``'s samples with the offset each starts at (None through an ETL);
+        ``opened``: its GET from the first byte, opened ahead (``skip`` is 0 then).
 
         Through a wds ETL the first ``skip`` are left out by the ETL (``etl_skip``);
         if its answer does not say it left out ``skip`` samples ending at ``after``
@@ -153,7 +193,7 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
             yield from self._read(index, decoder, skip, after, offset, missed)
             if not missed:
                 return
-        yield from self._read(index, decoder, skip, after, offset, None)
+        yield from self._read(index, decoder, skip, after, offset, None, opened)
 
     def _etl_skips(self) -> bool:
         """Whether the ETL leaves samples out itself (``etl_skip``: a wds ETL); asked once."""
@@ -170,6 +210,7 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         after: str | None,
         offset: int | None,
         missed: list[bool] | None,
+        opened: Future[ObjectReader] | None = None,
     ) -> Iterator[tuple[str, dict[str, Any], int | None]]:
         """``missed``: ask the ETL to skip; if its answer ends elsewhere, append to it
         and yield nothing."""
@@ -181,9 +222,13 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         key = None
         seen = 0
         try:
-            with obj.open(
-                etl_name=self.etl_name, etl_args=self.etl_args, offset=resume, etl_skip=leave
-            ) as reader:
+            if opened is not None:
+                reader = opened.result()  # its error (NotFound...) is raised here
+            else:
+                reader = obj.open(
+                    etl_name=self.etl_name, etl_args=self.etl_args, offset=resume, etl_skip=leave
+                )
+            with reader:
                 if resume and reader.start == resume:
                     seen = skip - 1  # the body starts at sample ``skip`` (the last one read)
                 if missed is not None:
@@ -245,6 +290,17 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
             etl=self.etl_name,
             sample=key,
         )
+
+
+def _discard(opened: Future[ObjectReader]) -> None:
+    """Close a GET opened ahead that will not be read (once it is open)."""
+
+    def close(done: Future[ObjectReader]) -> None:
+        if not done.cancelled() and done.exception() is None:
+            done.result().close()
+
+    if not opened.cancel():
+        opened.add_done_callback(close)
 
 
 class _ChunksFile(io.RawIOBase):

@@ -259,7 +259,9 @@ class ObjectReader(io.RawIOBase):
         self._cm = cm
         self._what = what
         self.bar: tqdm | None = None  # a progress bar, advanced as chunks arrive
-        self._chunks = response.iter_raw(CHUNK)
+        # As the socket gives them (up to 64 KiB): a chunk size makes httpx gather that
+        # many bytes first (a streamed ETL answer then arrives in bursts) and copy them.
+        self._chunks = response.iter_raw()
         self._pending = memoryview(b"")
         self._received = 0
         self._eof = False

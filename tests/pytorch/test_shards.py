@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 
 import pytest
 
-from etl_runtime import Client, TransformError
+from etl_runtime import Client, NotFound, TransformError
 from etl_runtime.pytorch import ShardError, ShardReader, Source
 from tests.pytorch.conftest import PER_SHARD, SHARDS, make_shard, sample_key
 from tests.servers import serve_in_thread
@@ -73,3 +74,51 @@ def test_a_transform_failing_in_a_shard_raises_naming_it(shards, etls) -> None:
     with pytest.raises((ShardError, TransformError)) as err:
         read_all(ShardReader(Source(shards, prefix="broken/"), etl_name=etls[1]))
     assert "pt-shards/broken/shard-boom.tar" in str(err.value)
+
+
+def test_the_next_shard_is_asked_for_while_one_is_read_and_its_error_comes_in_turn() -> None:
+    """A server that sends the first half of shard 0, then waits (up to 20 s) for the
+    GET of shard 1 before the rest; shard 2 is missing (404)."""
+    first = make_shard(0, pad=50_000)
+    second = make_shard(1)
+    asked: list[str] = []
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        path = scope["path"]
+        if path == "/v1/buckets/ahead":
+            names = [{"name": f"s{i}.tar", "size": 1} for i in range(3)]
+            body = json.dumps({"objects": names, "next": None}).encode()
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            await send({"type": "http.response.body", "body": body})
+            return
+        asked.append(path.rsplit("/", 1)[1])
+        if path.endswith("s2.tar"):
+            body = json.dumps({"error": "object 'ahead/s2.tar' not found", "kind": "NotFound"})
+            headers = [(b"content-type", b"application/json")]
+            await send({"type": "http.response.start", "status": 404, "headers": headers})
+            await send({"type": "http.response.body", "body": body.encode()})
+            return
+        data = first if path.endswith("s0.tar") else second
+        headers = [(b"content-length", str(len(data)).encode())]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        if data is first:
+            await send({"type": "http.response.body", "body": data[:60_000], "more_body": True})
+            for _ in range(400):
+                if "s1.tar" in asked:
+                    break
+                await asyncio.sleep(0.05)
+            asked.append("s0.tar rest")
+        await send({"type": "http.response.body", "body": data[60_000:] if data is first else data})
+
+    with serve_in_thread(app) as url, Client(url) as client:
+        got: list[str] = []
+        with pytest.raises(NotFound, match="ahead/s2.tar"):
+            for key, _ in ShardReader(client.bucket("ahead"), read_ahead=True):
+                got.append(key)
+    # Shard 1 was asked for before the rest of shard 0 was sent; every sample of the
+    # shards before the missing one came first.
+    assert asked[:3] == ["s0.tar", "s1.tar", "s0.tar rest"]
+    assert got == [sample_key(s, i) for s in range(2) for i in range(PER_SHARD)]
