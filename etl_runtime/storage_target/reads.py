@@ -85,12 +85,15 @@ def not_modified_answer(headers: dict[str, str]) -> Response:
     )
 
 
-async def repair_or_fail(target: Target, bucket: str, name: str) -> None:
+async def repair_or_fail(target: Target, bucket: str, name: str, again: bool = False) -> None:
     """After a mismatch found before the first byte: return once a good copy replaced
     the bad one, else raise ``ObjectCorrupted`` (never serve). A remote bucket's cached
-    copy is fetched again from its backend instead (``RemoteCache.refetch``)."""
+    copy is fetched again from its backend instead (``RemoteCache.refetch``), once per
+    read (``again``: the copy fetched for this read was bad too)."""
     cache = target.remote
     if cache is not None and (props := cache.props(bucket)) is not None:
+        if again:
+            raise integrity.corrupted(bucket, name, target.id)
         await cache.refetch(bucket, name, props)
         return
     placement = target.placement
@@ -184,6 +187,7 @@ async def checked_info(target: Target, bucket: str, name: str) -> ObjectInfo:
     ``integrity.WHOLE_MAX`` (a hash from the page cache; a match is remembered for the
     GET that follows); a bigger one's bytes are checked by its GET, which streams."""
     store = target.store
+    again = False
     while True:
         opened = store.open_if_tagged(bucket, name)
         if opened is None:
@@ -205,7 +209,8 @@ async def checked_info(target: Target, bucket: str, name: str) -> ObjectInfo:
             return info
         integrity.VERIFIED.forget(info.stamp)
         integrity.found_bad(bucket, name, target.id)
-        await repair_or_fail(target, bucket, name)
+        await repair_or_fail(target, bucket, name, again)
+        again = True
 
 
 def _remembered(store: ObjectStore, bucket: str, name: str) -> bool:
@@ -254,6 +259,7 @@ async def verify_local(target: Target, bucket: str, name: str) -> None:
 async def serve_local(target: Target, request: Request, bucket: str, name: str) -> Response:
     """The GET of a local object: preconditions, range, and its checked bytes."""
     store = target.store
+    again = False
     while True:
         # On the loop, as the 307's stat is: an open, an fstat, a getxattr (a thread hop
         # cost 10x that for a 16 KiB GET, docs/benchmarks.md "S3 API"). No stored ETag
@@ -310,7 +316,8 @@ async def serve_local(target: Target, request: Request, bucket: str, name: str) 
         f.close()
         integrity.VERIFIED.forget(info.stamp)
         integrity.found_bad(bucket, name, target.id)
-        await repair_or_fail(target, bucket, name)  # raises, or the good copy is here now
+        await repair_or_fail(target, bucket, name, again)  # raises, or a good copy is here
+        again = True
 
 
 class CheckedFileResponse(Response):
