@@ -25,6 +25,13 @@ Also printed: the load generator's CPU per request and per MiB.
    (default 1024: the issue's goal is at 1 MiB), where the cost is per
    object: rates, and the servers' and the backend's CPU ms per object.
 
+``--cold-only`` runs only the per-object rows (5), for each provider, and
+with ``--baseline DIR`` (a checkout of another commit, e.g. ``git worktree add
+/tmp/rbase HEAD~3``) a second cluster whose servers run that tree's code, its
+cold row beside this tree's in every round (alternating rows on the same
+backend): the rates, the servers' and the backend's CPU ms per object, the
+load generator's, and the load average.
+
 ``gcp`` and ``azure`` (``--providers``) run against their emulators
 (fake-gcs-server, Azurite: ``tests/providers/emulators.py``) with a cluster of
 their own: direct GETs with obstore and with the official client
@@ -34,6 +41,7 @@ cold GET through Sluice ÷ obstore's direct GET, warm GET ÷ native GET.
     .venv/bin/python bench/remote.py [--size-mb 64] [--objects 4] [--rounds 3] [--big-mb 200]
                                      [--providers aws,gcp,azure]
                                      [--small-kb 1024] [--small-objects 16]
+                                     [--cold-only [--baseline DIR]]
 """
 
 from __future__ import annotations
@@ -211,8 +219,14 @@ def main() -> None:
     ap.add_argument("--providers", default="aws,gcp,azure")
     ap.add_argument("--small-kb", type=int, default=1024, help="the per-object rows' size")
     ap.add_argument("--small-objects", type=int, default=16)
+    ap.add_argument("--cold-only", action="store_true", help="only the per-object cold rows")
+    ap.add_argument("--baseline", type=Path, help="with --cold-only: a tree to compare with")
     args = ap.parse_args()
     providers = args.providers.split(",")
+    if args.cold_only:
+        for provider in providers:
+            cold_rows(provider, args)
+        return
     print(f"machine: {os.cpu_count()} cores; objects {args.size_mb} MiB x {args.objects}")
     if "aws" in providers:
         bench_aws(args)
@@ -430,6 +444,89 @@ def bench_emulated(provider: str, args: argparse.Namespace) -> None:
                 small_rows("s", ep, bucket, direct, ServerCpu(ep, emu), tiny_rounds, len(tiny))
         finally:
             emu.stop()
+
+
+def cold_rows(provider: str, args: argparse.Namespace) -> None:
+    """Cold GETs of ``--small-kb`` objects through Sluice (and ``--baseline``'s Sluice)
+    against direct GETs from the backend, alternating rows, with CPU per object."""
+    from etl_runtime.providers.backend import backend_class
+    from tests.providers.emulators import Azurite, FakeGcs
+
+    size = args.small_kb * 1024
+    labels = ["direct", "cold"] + (["baseline"] if args.baseline else [])
+    with tempfile.TemporaryDirectory(prefix=f"sluice-bench-cold-{provider}-") as tmp:
+        if provider == "aws":
+            (Path(tmp) / "minio").mkdir()
+            backend: Any = MinioServer(Path(tmp) / "minio").start()
+            backend.client().create_bucket(Bucket="bench-remote")
+            put = lambda n, b: backend.client().put_object(Bucket="bench-remote", Key=n, Body=b)  # noqa: E731
+        else:
+            backend = (FakeGcs if provider == "gcp" else Azurite)(Path(tmp) / "emu").start()
+            backend.create_bucket("bench-remote")
+            put = lambda n, b: backend.put("bench-remote", n, b)  # noqa: E731
+        try:
+            body = os.urandom(size)
+            names = {
+                (label, r): [f"{label}{r}/obj-{i}.bin" for i in range(args.small_objects)]
+                for label in labels
+                for r in range(args.rounds)
+            }
+            for batch in names.values():
+                for name in batch:
+                    put(name, body)
+            env = backend.env() if provider != "aws" else {}
+            with mock.patch.dict(os.environ, env):
+                if provider == "aws":
+                    direct: Any = s3_store(backend, "bench-remote")
+                else:
+                    direct = backend_class(provider).for_bucket("bench-remote", {}).store
+            env = {**backend.env(), "SLUICE_REMOTE_CACHE_BYTES": str(64 << 30)}
+            trees = {"cold": None, "baseline": args.baseline}
+            with contextlib.ExitStack() as stack:
+                stores: dict[str, Any] = {"direct": direct}
+                cpu: dict[str, ServerCpu] = {}
+                for label in labels[1:]:
+                    tree = trees[label]
+                    extra = {"PYTHONPATH": str(tree.resolve())} if tree else {}
+                    with mock.patch.dict(os.environ, {**env, **extra}):
+                        cluster = stack.enter_context(
+                            LocalCluster(Path(tmp) / label, targets=2, port=0)
+                        )
+                    ep = cluster.endpoint.rstrip("/")
+                    httpx.post(
+                        f"{ep}/v1/buckets/bench-remote",
+                        params={"provider": provider},
+                        json={"action": "create-bck"},
+                    ).raise_for_status()
+                    stores[label] = HTTPStore.from_url(
+                        f"{ep}/v1/objects/bench-remote", client_options={"allow_http": True}
+                    )
+                    cpu[label] = ServerCpu(ep, backend)
+                first = next(iter(cpu.values()))
+                samples: dict[str, list[tuple[float, float, int]]] = {k: [] for k in labels}
+                for r in range(args.rounds):
+                    for label in labels:
+                        meter = cpu.get(label, first)  # direct: the backend's CPU only
+                        run = lambda s=stores[label], n=names[(label, r)]: obstore_get_all(s, n)  # noqa: E731
+                        samples[label].append(meter.timed(label, run))
+                load = os.getloadavg()[0]
+                print(
+                    f"{provider}: {args.small_kb} KiB objects, {args.small_objects} per row, "
+                    f"{args.rounds} rounds (median), load {load:.1f}"
+                )
+                d_rate = rate(samples["direct"])[0]
+                for label in labels:
+                    mibs, gen = rate(samples[label])
+                    servers, back = cpu.get(label, first).per_mib(label)
+                    per = size / MiB
+                    who = "" if label == "direct" else f"servers {servers * per:5.2f}, "
+                    print(
+                        f"   {label:<8} {mibs:8.1f} MiB/s = {mibs / d_rate:.2f} of direct; "
+                        f"{who}backend {back * per:5.2f}, load generator {gen * per:5.2f}"
+                        " CPU ms per object"
+                    )
+        finally:
+            backend.stop()
 
 
 if __name__ == "__main__":
