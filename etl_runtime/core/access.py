@@ -35,7 +35,7 @@ from urllib.parse import quote
 
 from fastapi import Request
 
-from etl_runtime.core import auth, tokens
+from etl_runtime.core import auth, jsonbody, tokens
 from etl_runtime.core.errors import Forbidden, Unauthorized
 
 # The gateway's redirect signature; ``sluice_tid``: the access token it was checked for.
@@ -231,9 +231,11 @@ def batch_buckets(request: Request, body: bytes, default: str | None) -> list[st
     held = bearer(request)
     if not held or not tokens.looks_like_token(held):
         return [IN_BODY]
+    if jsonbody.nesting_depth(body) > jsonbody.MAX_DEPTH:
+        return []  # json.loads would raise RecursionError (a 500): refused, unread
     try:
         items = json.loads(body or b"{}").get("in")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         return []  # the parser answers the 400 for an admin; a token holder is refused
     if not isinstance(items, list):
         return []

@@ -26,6 +26,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from etl_runtime.core.errors import InvalidRequest, bucket_not_found
+from etl_runtime.core.jsonbody import MAX_DEPTH, nesting_depth
 from etl_runtime.core.params import refuse_unknown
 from etl_runtime.gateway.context import Gateway
 
@@ -40,6 +41,8 @@ Lister = Callable[[Gateway, str, str, str, int], Awaitable[dict[str, Any]]]
 
 def summary_action(raw: bytes, bucket: str) -> dict[str, Any] | None:
     """The ``value`` of a ``summary-bck`` body, or None for any other body."""
+    if nesting_depth(raw) > MAX_DEPTH:  # json.loads would raise RecursionError: a 500
+        return None  # (the listing's own parse answers the 400)
     try:
         body = json.loads(raw)
     except ValueError:

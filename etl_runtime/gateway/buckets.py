@@ -119,8 +119,8 @@ def bucket_router(gw: Gateway) -> APIRouter:
 
     @router.post("/v1/buckets/{bucket}", response_model=None)
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any] | Response:
+        gw.require_write(request, bucket)  # the credentials before any 400
         validate_bucket(bucket)
-        gw.require_write(request, bucket)
         if await bucket_action_is_job(request):  # etl-bck: etl_runtime.gateway.bucket_action
             return await start_transform(gw, bucket, request)
         if gw.cmap is not None:
@@ -141,18 +141,17 @@ def bucket_router(gw: Gateway) -> APIRouter:
     @router.put("/v1/buckets/{bucket}")
     async def bucket_put(bucket: str, request: Request) -> Response:
         """AIStore's ``archive`` (``objects(...).archive()``): a job; another action is a 400."""
-        validate_bucket(bucket)
         gw.require_write(request, bucket)
+        validate_bucket(bucket)
         return await ais_archive.start_archive(gw, bucket, request, list_bucket_page)
 
     @router.head("/v1/buckets/{bucket}")
     async def head_bucket(bucket: str, request: Request) -> Response:
+        gw.require_read(request, bucket)
         validate_bucket(bucket)
         if ais_buckets.is_info(request):  # bucket.info(): props, then the summary
-            gw.require_read(request, bucket)
             return await ais_buckets.info(gw, list_bucket_page, bucket, request)
         refuse_unknown(request, ("provider",), bucket=bucket)
-        gw.require_read(request, bucket)
         await remote_gateway.ensure_bucket(gw, request, bucket)
         if gw.cmap is not None:
             exists = bucket in gw.cmap.get().buckets
@@ -164,9 +163,9 @@ def bucket_router(gw: Gateway) -> APIRouter:
 
     @router.delete("/v1/buckets/{bucket}", response_model=None)
     async def delete_bucket(bucket: str, request: Request) -> dict[str, Any] | Response:
+        gw.require_write(request, bucket)
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
-        gw.require_write(request, bucket)
         # The body says what goes: the bucket, or a list/range of its objects (a job).
         if (job := await bucket_delete.objects_action(gw, bucket, request)) is not None:
             return job
@@ -192,9 +191,9 @@ def bucket_router(gw: Gateway) -> APIRouter:
         start_after: str = "",
         limit: int = Query(1000, ge=1, le=100_000),
     ) -> dict[str, Any] | Response:
+        gw.require_read(request, bucket)
         validate_bucket(bucket)
         refuse_repeated(request, bucket=bucket)
-        gw.require_read(request, bucket)
         await remote_gateway.ensure_bucket(gw, request, bucket)
         if (summ := ais_buckets.summary_action(await request.body(), bucket)) is not None:
             return await ais_buckets.summary(gw, list_bucket_page, bucket, summ)  # bucket.summary()

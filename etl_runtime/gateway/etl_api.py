@@ -163,7 +163,16 @@ def refuse_unknown_etl_params(request: Request) -> None:
 
 
 def etl_router(gw: Gateway) -> APIRouter:
-    router = APIRouter(dependencies=[Depends(refuse_unknown_etl_params)])
+    def credentials_then_params(request: Request) -> None:
+        """The credentials first (``core/access.py``: a 401/403 before any 400), then
+        the parameters; each route checks its own need again."""
+        if request.method == "GET":
+            gw.require_read(request)
+        else:
+            gw.require_write(request)
+        refuse_unknown_etl_params(request)
+
+    router = APIRouter(dependencies=[Depends(credentials_then_params)])
     backend = gw.backend
 
     async def existing(name: str) -> EtlRecord:

@@ -91,16 +91,16 @@ def redirect_location(
 async def get_batch(
     gw: Gateway, http: DuplexClient, request: Request, bucket: str | None, assembler: str
 ) -> Response:
-    refuse_unknown(request, QUERY, bucket=bucket)
+    gw.require_read(request, IN_BODY)  # the credentials before anything
+    body = await request.body()  # (at most 16 MiB: core/jsonbody.py)
+    gw.require_read(request, *batch_buckets(request, body, bucket))  # every bucket named
+    refuse_unknown(request, QUERY, bucket=bucket)  # and only then any 400
     if bucket is not None:
         validate_bucket(bucket)
-    gw.require_read(request, IN_BODY)
     q = request.query_params
     chain = parse_chain(q.get("etl_name"), q.get("etl_pipeline"))
     if chain:
         await check_chain_async(gw.backend.get, chain)
-    body = await request.body()
-    gw.require_read(request, *batch_buckets(request, body, bucket))  # every bucket named
     dt = designate(gw) if assembler == "target" else None
     if dt is not None:
         query, tid = request.query_params.multi_items(), token_id(request)

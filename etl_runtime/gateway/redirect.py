@@ -170,26 +170,25 @@ def redirect_router(gw: Gateway) -> FastRouter:
     async def object_call(bucket: str, name: str, request: Request) -> Response:
         proxy = _should_proxy(request)
         try:
-            validate_names(bucket, name)
-            if ais_objects.is_copy(request):  # obj.copy(to_obj): read here, write there
-                gw.require_read(request, bucket)  # and the rest: ais_objects.copy_object
-                return await ais_objects.copy_object(gw, request, bucket, name)
-            if ais_writes.is_ais_write(request):  # multipart, append: parts, then the object
-                gw.require_write(request, bucket)
-                return await ais_writes.answer(gw, request, bucket, name)
-            if ais_shards.is_arch_read(request):  # archpath / archregx: files in a shard
-                return await ais_shards.read(gw, request, bucket, name)
-            if ais_props.is_props_head(request):  # obj.head(props=): AIStore's headers
-                gw.require_read(request, bucket)
-                return await ais_props.head(gw, request, bucket, name)
-            if request.method == "PATCH":  # set_custom_props(): the object rewritten
-                gw.require_write(request, bucket)
-                return await ais_props.set_custom(gw, request, bucket, name)
-            refuse_unknown_object_params(request, bucket, name)
+            # The credentials first (core/access.py): a 401/403 before any 400. A copy
+            # (POST) writes its source's bucket too, as far as a token is concerned: a
+            # token has one permission, and the copy needs write for its destination.
             if request.method in MUTATING:
                 gw.require_write(request, bucket)
             else:
                 gw.require_read(request, bucket)
+            validate_names(bucket, name)
+            if ais_objects.is_copy(request):  # obj.copy(to_obj): read here, write there
+                return await ais_objects.copy_object(gw, request, bucket, name)
+            if ais_writes.is_ais_write(request):  # multipart, append: parts, then the object
+                return await ais_writes.answer(gw, request, bucket, name)
+            if ais_shards.is_arch_read(request):  # archpath / archregx: files in a shard
+                return await ais_shards.read(gw, request, bucket, name)
+            if ais_props.is_props_head(request):  # obj.head(props=): AIStore's headers
+                return await ais_props.head(gw, request, bucket, name)
+            if request.method == "PATCH":  # set_custom_props(): the object rewritten
+                return await ais_props.set_custom(gw, request, bucket, name)
+            refuse_unknown_object_params(request, bucket, name)
             if (view := views.view_of(gw, bucket)) is not None:
                 return await _view_read(gw, request, bucket, name, view)
             await remote_gateway.ensure_bucket(gw, request, bucket)

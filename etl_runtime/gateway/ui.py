@@ -224,8 +224,8 @@ def ui_router(gw: Gateway) -> APIRouter:
     @router.get("/v1/ui/summary")
     async def ui_summary_route(request: Request) -> dict[str, Any]:
         """Targets, ETLs (with stats and last errors) and traffic counters for ``/ui``."""
+        gw.require_read(request)  # before the parameters: no 400 for a caller without it
         refuse_unknown(request, ())
-        gw.require_read(request)
         registry = getattr(request.app.state, "metrics_registry", None)
         return await ui_summary(gw, registry)
 

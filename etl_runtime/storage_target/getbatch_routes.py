@@ -98,13 +98,13 @@ def moss_router(target: Target, http: DuplexClient) -> FastRouter:
     router = FastRouter()
 
     async def serve(request: Request, bucket: str | None) -> Response:
-        refuse_unknown(request, (*QUERY, MAP_PARAM), bucket=bucket)
-        if bucket is not None:
-            validate_bucket(bucket)
         body = await request.body()
         t = target
         signed = signed_path(bucket, request.query_params.multi_items(), body)
-        check(t, request, "read", batch_buckets(request, body, bucket), signed)
+        check(t, request, "read", batch_buckets(request, body, bucket), signed)  # before any 400
+        refuse_unknown(request, (*QUERY, MAP_PARAM), bucket=bucket)
+        if bucket is not None:
+            validate_bucket(bucket)
         store = t.placement.cmap if t.placement is not None else None
         if store is None:  # never designated (the gateway needs a map to): misdirected
             raise InvalidRequest(

@@ -109,8 +109,8 @@ def object_router(target: Target) -> FastRouter:
 
     @router.post("/v1/buckets/{bucket}")
     async def bucket_action(bucket: str, request: Request) -> dict[str, Any]:
+        require(request, bucket)  # the credentials before any 400 (core/access.py)
         validate_bucket(bucket)
-        require(request, bucket)
         await read_bucket_action(bucket, request)
         created = await anyio.to_thread.run_sync(store.create_bucket, bucket)
         # The gateway wrote the map before telling us: answer only once our map shows
@@ -121,9 +121,9 @@ def object_router(target: Target) -> FastRouter:
 
     @router.delete("/v1/buckets/{bucket}")
     async def delete_bucket(bucket: str, request: Request) -> dict[str, Any]:
+        require(request, bucket)
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
-        require(request, bucket)
         if await request.body():  # a list/range delete is the gateway's job, never this
             raise InvalidRequest(
                 f"DELETE /v1/buckets/{bucket} on a target takes no body; to delete some "
@@ -141,8 +141,8 @@ def object_router(target: Target) -> FastRouter:
         start_after: str = "",
         limit: int = Query(1000, ge=1, le=100_000),
     ) -> dict[str, Any]:
-        refuse_repeated(request, bucket=bucket)
         may_read(request, bucket)
+        refuse_repeated(request, bucket=bucket)
         page, nxt = await anyio.to_thread.run_sync(
             store.list_objects, bucket, prefix, start_after, limit
         )
@@ -155,17 +155,17 @@ def object_router(target: Target) -> FastRouter:
 
     @router.head("/v1/buckets/{bucket}")
     async def head_bucket(bucket: str, request: Request) -> Response:
+        may_read(request, bucket)
         validate_bucket(bucket)
         refuse_unknown(request, ("provider",), bucket=bucket)
-        may_read(request, bucket)
         await anyio.to_thread.run_sync(store.bucket_dir, bucket)  # BucketNotFound: 404
         return Response()
 
     @router.put("/v1/objects/{bucket}/{name:path}")
     async def put_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
+        require(request, bucket, object_path(bucket, name))  # before any 400
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
-        require(request, bucket, object_path(bucket, name))
         others = placement.check_owner(bucket, name) if placement else []
         await check_write(target, request.headers, bucket, name)  # If-None-Match, If-Match
         copies = placement.write_through(bucket, name, others) if placement else None
@@ -187,11 +187,11 @@ def object_router(target: Target) -> FastRouter:
         etl_pipeline: str | None = None,
         etl_skip: str | None = None,
     ) -> Response:
+        may_read(request, bucket, object_path(bucket, name))  # before any 400
         validate_names(bucket, name)
         if archread.is_arch_read(request):  # the aistore SDK's direct read of a shard's files
             return await arch_read(request, bucket, name)
         refuse_unknown_object_params(request, bucket, name)
-        may_read(request, bucket, object_path(bucket, name))
         skip = etl_skip_of(etl_skip, bucket=bucket, object=name)  # refused: a 400 naming it
         if etl_skip is not None and not etl_name:
             raise InvalidRequest(
@@ -247,9 +247,9 @@ def object_router(target: Target) -> FastRouter:
 
     @router.head("/v1/objects/{bucket}/{name:path}")
     async def head_object(bucket: str, name: str, request: Request) -> Response:
+        may_read(request, bucket, object_path(bucket, name))  # before any 400
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
-        may_read(request, bucket, object_path(bucket, name))
         if (moved := owner_redirect(target, request, bucket, name)) is not None:
             return moved
         if (cold := await remote.head(target.remote, bucket, name)) is not None:
@@ -274,9 +274,9 @@ def object_router(target: Target) -> FastRouter:
 
     @router.delete("/v1/objects/{bucket}/{name:path}")
     async def delete_object(bucket: str, name: str, request: Request) -> dict[str, Any]:
+        require(request, bucket, object_path(bucket, name))  # before any 400
         validate_names(bucket, name)
         refuse_unknown_object_params(request, bucket, name)
-        require(request, bucket, object_path(bucket, name))
         if (deleted := await remote.delete(target.remote, bucket, name)) is not None:
             return deleted
         if placement is None:

@@ -406,6 +406,15 @@ def test_heads_and_bodies_a_shared_cluster_does_not_keep(env: Env) -> None:
             )
             assert r.status_code == 413 and r.json()["kind"] == "PayloadTooLarge", (path, r.text)
 
+    deep = b'{"in": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"  # json.loads: RecursionError
+    for base, path in (
+        (env.ep, "/v1/ml/moss/mine"),
+        (env.targets[0], "/v1/ml/moss/mine"),
+        (env.ep, "/v1/buckets/mine"),
+    ):
+        r = env.seen(httpx.request("GET", base + path, content=deep, headers=bearer(env.read)))
+        assert 400 <= r.status_code < 500, (base, path, r.status_code, r.text)
+
     def chunked() -> Iterator[bytes]:
         yield b'{"in": ['
         for _ in range(40):
