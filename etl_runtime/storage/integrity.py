@@ -223,6 +223,14 @@ class Verified:
             and time.monotonic() - entry[2] < self.seconds
         )
 
+    def left(self, stamp: Stamp | None, cs: Checksum | None = None) -> float:
+        """Seconds ``stamp``'s match still stands (``fresh`` until then), 0 if not fresh."""
+        if not self.fresh(stamp, cs):
+            return 0.0
+        assert stamp is not None
+        entry = self._at.get((stamp[0], stamp[1]))
+        return 0.0 if entry is None else max(0.0, self.seconds - (time.monotonic() - entry[2]))
+
     def note(self, stamp: Stamp | None, cs: Checksum, started_ns: int) -> None:
         """``stamp``'s bytes matched ``cs`` in a check begun at ``started_ns``
         (``time.time_ns()``)."""

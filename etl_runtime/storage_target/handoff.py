@@ -25,7 +25,10 @@ directory for the gateway and the targets; unset: nothing listens), mode 0600
 in a 0700 directory: only the user the servers run as may connect, as only
 it may read the files. One request per message (``SOCK_SEQPACKET``): JSON
 ``{"bucket", "key"}``; the answer JSON ``{"headers": {...}}`` with the file's
-descriptor, or ``{"refused": why}`` without one. The target counts both
+descriptor, the file's stamp (``integrity.stamp_of``) and ``fresh_for``, the
+seconds its check still stands (``integrity.VERIFIED``), within which the
+gateway may answer again from that file while its stamp is unchanged and it
+still has a name; or ``{"refused": why}`` without one. The target counts both
 (``sluice_handoff_{files,refused}_total{target}``): a handed GET is no HTTP
 request to it, so its ``sluice_http_*`` figures do not show it.
 """
@@ -162,8 +165,9 @@ class FileHandoff:
                         conn.send(json.dumps({"refused": "ask over HTTP"}).encode())
                     else:
                         self.handed += 1
-                        fd, headers = opened
-                        reply = json.dumps({"headers": headers}).encode()
+                        fd, headers, stamp, fresh_for = opened
+                        answer = {"headers": headers, "stamp": stamp, "fresh_for": fresh_for}
+                        reply = json.dumps(answer).encode()
                         socket.send_fds(conn, [reply], [fd])
                 except OSError:  # the gateway went away, or it is not reading: drop it
                     return
@@ -171,9 +175,12 @@ class FileHandoff:
                     if opened is not None:
                         os.close(opened[0])
 
-    async def open_checked(self, bucket: str, key: str) -> tuple[int, dict[str, str]] | None:
-        """The object's open descriptor and its GET's headers where the route would send
-        this file's bytes as they are (the module says when); else None."""
+    async def open_checked(
+        self, bucket: str, key: str
+    ) -> tuple[int, dict[str, str], list[int], float] | None:
+        """The object's open descriptor, its GET's headers, the file's stamp and how many
+        seconds its check still stands, where the route would send this file's bytes as
+        they are (the module says when); else None."""
         target = self.target
         store, placement, remote = target.store, target.placement, target.remote
         try:
@@ -192,6 +199,7 @@ class FileHandoff:
             return None
         f, info = opened
         with f:
+            fresh_for = integrity.VERIFIED.seconds
             if integrity.verify_reads():
                 cs = info.checksum
                 if cs is None or cs.size != info.size:
@@ -201,8 +209,9 @@ class FileHandoff:
                         return None  # the route checks it as it streams
                     if not await _matches(f.fileno(), cs, info.stamp):
                         return None  # the route repairs it or says so
+                fresh_for = integrity.VERIFIED.left(info.stamp, cs)
             headers = {k.lower(): v for k, v in object_headers(info).items()}
-            return os.dup(f.fileno()), headers
+            return os.dup(f.fileno()), headers, list(info.stamp or ()), fresh_for
 
 
 class HandoffCollector:

@@ -4,7 +4,8 @@ Gateway and targets share the host, so the owner hands the gateway the open,
 checked file of a plain GET and the gateway answers from it: the owner's
 ``sluice_handoff_files_total`` counts each, and its HTTP object route sees none.
 What a client reads must not change: the same bytes and headers as the relay
-(checksums, metadata), the new bytes after a rewrite, never bytes that no longer
+(checksums, metadata), the new bytes after a rewrite, a 404 after a delete (also
+where the gateway kept the file for the next GETs), never bytes that no longer
 match their checksum, and ranges and conditional GETs answered as before.
 """
 
@@ -80,9 +81,12 @@ def test_plain_gets_come_from_the_owners_file_with_the_relays_answer(
             assert r["ContentLength"] == len(body) and r["ContentType"] == "image/x"
             assert r["Metadata"] == {"k": "v"} and r["ChecksumCRC32"]
     moved = delta(before, figures(endpoint))
-    # up to 1 MiB checked whole by the owner before it hands the file; 3 MiB: the first
-    # GET streams through the hash over HTTP, the second finds it remembered
-    assert moved == {"handed": 7, "refused": 1, "http_gets": 1}, moved
+    # up to 1 MiB checked whole by the owner before it hands the file, and the second GET
+    # answered from the file the gateway kept (while the check stands: 10 s) or handed
+    # again; 3 MiB: the first GET streams through the hash over HTTP, the second finds it
+    # remembered
+    assert moved["refused"] == 1 and moved["http_gets"] == 1, moved
+    assert 4 <= moved["handed"] <= 7, moved
 
 
 def test_rewritten_and_changed_objects_are_never_answered_stale(
@@ -90,14 +94,37 @@ def test_rewritten_and_changed_objects_are_never_answered_stale(
 ) -> None:
     s3.create_bucket(Bucket="handed-2")
     s3.put_object(Bucket="handed-2", Key="k", Body=b"first" * 4000)
+    s3.put_object(Bucket="handed-2", Key="gone", Body=b"x" * 5000)
+    time.sleep(1.1)  # remembered once read: the gateway keeps the files it is handed
     assert s3.get_object(Bucket="handed-2", Key="k")["Body"].read() == b"first" * 4000
+    assert s3.get_object(Bucket="handed-2", Key="gone")["Body"].read() == b"x" * 5000
     s3.put_object(Bucket="handed-2", Key="k", Body=b"second" * 4000)
+    assert s3.get_object(Bucket="handed-2", Key="k")["Body"].read() == b"second" * 4000
+    s3.delete_object(Bucket="handed-2", Key="gone")
+    with pytest.raises(ClientError) as e:
+        s3.get_object(Bucket="handed-2", Key="gone")
+    assert e.value.response["Error"]["Code"] == "NoSuchKey"
+    time.sleep(1.1)
     assert s3.get_object(Bucket="handed-2", Key="k")["Body"].read() == b"second" * 4000
     flip(file_of(cluster, "handed-2", "k"), at=1000)
     with pytest.raises(ClientError) as e:
         s3.get_object(Bucket="handed-2", Key="k")
     assert e.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
     assert s3.list_objects_v2(Bucket="handed-2")["KeyCount"] == 1
+
+
+def test_a_bucket_made_again_under_the_same_name_answers_its_own_objects(
+    s3: Any, endpoint: str
+) -> None:
+    s3.create_bucket(Bucket="handed-4")
+    s3.put_object(Bucket="handed-4", Key="k", Body=b"old" * 3000)
+    time.sleep(1.1)
+    assert s3.get_object(Bucket="handed-4", Key="k")["Body"].read() == b"old" * 3000
+    # the native API deletes a bucket with its objects in it (its directory moves away)
+    assert httpx.delete(f"{endpoint}/v1/buckets/handed-4", timeout=30).status_code == 200
+    s3.create_bucket(Bucket="handed-4")
+    s3.put_object(Bucket="handed-4", Key="k", Body=b"new" * 3000)
+    assert s3.get_object(Bucket="handed-4", Key="k")["Body"].read() == b"new" * 3000
 
 
 def test_ranges_conditions_and_missing_keys_are_answered_over_http(s3: Any, endpoint: str) -> None:

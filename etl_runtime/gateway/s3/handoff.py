@@ -23,12 +23,16 @@ import contextlib
 import json
 import os
 import socket
+import time
+from dataclasses import dataclass
 from typing import Any
 
 ENV = "SLUICE_LOCAL_FILES"  # storage_target/handoff.py's
 MESSAGE_MAX = 64 << 10
 IDLE_MAX = 16  # idle connections kept per owner
 ASK_TIMEOUT = 10.0  # an owner that has not answered by then is asked over HTTP
+HELD_MAX = 256  # handed files kept open for the next GETs of the same objects
+Key = tuple[str, str, str, float]  # owner, bucket, key, the bucket's creation time
 
 
 def _path(directory: str, target_id: str) -> str:
@@ -50,12 +54,65 @@ async def _readable(sock: socket.socket) -> None:
         loop.remove_reader(sock.fileno())
 
 
+@dataclass
+class _Held:
+    fd: int
+    headers: dict[str, str]
+    stamp: tuple[int, ...]
+    until: float  # time.monotonic() the owner's check of it stops standing
+
+
+def _stamp(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)  # integrity's
+
+
 class LocalFiles:
-    """The gateway's side: asks owners on this host for their objects' open files."""
+    """The gateway's side: asks owners on this host for their objects' open files.
+
+    A handed file is kept open (at most ``HELD_MAX``) for as long as the owner's check
+    of it stands (its ``fresh_for``): a GET of the same object in that time is
+    answered from it without asking, while the file is unchanged (same stamp) and still
+    has a name (a rewrite renames another file over it, a delete unlinks it, a changed
+    byte or xattr moves its ctime), the owner is the same and the bucket is the one
+    that was (its creation time). That is the owner's own rule for a remembered file."""
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
         self._idle: dict[str, list[socket.socket]] = {}
+        self._held: dict[Key, _Held] = {}
+
+    def held(self, key: Key) -> tuple[int, dict[str, str]] | None:
+        """A new descriptor of the file kept for ``key`` and its headers, if it may answer."""
+        entry = self._held.get(key)
+        if entry is None:
+            return None
+        if time.monotonic() < entry.until:
+            try:
+                st = os.fstat(entry.fd)
+            except OSError:
+                st = None
+            if st is not None and st.st_nlink > 0 and _stamp(st) == entry.stamp:
+                return os.dup(entry.fd), entry.headers
+        self._drop(key)
+        return None
+
+    def _drop(self, key: Key) -> None:
+        entry = self._held.pop(key, None)
+        if entry is not None:
+            os.close(entry.fd)
+
+    def _keep(self, key: Key, fd: int, headers: dict[str, str], reply: dict[str, Any]) -> None:
+        stamp, fresh_for = reply.get("stamp"), reply.get("fresh_for")
+        if not isinstance(stamp, list) or len(stamp) != 5:
+            return
+        if not isinstance(fresh_for, (int, float)):
+            return
+        if fresh_for <= 0 or _stamp(os.fstat(fd)) != tuple(stamp):  # changed since checked
+            return
+        self._drop(key)
+        while len(self._held) >= HELD_MAX:
+            self._drop(next(iter(self._held)))
+        self._held[key] = _Held(os.dup(fd), headers, tuple(stamp), time.monotonic() + fresh_for)
 
     @classmethod
     def from_env(cls) -> LocalFiles | None:
@@ -78,10 +135,14 @@ class LocalFiles:
         return sock
 
     async def open(
-        self, target_id: str, bucket: str, key: str
+        self, target_id: str, bucket: str, key: str, created: float | None = None
     ) -> tuple[int, dict[str, str]] | None:
         """The owner's open descriptor of ``bucket/key`` and its GET headers, or None (ask
-        over HTTP). The caller closes the descriptor."""
+        over HTTP). The caller closes the descriptor. ``created``: the bucket's creation
+        time, where the cluster map has one: the file may then be kept (``held``)."""
+        held_key = (target_id, bucket, key, created) if created is not None else None
+        if held_key is not None and (held := self.held(held_key)) is not None:
+            return held
         sock = await self._connect(target_id)
         if sock is None:
             return None
@@ -122,7 +183,10 @@ class LocalFiles:
             for fd in fds:
                 os.close(fd)
             return None
-        return fds[0], {str(k): str(v) for k, v in headers.items()}
+        headers = {str(k): str(v) for k, v in headers.items()}
+        if held_key is not None:
+            self._keep(held_key, fds[0], headers, reply)
+        return fds[0], headers
 
     def close(self) -> None:
         for idle in self._idle.values():
@@ -130,6 +194,8 @@ class LocalFiles:
                 with contextlib.suppress(OSError):
                     sock.close()
         self._idle.clear()
+        for key in list(self._held):
+            self._drop(key)
 
 
 FILES = LocalFiles.from_env()  # None unless sluice up (or the operator) set the directory

@@ -254,7 +254,9 @@ async def _from_file(gw: Gateway, bucket: str, key: str, sums: bool) -> Response
     """GetObject from the owner's open file where it hands one (``handoff.py``), else None."""
     assert handoff.FILES is not None
     validate_names(bucket, key)
-    opened = await handoff.FILES.open(route(gw, "GET", bucket, key).id, bucket, key)
+    owner = route(gw, "GET", bucket, key).id
+    props = gw.cmap.get().buckets.get(bucket) if gw.cmap is not None else None
+    opened = await handoff.FILES.open(owner, bucket, key, props.created if props else None)
     if opened is None:
         return None
     fd, headers = opened
