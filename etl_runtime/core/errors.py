@@ -18,6 +18,7 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     ├── NotFound (404)              BucketNotFound, ObjectNotFound, EtlNotFound, JobNotFound
     ├── Conflict (409)              ObjectConflict, BucketExists, EtlStopped
     ├── PreconditionFailed (412)    ``If-Match`` names another version
+    ├── PayloadTooLarge (413)       a JSON or action body over ``core/jsonbody.py``'s bound
     ├── RangeNotSatisfiable (416)   ``Range`` starts past the end of the object
     ├── TransformError (422)        the user's function raised on this object/sample
     ├── BadResult (422)             the user's function returned something unusable
