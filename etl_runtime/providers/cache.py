@@ -270,7 +270,10 @@ class RemoteCache:
                     object=fill.name,
                     backend=backend.where,
                 )
-            await anyio.to_thread.run_sync(self._publish, f, fill, meta)
+            if self.store.local_path(fill.bucket, fill.name).parent.is_dir():
+                self._publish(f, fill, meta)  # a few metadata calls: on the loop, no hop
+            else:  # new directories are made durable (fsynced): in a thread
+                await anyio.to_thread.run_sync(self._publish, f, fill, meta)
             f = None
             fill.done = True
             self._touch(fill.bucket, fill.name, meta.size, new=True)
