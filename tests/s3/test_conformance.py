@@ -259,3 +259,20 @@ def test_a_presigned_url_of_zero_seconds_is_expired(s3: Any, writer: dict[str, A
     S3SigV4QueryAuth(credentials, "s3", "us-east-1", expires=0).add_auth(request)  # no CRT
     r = httpx.get(request.url, timeout=10)
     assert r.status_code == 403 and b"expired" in r.content
+
+
+def test_list_buckets_pages(s3: Any) -> None:
+    for n in (1, 2, 3):
+        s3.create_bucket(Bucket=f"conf-lb-{n}")
+    first = s3.list_buckets(Prefix="conf-lb-", MaxBuckets=2)
+    assert [b["Name"] for b in first["Buckets"]] == ["conf-lb-1", "conf-lb-2"]
+    assert first["Prefix"] == "conf-lb-"
+    rest = s3.list_buckets(
+        Prefix="conf-lb-", MaxBuckets=2, ContinuationToken=first["ContinuationToken"]
+    )
+    assert [b["Name"] for b in rest["Buckets"]] == ["conf-lb-3"]
+    assert "ContinuationToken" not in rest
+    everything = [b["Name"] for b in s3.list_buckets()["Buckets"]]
+    assert {"conf-lb-1", "conf-lb-2", "conf-lb-3"} <= set(everything)
+    assert everything == sorted(everything)
+    assert seen(lambda: s3.list_buckets(MaxBuckets=10001)) == ("error", 400, "InvalidArgument")

@@ -49,6 +49,7 @@ XML = "application/xml"
 S3_METHODS = ("GET", "HEAD", "PUT", "DELETE", "POST")
 READS = ("GET", "HEAD")
 MAX_KEYS = 1000
+MAX_BUCKETS = 10000  # ListBuckets' max-buckets, as S3's
 DELETE_PARALLEL = 16  # a DeleteObjects' deletes in flight at once (each to its key's owner)
 LAST = "\U0010ffff"  # sorts after every character a name can hold: skips a common prefix
 UNSUPPORTED = (
@@ -288,10 +289,19 @@ def s3_router(gw: Gateway, keys: KeyStore, duplex: DuplexClient | None = None) -
     @router.get("/s3/")
     async def list_buckets(request: Request) -> Response:
         await authorize(gw, keys, request, write=False)
-        names = await native.all_bucket_names(gw)
+        names = sorted(await native.all_bucket_names(gw))
         cmap = gw.cmap.get() if gw.cmap is not None else None
         created = {n: p.created for n, p in cmap.buckets.items()} if cmap else {}
-        return _xml(xml.list_buckets(names, created))
+        q = request.query_params
+        prefix, region = q.get("prefix", ""), q.get("bucket-region", "us-east-1")
+        after = _cursor(q["continuation-token"]) if q.get("continuation-token") else ""
+        raw = q.get("max-buckets", str(MAX_BUCKETS))
+        if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= MAX_BUCKETS:
+            raise S3Error("InvalidArgument", 400, f"max-buckets must be 1..{MAX_BUCKETS}: {raw!r}")
+        chosen = [n for n in names if n.startswith(prefix) and n > after and region == "us-east-1"]
+        page, more = chosen[: int(raw)], len(chosen) > int(raw)
+        token = _token(page[-1]) if more else None
+        return _xml(xml.list_buckets(page, created, token, prefix if "prefix" in q else None))
 
     @each_method(router, "/s3/{bucket}", S3_METHODS)
     @each_method(router, "/s3/{bucket}/", S3_METHODS)

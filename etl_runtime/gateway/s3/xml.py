@@ -35,12 +35,22 @@ def error(code: str, message: str, resource: str, request_id: str) -> bytes:
     return (HEAD + "<Error>" + inner + _el("RequestId", request_id) + "</Error>").encode()
 
 
-def list_buckets(names: list[str], created: dict[str, float]) -> bytes:
+def list_buckets(
+    names: list[str], created: dict[str, float], token: str | None, prefix: str | None
+) -> bytes:
+    """ListAllMyBucketsResult: ``token`` the page's ``ContinuationToken`` (None: the last)."""
     buckets = "".join(
-        "<Bucket>" + _el("Name", n) + _el("CreationDate", iso(created.get(n, 0))) + "</Bucket>"
+        "<Bucket>"
+        + _el("Name", n)
+        + _el("CreationDate", iso(created.get(n, 0)))
+        + _el("BucketRegion", "us-east-1")
+        + "</Bucket>"
         for n in names
     )
-    return document("ListAllMyBucketsResult", [OWNER, f"<Buckets>{buckets}</Buckets>"])
+    inner = [OWNER, f"<Buckets>{buckets}</Buckets>"]
+    inner += [_el("ContinuationToken", token)] if token else []
+    inner += [_el("Prefix", prefix)] if prefix is not None else []
+    return document("ListAllMyBucketsResult", inner)
 
 
 def list_objects_v2(
