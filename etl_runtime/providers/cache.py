@@ -24,8 +24,8 @@ wrong (before the first byte; a big object's stream is cut before its last
 byte), drops the copy and fetches the object again (``refetch``); a lost
 rename is a plain cold GET. User PUTs and write-through PUTs stay durable
 (``ObjectStore.write_object``: fsync, rename, fsync of the directory) before
-they are acknowledged. The two fsyncs were most of a cold GET's target CPU
-besides the copy itself, and their disk waits delayed the next fill.
+they are acknowledged. Without the fsyncs a fill waits for no disk: the
+kernel writes the file back when it will (docs/benchmarks.md has the cost).
 
 Warm GET. A cached object is served by the ordinary store path. With the
 bucket's ``validate_warm_get`` it is first checked against the backend's
