@@ -9,7 +9,9 @@ from that file: one write of head and body up to ``spliced.SPLICE_MIN``,
 native GET's after its 307 do, instead of owner → gateway → client.
 
 Only a plain GET (no ``Range`` or ``If-*``), verified first like any other, on
-a server that sends files zero-copy (not under TLS). A refusal, a socket that
+a server that sends files zero-copy or under TLS (the gateway reads the file
+and encrypts it once, where a relay is encrypted by the owner, decrypted and
+encrypted again by the gateway). A refusal, a socket that
 is not there (another host, an older target), breaks or does not answer
 within ``ASK_TIMEOUT``: the relay asks the owner over HTTP as before, so the
 answer is always the route's. Connections

@@ -43,6 +43,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.background import BackgroundTask
 from starlette.requests import ClientDisconnect
 
+from etl_runtime.core import tls
 from etl_runtime.core.access import object_url
 from etl_runtime.core.errors import DuplexError, InvalidRequest, NoTargets, S3Error, SluiceError
 from etl_runtime.core.names import validate_names
@@ -244,8 +245,13 @@ def may_hand_off(gw: Gateway, bucket: str) -> bool:
 
 
 def _handed(gw: Gateway, request: Request, bucket: str) -> bool:
+    """A plain GET on a server that sends files zero-copy, or under TLS: there the
+    handed file is encrypted once, by the gateway (``FileRangeResponse`` reads it),
+    where the relay costs the owner's encryption and the gateway's decryption too."""
     headers = request.headers
-    if any(h in headers for h in READ_CONDITIONS) or not offers_zerocopy(request.scope):
+    if any(h in headers for h in READ_CONDITIONS):
+        return False
+    if not (offers_zerocopy(request.scope) or tls.serving()):
         return False
     return may_hand_off(gw, bucket)
 
