@@ -105,12 +105,10 @@ class FileHandoff:
         os.makedirs(directory, mode=0o700, exist_ok=True)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)  # a stale one from a killed target
+        os.chmod(directory, 0o700)  # only the servers' user reaches the socket
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        old = os.umask(0o177)
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
+        sock.bind(path)  # no umask change: it is the process's, threads make files too
+        os.chmod(path, 0o600)
         sock.listen(64)
         sock.setblocking(False)
         self._listener, self.path = sock, path
