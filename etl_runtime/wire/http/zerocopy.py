@@ -56,6 +56,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from typing import IO, Any, cast
 
+import anyio
 import anyio.to_thread
 from prometheus_client.core import CounterMetricFamily, Metric
 from starlette.background import BackgroundTask
@@ -150,9 +151,23 @@ class FileRangeResponse(Response):
             elif scope.get("method") == "HEAD":
                 await send({"type": "http.response.body", "body": b""})
             else:
-                await self._copy(send)
+                await self._copy_until_gone(receive, send)
         if self.background is not None:
             await self.background()
+
+    async def _copy_until_gone(self, receive: Receive, send: Send) -> None:
+        """``_copy``, stopped when the client goes away (uvicorn's ``send`` then returns
+        without a word: the rest of a big file would be read for nobody)."""
+        async with anyio.create_task_group() as tg:
+
+            async def gone() -> None:
+                while (await receive())["type"] != "http.disconnect":
+                    pass
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(gone)
+            await self._copy(send)
+            tg.cancel_scope.cancel()
 
     async def _copy(self, send: Send) -> None:
         fd, offset, left = self.file.fileno(), self.offset, self.count
