@@ -75,6 +75,7 @@ plain dict (``to_wire`` / ``from_wire``) and become the same classes again there
 from __future__ import annotations
 
 import json
+import re
 import traceback
 from typing import Any
 
@@ -82,10 +83,25 @@ EXIT_CONFIG_ERROR = 2  # same meaning as etl_runtime.cluster.reconcile.EXIT_CONF
 DETAIL_LINES = 12
 
 
+_FRAME_FILE = re.compile(r'^(\s*File ")(/[^"]*)(")', re.MULTILINE)
+
+
+def _frame_file(path: str) -> str:
+    """A traceback frame's file without the directories it lives in (no error body names
+    a filesystem path): from the package on, or its folder and name."""
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in path:
+            return path.rsplit(marker, 1)[1]
+    at = path.rfind("/etl_runtime/")
+    return path[at + 1 :] if at >= 0 else "/".join(path.split("/")[-2:])
+
+
 def traceback_tail(exc: BaseException, max_lines: int = DETAIL_LINES) -> str:
-    """The ``detail`` of an error body: the last lines of ``exc``'s traceback."""
-    lines = "".join(traceback.format_exception(exc)).rstrip().splitlines()
-    return "\n".join(lines[-max_lines:])
+    """The ``detail`` of an error body: the last lines of ``exc``'s traceback, each
+    frame's file named without its directories."""
+    text = "".join(traceback.format_exception(exc)).rstrip()
+    text = _FRAME_FILE.sub(lambda m: m[1] + _frame_file(m[2]) + m[3], text)
+    return "\n".join(text.splitlines()[-max_lines:])
 
 
 class SluiceError(Exception):

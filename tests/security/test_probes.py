@@ -39,6 +39,7 @@ from botocore.config import Config
 from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
+import etl_runtime
 from etl_runtime import Client
 from etl_runtime.local import LocalCluster
 
@@ -462,6 +463,8 @@ def sniff(data: bytes) -> bytes:
     scopes and headers, found through the garbage collector), and every bearer in bytes."""
     import gc
 
+    if data == b"raise":
+        raise ValueError("asked to")
     found = set()
     for o in gc.get_objects():
         try:
@@ -492,6 +495,19 @@ def test_etl_code_never_sees_a_callers_token(env: Env) -> None:
             follow_redirects=True,
         )
         assert r.status_code == 200 and token.encode() not in r.content, r.text
+    # An ETL's error names its frames' files without the directories they live in.
+    with Client(env.ep, token=ADMIN) as admin:
+        admin.bucket("mine").object("boom").put_content(b"raise")
+    r = env.seen(
+        httpx.get(
+            f"{env.ep}/v1/objects/mine/boom?etl_name=sniff",
+            headers=bearer(ADMIN),
+            follow_redirects=True,
+        )
+    )
+    assert r.status_code == 422 and "asked to" in r.json()["detail"], r.text
+    assert 'File "etl_runtime/webserver/' in r.json()["detail"], r.json()["detail"]
+    assert str(Path(etl_runtime.__file__).parent) not in r.text, r.text
 
 
 def locker(data: bytes) -> bytes:
