@@ -32,10 +32,11 @@ from etl_runtime.pytorch import tar
 from etl_runtime.pytorch.errors import DatasetError, ShardError
 from etl_runtime.pytorch.sources import PrefixMap, Sources, build_catalog
 from etl_runtime.pytorch.stateful import Resumable
-from etl_runtime.sdk.client import EtlArgs
+from etl_runtime.sdk.client import EtlArgs, quote_path
 from etl_runtime.sdk.errors import HTTPError
 from etl_runtime.sdk.object import ObjectReader
 
+VIEW = "x-sluice-view"  # a view's HEAD: "<source>|<etl>"
 Decode = str | Callable[..., Any] | Sequence[str | Callable[..., Any]] | None
 READ_BUFFER = 1 << 20
 
@@ -87,7 +88,8 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         self.etl_args = etl_args
         self.decode = decode
         self._init_position(shuffle, seed, rank, world_size)
-        self._wds: bool | None = None  # the ETL's mode is wds (it skips samples itself)
+        self._wds: dict[str, bool] = {}  # ETL: its mode is wds (it skips samples itself)
+        self._views: dict[str, str | None] = {}  # bucket: the ETL of a view, None if no view
         make_decoder(decode)  # a bad image spec fails here, not in a worker
 
     @property
@@ -188,19 +190,32 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         if its answer does not say it left out ``skip`` samples ending at ``after``
         (an ETL with ``onError: skip`` dropped one of them, or the shard changed),
         the whole answer is read and the samples skipped here, as without it."""
-        if skip > 0 and self.etl_name is not None and self._etl_skips():
+        etl = self.etl_name
+        if skip > 0 and etl is None:  # an ETL view's bytes are no stored bytes: no Range
+            etl = self._view_etl(index)
+            offset = None if etl is not None else offset
+        if skip > 0 and etl is not None and self._etl_skips(etl):
             missed: list[bool] = []
             yield from self._read(index, decoder, skip, after, offset, missed)
             if not missed:
                 return
         yield from self._read(index, decoder, skip, after, offset, None, opened)
 
-    def _etl_skips(self) -> bool:
-        """Whether the ETL leaves samples out itself (``etl_skip``: a wds ETL); asked once."""
-        if self._wds is None:
+    def _etl_skips(self, etl: str) -> bool:
+        """Whether ``etl`` leaves samples out itself (``etl_skip``: a wds ETL); asked once."""
+        if etl not in self._wds:
             client = self.catalog.connection.client()
-            self._wds = client.etl(str(self.etl_name)).details().mode == "wds"
-        return self._wds
+            self._wds[etl] = client.etl(etl).details().mode == "wds"
+        return self._wds[etl]
+
+    def _view_etl(self, index: int) -> str | None:
+        """The ETL of the shard's bucket when it is an ETL view (its HEAD says so), else None."""
+        bucket, name = self.catalog.buckets[index], self.catalog.names[index]
+        if bucket not in self._views:
+            path = f"/v1/objects/{quote_path(bucket)}/{quote_path(name)}"
+            view = self.catalog.connection.client().request("HEAD", path).headers.get(VIEW)
+            self._views[bucket] = view.split("|", 1)[1] if view and "|" in view else None
+        return self._views[bucket]
 
     def _read(
         self,
@@ -216,7 +231,7 @@ class ShardReader(Resumable, IterableDataset[tuple[str, dict[str, Any]]]):
         and yield nothing."""
         bucket, name = self.catalog.buckets[index], self.catalog.names[index]
         obj = self.catalog.connection.client().bucket(bucket).object(name)
-        raw = self.etl_name is None
+        raw = self.etl_name is None and (skip == 0 or self._view_etl(index) is None)
         resume = offset if raw and skip > 0 and offset else 0
         leave = skip if missed is not None else 0
         key = None

@@ -63,6 +63,20 @@ def test_a_resume_at_the_last_samples_transforms_only_those(client, bucket, etls
     bucket.object("big.tar").put_content(make_shard(7, samples=SAMPLES, pad=5_000))
 
 
+def test_a_view_through_a_wds_etl_resumes_the_same_way(client, bucket, etls) -> None:
+    view = client.bucket("pt-skip-tagged").create(view_of=bucket.name, etl=etls[1])
+    reader = ShardReader(view)  # no etl_name: the view names its ETL
+    first = [key for key, _ in islice(iter(reader), SAMPLES - 2)]
+    state = reader.state_dict()
+    before = transformed(client, etls[1])
+    again = ShardReader(view)
+    again.load_state_dict(state)
+    rest = list(again)
+    assert first + [k for k, _ in rest] == [sample_key(7, i) for i in range(SAMPLES)]
+    assert all(f["tag"] == f"tagged {k}".encode() for k, f in rest)
+    assert transformed(client, etls[1]) - before == 2
+
+
 def test_a_skip_is_never_kept_as_the_cached_shard(client, bucket, cached_etl) -> None:
     reader = ShardReader(bucket)  # the position of 3 samples read, saved without the ETL
     head = [key for key, _ in islice(iter(reader), 3)]
