@@ -257,6 +257,31 @@ def test_aistore_multi_object_calls_on_another_bucket(env: Env) -> None:
         assert "stolen" not in admin.list_buckets()
 
 
+def test_every_job_kind_with_another_bucket(env: Env) -> None:
+    """``POST /v1/jobs`` of each kind, with 'theirs' as its source or its destination."""
+    kinds = [
+        ("prefetch", {"bucket": "theirs"}),
+        ("evict", {"bucket": "theirs"}),
+        ("scrub", {"bucket": "theirs"}),
+        ("delete-listrange", {"bucket": "theirs", "objnames": ["o0.txt"]}),
+        ("copy-bck", {"src": "theirs", "dst": "mine"}),
+        ("move-bck", {"src": "mine", "dst": "theirs"}),
+        ("copy-listrange", {"src": "mine", "dst": "theirs", "objnames": ["o0.txt"]}),
+        (
+            "etl-listrange",
+            {"src": "theirs", "dst": "mine", "etl": ["upcase"], "objnames": ["o0.txt"]},
+        ),
+        ("etl-bck", {"src": "mine", "dst": "theirs", "etl": ["upcase"]}),
+    ]
+    archive = {"archname": "a.tar", "objnames": ["o0.txt"], "format": ".tar"}
+    kinds += [("archive", {"bucket": "theirs", "dst": "mine", **archive})]
+    kinds += [("archive", {"bucket": "mine", "dst": "theirs", **archive})]
+    for kind, spec in kinds:
+        body = {"kind": kind, "spec": spec}
+        r = env.seen(httpx.post(f"{env.ep}/v1/jobs", json=body, headers=bearer(env.write)))
+        forbidden(r, "theirs")
+
+
 # -- credentials no server accepts ------------------------------------------------------
 
 
@@ -465,6 +490,21 @@ def sniff(data: bytes) -> bytes:
 
     if data == b"raise":
         raise ValueError("asked to")
+    if data.startswith(b"{"):  # a plan: URLs to GET, with the ETL's token and with none
+        import json
+        import os
+        import urllib.error
+        import urllib.request
+
+        got = {}
+        for url in json.loads(data)["urls"]:
+            for token in (os.environ.get("SLUICE_ETL_TOKEN", ""), ""):
+                ask = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+                try:
+                    got[f"{url} {bool(token)}"] = urllib.request.urlopen(ask, timeout=10).status
+                except urllib.error.HTTPError as e:
+                    got[f"{url} {bool(token)}"] = e.code
+        return json.dumps(got).encode()
     found = set()
     for o in gc.get_objects():
         try:
@@ -495,6 +535,13 @@ def test_etl_code_never_sees_a_callers_token(env: Env) -> None:
             follow_redirects=True,
         )
         assert r.status_code == 200 and token.encode() not in r.content, r.text
+    # Nor can its code read another bucket through the servers' HTTP API with what it has.
+    urls = [f"{b}/v1/objects/theirs/o0.txt" for b in (env.ep, *env.targets)]
+    urls += [f"{env.ep}/v1/buckets/theirs", f"{env.ep}/v1/tokens"]
+    with Client(env.ep, token=ADMIN) as admin:
+        admin.bucket("mine").object("plan").put_content(json.dumps({"urls": urls}).encode())
+        got = json.loads(admin.bucket("mine").object("plan").get_bytes(etl_name="sniff"))
+    assert len(got) == 2 * len(urls) and set(got.values()) == {401}, got
     # An ETL's error names its frames' files without the directories they live in.
     with Client(env.ep, token=ADMIN) as admin:
         admin.bucket("mine").object("boom").put_content(b"raise")
