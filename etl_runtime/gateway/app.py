@@ -47,9 +47,11 @@ def _s3_call(scope: dict[str, Any]) -> bool:
 
 
 def _data_call(scope: dict[str, Any]) -> bool:
-    """A call whose body is object data: an object PUT, the S3 API (its own bounds)."""
+    """A call whose body is object data (an object PUT, the S3 API with its own bounds),
+    or an object call that reads none (GET, HEAD, DELETE: the data path, unwrapped)."""
     path: str = scope["path"]
-    return _s3_call(scope) or (scope["method"] == "PUT" and path.startswith("/v1/objects/"))
+    object_call = path.startswith("/v1/objects/") and scope["method"] not in ("POST", "PATCH")
+    return object_call or _s3_call(scope)
 
 
 def create_gateway_app(

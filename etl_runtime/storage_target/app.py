@@ -48,11 +48,10 @@ from etl_runtime.wire.http.zerocopy import SendfileCollector
 
 
 def _data_call(scope: dict[str, Any]) -> bool:
-    """A call whose body is object data: an object PUT, the internal routes (replicas,
-    a job's shards), which only the gateway and the targets may call."""
+    """A call whose body is object data (an object PUT; its GET, HEAD and DELETE read
+    none) or goes to an internal route (replicas, a job's shards: the servers' own)."""
     path: str = scope["path"]
-    put = scope["method"] == "PUT"
-    return path.startswith("/v1/_") or (put and path.startswith("/v1/objects/"))
+    return path.startswith(("/v1/objects/", "/v1/_"))
 
 
 def create_target_app(
