@@ -125,6 +125,9 @@ def scoped_claims(holder: Holder, request: Request) -> tokens.Claims | None:
     held = bearer(request)
     if not held or not tokens.looks_like_token(held) or not holder.cluster_key:
         return None
+    verified = request.scope.get(_VERIFIED)  # by CredentialGate, for this very call
+    if verified is not None and verified[0] == held:
+        return verified[1]  # type: ignore[no-any-return]
     try:
         return tokens.verify(holder.cluster_key, held, holder.token_records())
     except tokens.TokenError as e:
@@ -260,6 +263,7 @@ OPEN_PATHS = frozenset(
 WRITE_METHODS = frozenset({b"PUT", b"POST", b"DELETE", b"PATCH"})
 _INTERNAL = b"x-sluice-internal"  # storage/peers.py INTERNAL_HEADER, lower-cased
 _SIGNED = b"sluice_sig="
+_VERIFIED = "sluice.claims"  # the scope's (token, claims) the gate verified: checked once
 
 
 def _send_json(status: int, body: dict[str, Any], headers: Mapping[str, str], head: bool) -> Any:
@@ -320,7 +324,7 @@ class CredentialGate:
                     return None
             if tokens.looks_like_token(held) and h.cluster_key:
                 try:
-                    tokens.verify(h.cluster_key, held, h.token_records())
+                    scope[_VERIFIED] = (held, tokens.verify(h.cluster_key, held, h.token_records()))
                     return None
                 except tokens.TokenError as e:
                     return Unauthorized(f"{e}: ask for a new one (`sluice token create`)")
