@@ -27,12 +27,20 @@ latency, not cluster throughput. ``--rounds N`` measures every path N times,
 in turn, and prints the medians (the machine's noise hits all paths alike).
 
     .venv/bin/python bench/s3.py [--objects 32] [--seconds 4] [--rounds 3] [--boto3-only]
+        [--profile DIR]
+
+``--profile DIR``: the gateway and the targets run under ``cProfile`` while the
+rows are measured (a ``sitecustomize`` on their ``PYTHONPATH``), and leave
+``DIR/gateway-PID.prof`` and ``DIR/storage_target-PID.prof`` for ``pstats``;
+the profiler's own cost is in that run's figures.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -53,6 +61,21 @@ from etl_runtime.local.api import LocalCluster  # noqa: E402
 from tests.providers.minio import MinioServer  # noqa: E402
 
 SIZES = {"16 KiB": 16 << 10, "1 MiB": 1 << 20}
+PROFILE_ENV = "BENCH_S3_PROFILE"  # not SLUICE_*: sluice up passes it on
+PROFILE_HOOK = f"""
+import os, signal, sys
+_args = open("/proc/self/cmdline", "rb").read().split(b"\\0")
+_role = next((a.decode().split(".")[1] for a in _args
+              if a in (b"etl_runtime.gateway", b"etl_runtime.storage_target")), None)
+if _role and os.environ.get("{PROFILE_ENV}"):
+    import cProfile
+    _p = cProfile.Profile()
+    def _dump(*_):
+        _p.disable()
+        _p.dump_stats(os.path.join(os.environ["{PROFILE_ENV}"], f"{{_role}}-{{os.getpid()}}.prof"))
+    signal.signal(signal.SIGUSR1, lambda *_: _p.enable())
+    signal.signal(signal.SIGUSR2, _dump)
+"""
 
 
 def server_cpu(pids: list[int]) -> float:
@@ -131,14 +154,21 @@ def main() -> None:
     p.add_argument(
         "--boto3-only", action="store_true", help="only the two boto3 paths (Sluice, MinIO)"
     )
+    p.add_argument("--profile", metavar="DIR", help="cProfile the gateway and targets into DIR")
     args = p.parse_args()
     # No ETL here: the eager zygote's warm-up (seconds of CPU after start) would land on
     # the first rows only. "lazy" starts it with the first ETL, i.e. never in this run.
     os.environ.setdefault("SLUICE_ZYGOTE", "lazy")
-    with (
-        tempfile.TemporaryDirectory() as tmp,
-        LocalCluster(Path(tmp) / "d", targets=2) as c,
-    ):
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(tempfile.TemporaryDirectory())
+        if args.profile:  # before sluice up starts: its servers inherit the environment
+            Path(args.profile).mkdir(parents=True, exist_ok=True)
+            (Path(tmp) / "hook").mkdir()
+            (Path(tmp) / "hook" / "sitecustomize.py").write_text(PROFILE_HOOK)
+            path = os.environ.get("PYTHONPATH")
+            os.environ["PYTHONPATH"] = f"{tmp}/hook" + (f":{path}" if path else "")
+            os.environ[PROFILE_ENV] = str(Path(args.profile).resolve())
+        c = stack.enter_context(LocalCluster(Path(tmp) / "d", targets=2))
         (Path(tmp) / "minio").mkdir()
         minio = MinioServer(Path(tmp) / "minio").start()
         try:
@@ -166,6 +196,9 @@ def run(ep: str, minio: MinioServer, args: argparse.Namespace) -> None:
     )
     assert minio.process is not None
     ours, theirs = sluice_pids(), {"minio": [minio.process.pid]}
+    if args.profile:
+        for pid in sum(ours.values(), []):
+            os.kill(pid, signal.SIGUSR1)
     for label, size in SIZES.items():
         names = [f"{size}/o{i:03d}" for i in range(args.objects)]
         for n in names:
@@ -201,6 +234,11 @@ def run(ep: str, minio: MinioServer, args: argparse.Namespace) -> None:
             )
         ratio = runs["s3 (boto3)"]["rps"] / runs["minio (boto3)"]["rps"]
         print(f"{label:>7} boto3 on Sluice ÷ boto3 on MinIO: {ratio:.2f}")
+    if args.profile:
+        for pid in sum(ours.values(), []):
+            os.kill(pid, signal.SIGUSR2)
+        time.sleep(2)  # the dumps
+        print(f"profiles: {sorted(p.name for p in Path(args.profile).glob('*.prof'))}")
 
 
 if __name__ == "__main__":
