@@ -69,6 +69,21 @@ SYSTEM_MARK = "~"  # stored metadata keys of S3's own headers start with it
 PARTS = SYSTEM_MARK + "parts"  # a multipart object's part sizes (parts.py)
 
 
+def mail_safe(value: str) -> str:
+    """A header value with bytes past ASCII (read as latin-1) as RFC 2047 ``=?UTF-8?q?...?=``,
+    as S3 stores and returns such ``x-amz-meta-*`` values (the bytes as UTF-8 where they are)."""
+    raw = value.encode("latin-1")
+    try:
+        charset, data = "UTF-8", raw.decode("utf-8").encode("utf-8")
+    except UnicodeDecodeError:
+        charset, data = "ISO-8859-1", raw
+    quoted = "".join(
+        "_" if b == 0x20 else chr(b) if 0x21 <= b <= 0x7E and b not in b"=?_" else f"={b:02X}"
+        for b in data
+    )
+    return f"=?{charset}?q?{quoted}?="
+
+
 def meta_headers_in(headers: Any, checked: chunked.Checked | None = None) -> dict[str, str]:
     """A write's ``Content-Type``, ``x-amz-meta-*``, the headers S3 keeps (``SYSTEM``) and
     a checksum known before the body (``checked``), as the native PUT takes them.
@@ -93,7 +108,7 @@ def meta_headers_in(headers: Any, checked: chunked.Checked | None = None) -> dic
         out.update({NATIVE_META + SYSTEM_MARK + k: v for k, v in checked.headers().items()})
     if "content-type" in headers:
         out["content-type"] = headers["content-type"]
-    return out
+    return {k: v if v.isascii() else mail_safe(v) for k, v in out.items()}
 
 
 def _kept(headers: Mapping[str, str], checksums: bool = False) -> dict[str, str]:

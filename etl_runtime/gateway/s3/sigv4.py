@@ -149,11 +149,19 @@ def signing_key(secret: str, date: str, region: str, service: str = "s3") -> byt
     return key
 
 
+def _raw(canonical: str) -> bytes:
+    """The canonical request as the bytes the client sent: its path, query and header values
+    are the raw bytes read as latin-1 (a UTF-8 ``x-amz-meta-*`` value is signed as its
+    UTF-8 bytes, not as those bytes read as latin-1 and encoded again)."""
+    try:
+        return canonical.encode("latin-1")
+    except UnicodeEncodeError:
+        return canonical.encode()
+
+
 def signature(secret: str, amz_date: str, scope: str, canonical: str) -> str:
     date, region, service, _ = scope.split("/")
-    to_sign = "\n".join(
-        [ALGORITHM, amz_date, scope, hashlib.sha256(canonical.encode()).hexdigest()]
-    )
+    to_sign = "\n".join([ALGORITHM, amz_date, scope, hashlib.sha256(_raw(canonical)).hexdigest()])
     key = signing_key(secret, date, region, service)
     return hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
 
