@@ -190,8 +190,14 @@ def _completed_parts(value: Any, bucket: str, name: str) -> list[tuple[int, str]
 
 
 def _dir(upload_id: str, bucket: str, name: str) -> str:
-    if not _ID.match(upload_id):
-        raise _no_upload(upload_id, bucket, name)
+    if not _ID.fullmatch(upload_id):  # never a path: a 400 naming it
+        shown = upload_id if len(upload_id) <= 64 else upload_id[:64] + "..."
+        raise InvalidRequest(
+            f"{UPLOAD_ID}={shown!r} is not an upload id (32 hex digits, as the upload's "
+            "start answers)",
+            bucket=bucket,
+            object=name,
+        )
     return f"{HIDDEN}{upload_id}/"
 
 
@@ -406,7 +412,7 @@ async def abort(gw: Gateway, bucket: str, name: str, upload_id: str) -> None:
 def _parse_handle(handle: str, bucket: str, name: str) -> tuple[str, int]:
     upload_id, _, count = handle.partition(".")
     if (
-        not _ID.match(upload_id)
+        not _ID.fullmatch(upload_id)
         or not (count.isascii() and count.isdigit())
         or not 1 <= int(count) <= MAX_PARTS
     ):

@@ -378,10 +378,29 @@ def test_names_that_could_escape_are_a_400_naming_them(env: Env) -> None:
         assert 400 <= r.status_code < 500 and b"root:" not in r.content, (archpath, r.status_code)
     # S3 upload ids: never a path.
     writer = env.s3("write")
-    for upload in ("../../theirs/.s3-multipart/x", "/etc/passwd", "a/b"):
-        with pytest.raises(ClientError) as err:
-            writer.list_parts(Bucket="mine", Key="k", UploadId=upload)
-        assert err.value.response["ResponseMetadata"]["HTTPStatusCode"] == 404, upload
+    for upload in (
+        "../../theirs/.s3-multipart/x",
+        "/etc/passwd",
+        "a/b",
+        "0" * 32 + "\n",
+        "x" * 3000,
+    ):
+        for call in (writer.list_parts, writer.abort_multipart_upload):
+            with pytest.raises(ClientError) as err:
+                call(Bucket="mine", Key="k", UploadId=upload)
+            assert err.value.response["Error"]["Code"] == "InvalidArgument", upload
+            assert "uploadId" in err.value.response["Error"]["Message"], upload
+    with pytest.raises(ClientError) as err:  # well formed, but never made: S3's 404
+        writer.list_parts(Bucket="mine", Key="k", UploadId="0" * 32)
+    assert err.value.response["Error"]["Code"] == "NoSuchUpload"
+    r = env.seen(
+        httpx.put(
+            f"{env.ep}/v1/objects/mine/k?provider=ais&uploadId=..%2F..%2Fx&partNumber=1",
+            content=b"x",
+            headers=admin,
+        )
+    )
+    assert r.status_code == 400 and "is not an upload id" in r.json()["error"], r.text
 
 
 def test_a_redirect_location_carries_no_injected_header(env: Env) -> None:

@@ -86,8 +86,14 @@ def _no_upload(upload_id: str) -> S3Error:
 
 
 def _upload_dir(upload_id: str) -> str:
-    if not _UPLOAD_ID.match(upload_id):
-        raise _no_upload(upload_id)
+    if not _UPLOAD_ID.fullmatch(upload_id):  # never a path: a 400 naming it
+        shown = upload_id if len(upload_id) <= 64 else upload_id[:64] + "..."
+        raise S3Error(
+            "InvalidArgument",
+            400,
+            f"uploadId {shown!r} is not an upload id (32 hex digits, as CreateMultipartUpload "
+            "answers)",
+        )
     return f"{HIDDEN}{upload_id}/"
 
 
