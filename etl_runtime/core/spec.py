@@ -38,6 +38,10 @@ SKIPPED_HEADER = "X-Sluice-Etl-Skipped"
 SKIPPED_KEY_HEADER = "X-Sluice-Etl-Skipped-Key"
 SKIPPED_HEADERS = (SKIPPED_HEADER, SKIPPED_KEY_HEADER)
 NAME_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,51}[a-z0-9])?$")
+# Files a local cluster keeps beside the ETL records (``DIR/etl/<name>.json``): the S3
+# API's keys (gateway/s3/keys.py) and the ETLs' uids (local/runas.py). No ETL takes
+# their names, so none overwrites them and neither is read as an ETL's record.
+RESERVED_NAMES = frozenset({"s3-keys", "etl-uids"})
 
 
 def runtime_python_version() -> str:
@@ -49,6 +53,11 @@ def validate_name(name: str) -> str:
         raise InvalidSpec(
             f"invalid ETL name {name!r}: use 1-53 lowercase letters, digits or '-', "
             "starting and ending with a letter or digit"
+        )
+    if name in RESERVED_NAMES:
+        raise InvalidSpec(
+            f"ETL name {name!r} is reserved (a local cluster keeps its "
+            f"{name}.json beside the ETLs' records); pick another"
         )
     return name
 

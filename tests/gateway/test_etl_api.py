@@ -33,6 +33,8 @@ def test_init_validates_spec(cluster: Cluster) -> None:
     assert r.status_code == 400 and "exactly one of" in r.json()["error"]
     r = c.put("/v1/etl", json={"name": "Bad_Name", "spec": SPEC})
     assert r.status_code == 400 and "invalid ETL name" in r.json()["error"]
+    r = c.put("/v1/etl", json={"name": "s3-keys", "spec": SPEC})  # the S3 keys' file
+    assert r.status_code == 400 and "'s3-keys' is reserved" in r.json()["error"], r.text
     assert c.put("/v1/etl", json=["x"]).status_code == 400
     assert c.put("/v1/etl", json={"name": "rev"}).status_code == 400
     assert c.get("/v1/etl").json() == {"etls": []}

@@ -16,7 +16,7 @@ from etl_runtime.cluster.local import registry as registry_mod
 from etl_runtime.cluster.local.registry import FileRegistry
 from etl_runtime.cluster.records import EtlRecord, TransformerStatus
 from etl_runtime.core.errors import RegistryUnreadable
-from etl_runtime.core.spec import CodeSpec, EtlSpec
+from etl_runtime.core.spec import CodeSpec, EtlSpec, InvalidSpec
 
 
 def record(name: str = "upper", phase: str = "Running", port: int = 9000) -> EtlRecord:
@@ -42,6 +42,22 @@ def test_missing_and_hostile_names_are_none(tmp_path: Path) -> None:
     assert reg.get("nope") is None
     assert reg.get("../evil") is None
     assert reg.get("") is None
+
+
+def test_the_state_files_beside_the_records_are_no_etls(tmp_path: Path, caplog) -> None:
+    """``sluice up`` keeps the S3 keys and the ETLs' uids in the records' directory:
+    neither is listed (nor warned about) as an ETL, and no ETL may take their names."""
+    reg = FileRegistry(tmp_path)
+    reg.write(record())
+    (tmp_path / "s3-keys.json").write_text('{"keys": []}')
+    (tmp_path / "etl-uids.json").write_text('{"upper": 70001}')
+    with caplog.at_level("WARNING"):
+        assert [r.name for r in reg.list()] == ["upper"]
+    assert caplog.records == []
+    assert reg.get("s3-keys") is None
+    with pytest.raises(InvalidSpec, match="reserved"):
+        reg.write(record(name="s3-keys"))
+    assert (tmp_path / "s3-keys.json").read_text() == '{"keys": []}'
 
 
 def test_unchanged_file_is_served_from_cache(tmp_path: Path, monkeypatch) -> None:
