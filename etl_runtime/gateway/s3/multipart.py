@@ -86,13 +86,13 @@ def _no_upload(upload_id: str) -> S3Error:
 
 
 def _upload_dir(upload_id: str) -> str:
-    if not _UPLOAD_ID.fullmatch(upload_id):  # never a path: a 400 naming it
+    if not _UPLOAD_ID.fullmatch(upload_id):  # never a path; S3 and MinIO: NoSuchUpload
         shown = upload_id if len(upload_id) <= 64 else upload_id[:64] + "..."
         raise S3Error(
-            "InvalidArgument",
-            400,
+            "NoSuchUpload",
+            404,
             f"uploadId {shown!r} is not an upload id (32 hex digits, as CreateMultipartUpload "
-            "answers)",
+            "answers): there is no such upload",
         )
     return f"{HIDDEN}{upload_id}/"
 
