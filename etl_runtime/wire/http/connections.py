@@ -332,10 +332,13 @@ class _Guard(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         idle = not self._busy()
-        if idle:
-            self._head_size += len(data)
+        before = getattr(self, "cycle", None)  # the last request's (uvicorn's RequestResponseCycle)
+        draining = before is not None and getattr(before, "more_body", False)  # answered early
         self.answered_in_protocol = False
         super().data_received(data)
+        if idle and not draining:  # these bytes were a head's, or began one
+            ended = getattr(self, "cycle", None) is not before  # a head was parsed whole
+            self._head_size = 0 if ended else self._head_size + len(data)
         if self._busy():
             self._head_size = 0
             self._disarm()
