@@ -344,9 +344,17 @@ class ObjectReader(io.RawIOBase):
         return b"".join(parts)
 
     def read(self, size: int | None = -1) -> bytes:
+        """Up to ``size`` bytes, fewer only at the end of the body: a file's ``read`` (the
+        body arrives in chunks of any size; ``tarfile`` and friends count on it)."""
         if size is None or size < 0:
             return self.readall()
-        return super().read(size) or b""
+        out = bytearray(size)
+        view, got = memoryview(out), 0
+        while got < size and (n := self.readinto(view[got:])):
+            got += n
+        view.release()
+        del out[got:]
+        return bytes(out)
 
     def close(self) -> None:
         if not self.closed:
