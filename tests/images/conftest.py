@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.images.podman import Container, build_images, owned_dir
-from tests.servers import free_port
+from tests.images.podman import Container, build_images, owned_dir, serving
 
 
 @pytest.fixture(scope="session")
@@ -30,29 +30,34 @@ def cluster(
     root = tmp_path_factory.mktemp("server-image")
     data, shared = owned_dir(root / "data"), owned_dir(root / "shared")
     registry = owned_dir(root / "registry")
-    target_port, gateway_port = free_port(), free_port()
     # Relay ETL answers (the chart's default without transformerClients).
     env = {"SLUICE_CLUSTER_KEY": CLUSTER_KEY, "SLUICE_ETL_REDIRECT_BYTES": "off"}
     cmap = "file:/shared/cluster.json"
-    with Container(
-        "server",
-        ["--id", "t0", "--host", "127.0.0.1", "--port", str(target_port), "--data-dir", "/data"]
-        + ["--cluster-map", cmap, "--registry", "file:/registry"],
-        env=env,
-        volumes={str(data): "/data", str(shared): "/shared", str(registry): "/registry"},
-        name="target",
-    ) as target:
-        target.wait_http(f"http://127.0.0.1:{target_port}/v1/health")
-        with Container(
+
+    def target(port: int) -> Container:
+        return Container(
             "server",
-            ["--host", "127.0.0.1", "--port", str(gateway_port)]
-            + ["--targets", f"t0=http://127.0.0.1:{target_port}", "--members", "t0"]
-            + ["--cluster-map", cmap, "--state-dir", "/shared/etl"],
-            entrypoint="sluice-gateway",
+            ["--id", "t0", "--host", "127.0.0.1", "--port", str(port), "--data-dir", "/data"]
+            + ["--cluster-map", cmap, "--registry", "file:/registry"],
             env=env,
-            volumes={str(shared): "/shared"},
-            name="gateway",
-        ) as gateway:
-            url = f"http://127.0.0.1:{gateway_port}"
-            gateway.wait_http(f"{url}/v1/health")
-            yield url, target, gateway, data
+            volumes={str(data): "/data", str(shared): "/shared", str(registry): "/registry"},
+            name="target",
+        )
+
+    with ExitStack() as stack:
+        t0, target_port = serving(stack, target)
+
+        def gateway(port: int) -> Container:
+            return Container(
+                "server",
+                ["--host", "127.0.0.1", "--port", str(port)]
+                + ["--targets", f"t0=http://127.0.0.1:{target_port}", "--members", "t0"]
+                + ["--cluster-map", cmap, "--state-dir", "/shared/etl"],
+                entrypoint="sluice-gateway",
+                env=env,
+                volumes={str(shared): "/shared"},
+                name="gateway",
+            )
+
+        gw, gateway_port = serving(stack, gateway)
+        yield f"http://127.0.0.1:{gateway_port}", t0, gw, data

@@ -16,11 +16,15 @@ import os
 import subprocess
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
+
+from tests.servers import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "scripts" / "images.sh"
@@ -151,21 +155,96 @@ class Container:
         )
 
     def wait_http(self, url: str, timeout: float = 120.0) -> None:
-        """Until ``url`` answers 200; fails early with the logs if the container exits."""
+        """Until ``url`` answers 200 from this container; fails early with the logs if it exits.
+
+        Host network: another test's server may hold the port ``free_port()``
+        chose, and would answer in this container's place. An answer counts
+        only when the socket listening on the port belongs to this container's
+        processes; if the container could not bind it, ``PortTaken``.
+        """
+        port = urlsplit(url).port
         deadline = time.monotonic() + timeout
         last = ""
         while time.monotonic() < deadline:
             if not self.state().get("Running"):
-                raise AssertionError(f"{self.name} exited:\n{self.logs()}")
+                logs = self.logs()
+                if "address already in use" in logs.lower():
+                    raise PortTaken(f"{self.name}: port {port} was taken:\n{logs}")
+                raise AssertionError(f"{self.name} exited:\n{logs}")
             try:
                 r = httpx.get(url, timeout=5.0)
-                if r.status_code == 200:
+                if r.status_code == 200 and port is not None and self.listens_on(port):
                     return
                 last = f"{r.status_code} {r.text[:300]}"
             except httpx.HTTPError as e:
                 last = repr(e)
             time.sleep(0.5)
         raise AssertionError(f"{url} not ready after {timeout:.0f} s ({last}):\n{self.logs()}")
+
+    def listens_on(self, port: int) -> bool:
+        """Whether a process of this container holds the listening socket on ``port``."""
+        root = self.pid()
+        return any(_descends_from(pid, root) for pid in _listeners(port))
+
+
+class PortTaken(AssertionError):
+    """The container exited because another process held its port: start it on another."""
+
+
+def _listeners(port: int) -> set[int]:
+    """PIDs holding a TCP socket listening on ``port`` (any address), from /proc."""
+    inodes: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            fields = row.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{inode}]")
+    pids: set[int] = set()
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if any(os.readlink(fd) in inodes for fd in (proc / "fd").iterdir()):
+                pids.add(int(proc.name))
+        except OSError:
+            continue
+    return pids
+
+
+def _descends_from(pid: int, root: int) -> bool:
+    while pid > 1:
+        if pid == root:
+            return True
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return False
+        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+        pid = int(fields["PPid"].strip())
+    return False
+
+
+def serving(
+    stack: ExitStack, start: Callable[[int], Container], path: str = "/v1/health"
+) -> tuple[Container, int]:
+    """``start(port)`` on a free port until it serves ``path`` there (another port if taken).
+
+    The container is stopped when ``stack`` closes.
+    """
+    for _ in range(4):
+        port = free_port()
+        container = stack.enter_context(start(port))
+        try:
+            container.wait_http(f"http://127.0.0.1:{port}{path}")
+            return container, port
+        except PortTaken:
+            container.stop()
+    raise AssertionError("no free port held long enough to start a container on it")
 
 
 def owned_dir(path: Path) -> Path:

@@ -29,7 +29,7 @@ from etl_runtime.cluster.local.registry import FileRegistry
 from etl_runtime.cluster.records import EtlRecord, TargetInfo, TransformerStatus
 from etl_runtime.core.spec import EtlSpec
 from etl_runtime.sdk.etl import pickle_transform
-from tests.images.podman import UID, Container
+from tests.images.podman import UID, Container, PortTaken
 from tests.servers import free_port
 
 pytestmark = [pytest.mark.images, pytest.mark.timeout(3600)]
@@ -58,7 +58,6 @@ def reverse_words(data: bytes, args: str) -> bytes:
 
 def run_transformer(name: str, spec: EtlSpec) -> tuple[Container, str]:
     """The operator's transformer pod for ``spec``, as a podman container on a free port."""
-    port = free_port()
     pod = transformer_pod(
         EtlRef(name=name, namespace="data", uid="uid-1"),
         spec,
@@ -68,23 +67,28 @@ def run_transformer(name: str, spec: EtlSpec) -> tuple[Container, str]:
     )
     (container,) = pod["spec"]["containers"]
     assert container["securityContext"]["readOnlyRootFilesystem"] is True
-    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    env = {k: v.replace("$(POD_IP)", "127.0.0.1") for k, v in env.items()}
-    env["SLUICE_PORT"] = str(port)
-    argv = [a.replace("$(POD_IP)", "127.0.0.1") for a in container["command"]]
-    argv[argv.index("--port") + 1] = str(port)
     emptydirs = {v["name"] for v in pod["spec"]["volumes"] if "emptyDir" in v}
     tmpfs = [m["mountPath"] for m in container["volumeMounts"] if m["name"] in emptydirs]
-    running = Container(
-        "runtime", argv[1:], entrypoint=argv[0], env=env, tmpfs=tmpfs, name=f"etl-{name}"
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        running.wait_http(f"{url}/health", timeout=180.0)
-    except BaseException:
-        running.stop()
-        raise
-    return running, url
+    for _ in range(4):  # another port when another test's server took the free one
+        port = free_port()
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+        env = {k: v.replace("$(POD_IP)", "127.0.0.1") for k, v in env.items()}
+        env["SLUICE_PORT"] = str(port)
+        argv = [a.replace("$(POD_IP)", "127.0.0.1") for a in container["command"]]
+        argv[argv.index("--port") + 1] = str(port)
+        running = Container(
+            "runtime", argv[1:], entrypoint=argv[0], env=env, tmpfs=tmpfs, name=f"etl-{name}"
+        )
+        url = f"http://127.0.0.1:{port}"
+        try:
+            running.wait_http(f"{url}/health", timeout=180.0)
+            return running, url
+        except PortTaken:
+            running.stop()
+        except BaseException:
+            running.stop()
+            raise
+    raise AssertionError(f"no free port held long enough to start the {name} transformer")
 
 
 @pytest.fixture(scope="module")
