@@ -3,7 +3,8 @@
 An object name becomes a path under ``DATA/buckets/<bucket>/``, so anything
 that could escape that directory or alias another name is refused up front:
 ``..`` and ``.`` segments, empty segments (``a//b``, a trailing ``/``),
-absolute paths and NUL bytes.
+absolute paths and NUL bytes; and ``.sluice-object`` segments (``SELF``), the
+file of a name that is also a directory.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from etl_runtime.core.jsonbody import read_json
 BUCKET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 MAX_OBJECT_NAME = 1024
 MAX_SEGMENT = 255
+# The file of an object whose name is also a prefix of others (``a/b`` beside ``a/b/c``
+# is ``a/b/.sluice-object``: storage/store.py); no name may have it as a segment.
+SELF = ".sluice-object"
 # The usual name: ASCII, no NUL, no empty segment, segments of at most MAX_SEGMENT
 _SEGMENT = rf"[^/\x00]{{1,{MAX_SEGMENT}}}"
 _PLAIN_OBJECT = re.compile(rf"{_SEGMENT}(?:/{_SEGMENT})*")
@@ -73,6 +77,8 @@ def validate_object(bucket: str, name: str) -> str:
             raise bad("empty path segment ('//' or a trailing '/')")
         if segment in (".", ".."):
             raise bad(f"'{segment}' path segments are not allowed")
+        if segment == SELF:
+            raise bad(f"{SELF!r} is reserved (the file of a name that is also a prefix)")
         if len(segment.encode()) > MAX_SEGMENT:
             raise bad(f"a path segment is longer than {MAX_SEGMENT} bytes")
     return name

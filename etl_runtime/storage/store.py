@@ -27,12 +27,14 @@ thread.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import hashlib
 import logging
 import os
 import shutil
 import stat
+import threading
 import uuid
 from collections.abc import AsyncIterable, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -45,11 +47,10 @@ from etl_runtime.core.durable import fsync_dir, make_dirs
 from etl_runtime.core.errors import (
     InsufficientStorage,
     InvalidRequest,
-    ObjectConflict,
     ObjectNotFound,
     bucket_not_found,
 )
-from etl_runtime.core.names import validate_bucket, validate_object
+from etl_runtime.core.names import SELF, validate_bucket, validate_object
 from etl_runtime.storage import integrity
 from etl_runtime.storage.integrity import Checksum
 from etl_runtime.storage.meta import META_XATTR, check_meta, encode_meta, read_meta
@@ -130,6 +131,7 @@ class ObjectStore:
         make_dirs(self.buckets_dir)
         make_dirs(self.tmp_dir)
         self._real_buckets = os.path.realpath(self._buckets_fspath)  # object_file's
+        self._nesting = threading.Lock()  # one file-to-directory swap or nested write at a time
         for leftover in self.tmp_dir.iterdir():  # interrupted writes of a previous run
             shutil.rmtree(leftover) if leftover.is_dir() else leftover.unlink(missing_ok=True)
 
@@ -181,15 +183,17 @@ class ObjectStore:
         for dirpath, _dirs, files in os.walk(bdir):
             rel_dir = os.path.relpath(dirpath, bdir)
             for fname in files:
-                yield fname if rel_dir == "." else f"{rel_dir}/{fname}"
+                yield _name_of(rel_dir, fname)
 
     def local_path(self, bucket: str, name: str) -> Path:
-        """Where ``bucket/name`` lives here, without any existence check."""
-        return self.buckets_dir / validate_bucket(bucket) / validate_object(bucket, name)
+        """Where ``bucket/name`` lives here (``SELF`` of a name that is also a prefix),
+        whether or not it exists."""
+        return _file_of(self.buckets_dir / validate_bucket(bucket) / validate_object(bucket, name))
 
     def local_fspath(self, bucket: str, name: str) -> str:
         """``local_path`` as a string, made without ``pathlib`` (a third of its time:
-        GetBatch shares open thousands of objects a second)."""
+        GetBatch shares open thousands of objects a second). The plain path: a name
+        that is also a prefix is a directory there (``file_of`` gives its file)."""
         bucket, name = validate_bucket(bucket), validate_object(bucket, name)
         return f"{self._buckets_fspath}/{bucket}/{name}"
 
@@ -257,6 +261,7 @@ class ObjectStore:
     # -- objects ---------------------------------------------------------------
 
     def _object_path(self, bucket: str, name: str) -> Path:
+        """The plain path of ``bucket/name`` (a directory if the name is also a prefix)."""
         return self.bucket_dir(bucket) / validate_object(bucket, name)
 
     def _not_found(self, bucket: str, name: str) -> ObjectNotFound:
@@ -268,7 +273,10 @@ class ObjectStore:
         """Open the object as it is now; later writes never change what this reads."""
         path = self._object_path(bucket, name)
         try:
-            f = open(path, "rb")  # noqa: SIM115 - the caller streams and closes it
+            try:
+                f = open(path, "rb")  # noqa: SIM115 - the caller streams and closes it
+            except IsADirectoryError:  # also a prefix: its file is SELF
+                f = open(path / SELF, "rb")  # noqa: SIM115
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise self._not_found(bucket, name) from None
         try:
@@ -338,17 +346,15 @@ class ObjectStore:
             else:
                 if stat.S_ISREG(st.st_mode):
                     return Path(f"{self._real_buckets}/{bucket}/{name}")
-        path = self._object_path(bucket, name)
+        path = _file_of(self._object_path(bucket, name))
         if not path.is_file():
             raise self._not_found(bucket, name)
         return path.resolve()
 
     def delete_object(self, bucket: str, name: str) -> None:
         bdir = self.bucket_dir(bucket)
-        path = self._object_path(bucket, name)
+        path = _file_of(self._object_path(bucket, name))
         try:
-            if path.is_dir():
-                raise FileNotFoundError(name)
             path.unlink()
         except (FileNotFoundError, NotADirectoryError):
             raise self._not_found(bucket, name) from None
@@ -372,42 +378,24 @@ class ObjectStore:
         segments = head.split("/") if head else []
         if all(s not in ("", ".", "..") for s in segments):
             start = bdir.joinpath(*segments)
-        names: list[str] = []
+        names: list[tuple[str, str]] = []  # (name, its file's path below bdir)
         for dirpath, _dirs, files in os.walk(start):
             rel_dir = os.path.relpath(dirpath, bdir)
             for fname in files:
-                name = fname if rel_dir == "." else f"{rel_dir}/{fname}"
+                name = _name_of(rel_dir, fname)
                 if name.startswith(prefix) and name > start_after:
-                    names.append(name)
+                    names.append((name, fname if rel_dir == "." else f"{rel_dir}/{fname}"))
         names.sort()
         page: list[ObjectInfo] = []
-        for name in names:
+        for name, rel in names:
             if len(page) == limit:
                 return page, page[-1].name
             try:
-                with open(bdir / name, "rb") as f:
+                with open(bdir / rel, "rb") as f:
                     page.append(_info(name, f.fileno()))
             except OSError:  # deleted while we listed
                 continue
         return page, None
-
-    def _check_clash(self, bdir: Path, bucket: str, name: str) -> None:
-        parts = name.split("/")
-        for i in range(1, len(parts)):
-            if (bdir.joinpath(*parts[:i])).is_file():
-                raise ObjectConflict(
-                    f"cannot store {name!r}: object {'/'.join(parts[:i])!r} exists and a name "
-                    "cannot be both an object and a prefix of other objects",
-                    bucket=bucket,
-                    object=name,
-                )
-        if (bdir / name).is_dir():
-            raise ObjectConflict(
-                f"cannot store {name!r}: other objects are named {name + '/'!r}...; "
-                "a name cannot be both an object and a prefix of other objects",
-                bucket=bucket,
-                object=name,
-            )
 
     async def write_object(
         self,
@@ -431,7 +419,6 @@ class ObjectStore:
         bdir = self.bucket_dir(bucket)
         validate_object(bucket, name)
         kept = check_meta(meta, bucket, name)
-        self._check_clash(bdir, bucket, name)
         tmp = self.tmp_dir / f"put-{uuid.uuid4().hex}"
         md5, xxh = hashlib.md5(), integrity.new_hash()
         size = 0
@@ -464,7 +451,7 @@ class ObjectStore:
             if full is not None:
                 raise full from e
             raise
-        mtime = os.stat(bdir / name).st_mtime
+        mtime = os.stat(_file_of(bdir / name)).st_mtime
         return ObjectInfo(name, size, etag, mtime, kept, cs)
 
     @staticmethod
@@ -499,32 +486,111 @@ class ObjectStore:
         self, tmp: Path, bdir: Path, bucket: str, name: str, if_absent: bool, durable: bool = True
     ) -> bool:
         """Rename ``tmp`` into place; ``durable``: and fsync its directory (a remote
-        bucket's cache fill is not durable: ``providers/cache.py`` says why)."""
-        parent = (bdir / name).parent
+        bucket's cache fill is not durable: ``providers/cache.py`` says why).
+
+        A name that is also a prefix, or below one that is an object, is placed under
+        the nesting lock (the module's docstring)."""
         for _attempt in range(10):  # a concurrent delete may prune our parent dirs
             try:
-                if parent != bdir:
-                    make_dirs(parent, root=bdir)  # fsyncs only what it created
-                if if_absent:
-                    try:
-                        os.link(tmp, bdir / name)  # atomic: fails if the name exists
-                    except FileExistsError:
-                        return False
-                    tmp.unlink()
-                else:
-                    os.replace(tmp, bdir / name)
-                if durable:
-                    fsync_dir((bdir / name).parent)
-                self._changed(bucket, name)
-                return True
+                try:
+                    stored = self._place(tmp, bdir, name, if_absent, durable, nested=False)
+                except (NotADirectoryError, IsADirectoryError, FileExistsError):
+                    with self._nesting:
+                        stored = self._place(tmp, bdir, name, if_absent, durable, nested=True)
             except FileNotFoundError:
                 if not bdir.is_dir():
                     self.bucket_dir(bucket)  # raises BucketNotFound
-            except (NotADirectoryError, IsADirectoryError):
-                self._check_clash(bdir, bucket, name)
-                raise
-            except OSError as e:
-                if e.errno in (errno.EISDIR, errno.ENOTDIR, errno.ENOTEMPTY, errno.EEXIST):
-                    self._check_clash(bdir, bucket, name)
-                raise
+                continue
+            if stored:
+                self._changed(bucket, name)
+            return stored
         raise OSError(f"could not publish {bucket}/{name}: parent directories kept vanishing")
+
+    def _place(
+        self, tmp: Path, bdir: Path, name: str, if_absent: bool, durable: bool, nested: bool
+    ) -> bool:
+        dest = bdir / name
+        if nested:
+            here = bdir
+            for segment in name.split("/")[:-1]:  # a prefix that is an object: a directory
+                here = here / segment
+                if here.is_file():
+                    self._nest(here)
+            if dest.parent != bdir:
+                make_dirs(dest.parent, root=bdir)
+            if dest.is_dir():
+                dest = dest / SELF
+        elif dest.parent != bdir:
+            make_dirs(dest.parent, root=bdir)  # fsyncs only what it created
+        if if_absent:
+            try:
+                os.link(tmp, dest)  # atomic: fails if the name exists
+            except FileExistsError:
+                if not nested and dest.is_dir():
+                    raise IsADirectoryError(errno.EISDIR, "a prefix of other objects") from None
+                return False
+            tmp.unlink()
+        else:
+            os.replace(tmp, dest)
+        if durable:
+            fsync_dir(dest.parent)
+        return True
+
+    def _nest(self, path: Path) -> None:
+        """The object file ``path`` becomes ``path/SELF``, in one atomic swap (nesting lock
+        held): names below ``path`` can then be stored."""
+        swap = self.tmp_dir / f"nest-{uuid.uuid4().hex}"
+        swap.mkdir()
+        try:
+            try:
+                os.link(path, swap / SELF)
+            except FileNotFoundError:
+                return  # deleted meanwhile: nothing to keep
+            try:
+                _exchange(swap, path)
+            except FileNotFoundError:
+                return  # deleted between the link and the swap: not kept
+            except OSError as e:
+                if e.errno not in (errno.EINVAL, errno.ENOSYS, errno.EPERM):
+                    raise
+                # No RENAME_EXCHANGE on this filesystem: the name is missing for a moment.
+                os.unlink(path)
+                os.rename(swap, path)
+            else:  # ``swap`` is now the file that was ``path``
+                if os.stat(swap).st_ino != os.stat(path / SELF).st_ino:
+                    os.replace(swap, path / SELF)  # published between the link and the swap
+            fsync_dir(path)
+            fsync_dir(path.parent)
+        finally:
+            with contextlib.suppress(OSError):
+                if swap.is_dir():
+                    shutil.rmtree(swap)
+                else:
+                    swap.unlink()
+
+
+def _name_of(rel_dir: str, fname: str) -> str:
+    """The object name of the file ``fname`` in ``rel_dir`` (below the bucket's directory)."""
+    if rel_dir == ".":
+        return fname
+    return rel_dir if fname == SELF else f"{rel_dir}/{fname}"
+
+
+def _file_of(path: Path) -> Path:
+    """The file of the object at ``path``: ``path/SELF`` where the name is also a prefix."""
+    return path / SELF if path.is_dir() else path
+
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _exchange(a: Path, b: Path) -> None:
+    """Swap the names ``a`` and ``b`` atomically (Linux ``renameat2(RENAME_EXCHANGE)``)."""
+    renameat2 = getattr(_libc, "renameat2", None)
+    if renameat2 is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    if renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), str(b))

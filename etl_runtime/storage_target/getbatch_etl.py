@@ -219,8 +219,9 @@ class EtlShare:
                 except OSError:
                     st = None
                 if st is None or not stat.S_ISREG(st.st_mode):
-                    store.object_file(bucket, name)  # BucketNotFound, ObjectNotFound
-                    raise OSError(f"{bucket}/{name} is not a file")  # (cannot happen)
+                    # BucketNotFound, ObjectNotFound; or the file of a name that is a prefix too
+                    path = str(store.object_file(bucket, name))
+                    st = os.stat(path)
                 cs = integrity.stored(path) if integrity.verify_reads() else None
                 if fqn:
                     if cs is not None:  # the transformer never reads bad bytes

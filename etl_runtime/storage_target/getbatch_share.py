@@ -49,7 +49,7 @@ from etl_runtime.core.errors import (
     SluiceError,
 )
 from etl_runtime.core.jsonbody import read_json
-from etl_runtime.core.names import validate_names, validate_object
+from etl_runtime.core.names import SELF, validate_names, validate_object
 from etl_runtime.getbatch.exchange import (
     ELSEWHERE,
     OK,
@@ -190,7 +190,17 @@ class Share:
         owned = True  # fd is ours to close on a failure
         try:
             st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
+            if stat.S_ISDIR(st.st_mode):  # a name that is also a prefix: its file is SELF
+                os.close(fd)
+                owned = False
+                try:
+                    fd = os.open(f"{path}/{SELF}", os.O_RDONLY)
+                except OSError:
+                    fd = -1
+                else:
+                    owned = True
+                    st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):  # (or a directory without SELF)
                 raise ObjectNotFound(
                     f"object ais://{bucket}/{name} does not exist", bucket=bucket, object=name
                 )

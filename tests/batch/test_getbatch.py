@@ -366,3 +366,29 @@ def test_ais_batch_iter_dataset_in_dataloader(cluster: tuple[str, Path]) -> None
     got = sorted((name, bytes(data)) for name, data in loader)
     want = sorted((f"obj-{i:03d}", payload(b, i)) for b in ("one", "two") for i in range(N))
     assert got == want
+
+
+def test_names_that_are_also_prefixes_in_a_batch_and_through_an_etl(
+    cluster: tuple[str, Path],
+) -> None:
+    """``n3`` and ``n3/inner`` both objects (as S3 allows): each item is itself, plain,
+    through an ETL in a batch, and in an ETL GET, on whichever target the pair lands."""
+    url, data = cluster
+    ais = Client(url)
+    bck = ais.bucket("one")
+    names = [n for i in range(8) for n in (f"n{i}/inner", f"n{i}")]
+    for name in names:
+        bck.object(name).get_writer().put_content(name.encode() * 3)
+    nested = [p for t in (data / "targets").iterdir() for p in (t / "buckets/one").glob("n*/*")]
+    assert any(p.name == ".sluice-object" for p in nested)  # some pair shares a target
+    for etl in (None, "upcase"):
+        client = ais._request_client if etl is None else WithEtl(ais._request_client, etl)
+        for streaming in (True, False):
+            batch = Batch(client, bucket=bck, streaming_get=streaming, cont_on_err=False)
+            for name in names:
+                batch.add(name)
+            want = [n.encode() * 3 if etl is None else n.upper().encode() * 3 for n in names]
+            assert [body for _, body in batch.get()] == want
+    for name in names:
+        got = requests.get(f"{url}/v1/objects/one/{name}", params={"etl_name": "upcase"})
+        assert got.status_code == 200 and got.content == name.upper().encode() * 3, name

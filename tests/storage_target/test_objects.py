@@ -115,15 +115,40 @@ def test_put_into_missing_bucket(target: RunningTarget) -> None:
     assert r.json()["kind"] == "BucketNotFound" and "nope" in r.json()["error"]
 
 
-def test_name_clash_is_409(target: RunningTarget) -> None:
+def test_a_name_can_be_an_object_and_a_prefix_of_others(target: RunningTarget) -> None:
+    """S3 keys ``a/b`` and ``a/b/c`` both exist, whichever is written first."""
     c = target.client
     mkbucket(c)
-    c.put("/v1/objects/bkt/a/b", content=b"1")
-    r = c.put("/v1/objects/bkt/a", content=b"2")
-    assert r.status_code == 409 and r.json()["kind"] == "ObjectConflict"
-    r = c.put("/v1/objects/bkt/a/b/c", content=b"3")
-    assert r.status_code == 409
-    assert c.get("/v1/objects/bkt/a/b").content == b"1"
+    written = {"a/b": b"ab", "a/b/c": b"abc", "a": b"a", "a/b/c/d": b"abcd", "x/y": b"xy"}
+    for name, body in written.items():
+        r = c.put(f"/v1/objects/bkt/{name}", content=body)
+        assert r.status_code == 200, (name, r.text)
+    written["x"] = b"x"  # a directory first, then the object
+    assert c.put("/v1/objects/bkt/x", content=b"x").status_code == 200
+    for name, body in written.items():
+        got = c.get(f"/v1/objects/bkt/{name}")
+        assert got.status_code == 200 and got.content == body, name
+        assert c.head(f"/v1/objects/bkt/{name}").headers["content-length"] == str(len(body))
+    listing = c.get("/v1/buckets/bkt").json()["objects"]
+    assert [e["name"] for e in listing] == sorted(written)
+    assert {e["name"]: e["size"] for e in listing} == {k: len(v) for k, v in written.items()}
+    prefixed = c.get("/v1/buckets/bkt", params={"prefix": "a/b/"}).json()["objects"]
+    assert [e["name"] for e in prefixed] == ["a/b/c", "a/b/c/d"]
+
+    assert c.put("/v1/objects/bkt/a/b", content=b"ab two").status_code == 200  # replaced
+    assert c.get("/v1/objects/bkt/a/b").content == b"ab two"
+    assert c.delete("/v1/objects/bkt/a/b").status_code == 200
+    assert c.get("/v1/objects/bkt/a/b").status_code == 404
+    assert c.delete("/v1/objects/bkt/a/b").status_code == 404
+    assert c.get("/v1/objects/bkt/a/b/c").content == b"abc"  # the names below it stay
+    for name in ("a/b/c/d", "a/b/c", "a"):
+        assert c.delete(f"/v1/objects/bkt/{name}").status_code == 200, name
+    assert [e["name"] for e in c.get("/v1/buckets/bkt").json()["objects"]] == ["x", "x/y"]
+    assert not (target.data_dir / "buckets" / "bkt" / "a").exists()  # nothing left behind
+    # The stored name of such an object is no name of its own: refused, naming the rule.
+    r = c.put("/v1/objects/bkt/x/.sluice-object", content=b"no")
+    assert r.status_code == 400 and "reserved" in r.json()["error"]
+    assert c.get("/v1/objects/bkt/x").content == b"x"
     assert os.listdir(target.data_dir / ".tmp") == []
 
 
