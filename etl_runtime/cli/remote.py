@@ -110,6 +110,7 @@ def cmd_props(client: Client, args: argparse.Namespace) -> None:
         "project": args.project,
         "account": args.account,
         "secret": args.secret,
+        "validate_cold_get": args.validate_cold_get,
         "validate_warm_get": args.validate_warm_get,
         "validate_interval": args.validate_interval,
     }
@@ -173,6 +174,7 @@ def register(sub: Any) -> None:
     pr.add_argument("--project", help="a gcp bucket's project")
     pr.add_argument("--account", help="an azure bucket's storage account")
     pr.add_argument("--secret", help="profile:NAME, anonymous, or a secret mounted on targets")
+    pr.add_argument("--validate-cold-get", type=_bool, metavar="true|false")
     pr.add_argument("--validate-warm-get", type=_bool, metavar="true|false")
     pr.add_argument("--validate-interval", type=float, metavar="SECONDS")
     pr.set_defaults(func=cmd_props)

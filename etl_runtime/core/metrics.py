@@ -380,6 +380,8 @@ class RemoteCacheCounters(Protocol):
     evicted: int
     evicted_bytes: int
     validations: int
+    cold_checked: int
+    cold_mismatches: int
     cached_bytes: int
 
 
@@ -395,6 +397,16 @@ class RemoteCacheCollector:
         ("evicted", "sluice_remote_cache_evicted", "Cached objects evicted (high-water mark)."),
         ("evicted_bytes", "sluice_remote_cache_evicted_bytes", "Bytes evicted (high-water mark)."),
         ("validations", "sluice_remote_cache_validations", "Warm GETs checked with the backend."),
+        (
+            "cold_checked",
+            "sluice_remote_cold_checked",
+            "Fills checked against the backend's MD5 (validate_cold_get).",
+        ),
+        (
+            "cold_mismatches",
+            "sluice_remote_cold_mismatches",
+            "Fills whose bytes were not the backend's MD5: refused, nothing cached.",
+        ),
     )
 
     def __init__(self, target_id: str, counters: RemoteCacheCounters) -> None:

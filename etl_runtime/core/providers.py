@@ -29,8 +29,8 @@ class Provider:
     props: tuple[str, ...]  # the backend props its buckets take (besides the cache's)
 
 
-# Props every remote bucket takes: how its cache checks a warm object.
-CACHE_PROPS = ("validate_warm_get", "validate_interval")
+# Props every remote bucket takes: how its cache checks a cold and a warm object.
+CACHE_PROPS = ("validate_cold_get", "validate_warm_get", "validate_interval")
 
 PROVIDERS: tuple[Provider, ...] = (
     Provider(

@@ -12,6 +12,19 @@ readers leave (it is the cache), then publishes the file into the store
 (atomic rename). A fill that breaks makes its readers' answers break off
 (never a short answer that looks whole) and leaves nothing in the cache.
 
+With the bucket's ``validate_cold_get`` (AIStore's name; default false, as
+there) a fill also hashes the bytes it receives with MD5 and compares the
+digest with the backend's, where the backend's ETag is one: S3's and
+MinIO's for an object not uploaded in parts (32 hex digits), GCS's XML API
+for an object not composed, and fake-gcs-server's base64 of it. The last
+chunk is held back until the digest matches, so a fill whose bytes are not
+the backend's breaks its readers' answers before their last byte (a 502 for a
+reader that has not started), counts ``sluice_remote_cold_mismatches``, and
+caches nothing. Multipart and composite ETags and Azure's carry no digest:
+those fills are served unchecked against the backend (their own XXH3 is
+still stored and checked on every read). S3 objects under SSE-KMS or SSE-C
+have ETags that are not MD5s either: leave the prop off for such buckets.
+
 Durability. A fill is not fsynced (neither the file nor its directory): a
 cached copy is refetchable from the backend, so it need not survive a power
 loss, only never be *served* torn. It cannot be: the temp file is renamed
@@ -45,8 +58,11 @@ on the backend, then here.
 from __future__ import annotations
 
 import asyncio
+import base64
+import binascii
 import collections
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -85,6 +101,8 @@ class Counters:
     evicted: int = 0
     evicted_bytes: int = 0
     validations: int = 0
+    cold_checked: int = 0
+    cold_mismatches: int = 0
     cached_bytes: int = 0
 
 
@@ -96,6 +114,7 @@ class Fill:
         self.meta: RemoteMeta | None = None
         self.written = 0
         self.done = False
+        self.check = False  # validate_cold_get: the last chunk waits for the MD5
         self.error: BaseException | None = None
         self.ready = asyncio.Event()  # meta known, or failed
         self.finished = asyncio.Event()  # published, or failed
@@ -130,6 +149,21 @@ class Fill:
     async def wait_beyond(self, offset: int) -> None:
         while self.written <= offset and not self.done and self.error is None:
             await self._progress.wait()
+
+
+def etag_md5(etag: str) -> bytes | None:
+    """The MD5 an ETag is, if it is one: 32 hex digits (S3, MinIO and GCS's XML API for
+    an object not uploaded in parts or composed), or the base64 of 16 bytes
+    (fake-gcs-server). None for a multipart ETag (``-N``) or an opaque one (Azure)."""
+    etag = etag.strip().strip('"')
+    if len(etag) == 32:
+        with contextlib.suppress(ValueError):
+            return bytes.fromhex(etag)
+    if len(etag) == 24 and etag.endswith("=="):
+        with contextlib.suppress(binascii.Error, ValueError):
+            digest = base64.b64decode(etag, validate=True)
+            return digest if len(digest) == 16 else None
+    return None
 
 
 def _write_all(f: IO[bytes], chunk: bytes | memoryview) -> None:
@@ -243,12 +277,14 @@ class RemoteCache:
             self.store.bucket_dir(bucket)  # the bucket's directory exists before we write
             fill = Fill(bucket, name, self.store.tmp_dir / f"remote-{uuid.uuid4().hex}")
             self._fills[key] = fill
+            fill.check = bool(props.backend.get("validate_cold_get"))
             fill.task = asyncio.get_running_loop().create_task(
-                self._run_fill(fill, self.backend(bucket, props)), name=f"fill {bucket}/{name}"
+                self._run_fill(fill, self.backend(bucket, props), fill.check),
+                name=f"fill {bucket}/{name}",
             )
         return fill
 
-    async def _run_fill(self, fill: Fill, backend: Backend) -> None:
+    async def _run_fill(self, fill: Fill, backend: Backend, check: bool = False) -> None:
         key = (fill.bucket, fill.name)
         f: IO[bytes] | None = None
         try:
@@ -258,7 +294,13 @@ class RemoteCache:
             f = open(fill.tmp, "wb", buffering=0)  # noqa: SIM115 - closed below
             fill.meta = meta
             fill.ready.set()
+            expected = etag_md5(meta.etag) if check else None
+            md5 = hashlib.md5(usedforsecurity=False) if expected is not None else None
             async for chunk in chunks:
+                if md5 is not None:  # the last chunk waits for the digest
+                    md5.update(chunk)
+                    if fill.written + len(chunk) >= meta.size:
+                        self._check_md5(fill, backend, meta, md5.digest(), expected)
                 _write_all(f, chunk)
                 self.counters.backend_fetch_bytes += len(chunk)
                 fill.append(chunk)
@@ -270,6 +312,8 @@ class RemoteCache:
                     object=fill.name,
                     backend=backend.where,
                 )
+            if md5 is not None and not meta.size:
+                self._check_md5(fill, backend, meta, md5.digest(), expected)
             if self.store.local_path(fill.bucket, fill.name).parent.is_dir():
                 self._publish(f, fill, meta)  # a few metadata calls: on the loop, no hop
             else:  # new directories are made durable (fsynced): in a thread
@@ -298,6 +342,31 @@ class RemoteCache:
             fill.recent.clear()
             fill.notify()
         self._maybe_evict()
+
+    def _check_md5(
+        self,
+        fill: Fill,
+        backend: Backend,
+        meta: RemoteMeta,
+        got: bytes,
+        expected: bytes | None,
+    ) -> None:
+        """``validate_cold_get``: the fill's digest is the backend's, or a ``BackendError``
+        (502) naming the object, the backend and both digests."""
+        self.counters.cold_checked += 1
+        if got == expected:
+            return
+        self.counters.cold_mismatches += 1
+        log.error("fill of %s/%s: MD5 %s, the backend's %s", fill.bucket, fill.name, got.hex(),
+                  (expected or b"").hex())  # fmt: skip
+        raise BackendError(
+            f"the bytes backend {backend.where} sent for {backend.uri(fill.name)} have MD5 "
+            f"{got.hex()}, not its ETag's {(expected or b'').hex()} (validate_cold_get): "
+            "nothing was served whole or cached; the next GET fetches it again",
+            bucket=fill.bucket,
+            object=fill.name,
+            backend=backend.where,
+        )
 
     def _publish(self, f: IO[bytes], fill: Fill, meta: RemoteMeta) -> None:
         """The complete temp file, its ETag and checksum, renamed into place: no fsync

@@ -5,6 +5,9 @@ The props a bucket may carry are its provider's (``etl_runtime.core.providers``:
 ``azure`` endpoint/account/secret) plus the cache's, which every remote bucket
 takes:
 
+``validate_cold_get``  check a fill's bytes against the backend's MD5 (an ETag that is
+                       one) before its last byte is served or it is cached (default
+                       false, as in AIStore; ``providers/cache.py``, "Cold GET")
 ``validate_warm_get``  check a cached object against the backend's ETag/Last-Modified
                        before serving it (default false, as in AIStore)
 ``validate_interval``  seconds a validation holds (default 0: every warm GET)
@@ -68,11 +71,9 @@ def check_backend_props(
                     bucket=bucket,
                 )
             out[key] = value.strip()
-        elif key == "validate_warm_get":
+        elif key in ("validate_cold_get", "validate_warm_get"):
             if not isinstance(value, bool):
-                raise InvalidRequest(
-                    f"validate_warm_get of {bucket!r} must be true or false", bucket=bucket
-                )
+                raise InvalidRequest(f"{key} of {bucket!r} must be true or false", bucket=bucket)
             out[key] = value
         else:  # validate_interval
             if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:

@@ -58,16 +58,18 @@ class RemoteBucket(Bucket):
         validate_interval: float | None = None,
         project: str | None = None,
         account: str | None = None,
+        validate_cold_get: bool | None = None,
     ) -> RemoteBucket:
         """Add the backend bucket to Sluice, with props overriding the targets' environment.
 
         ``region`` is an ``aws`` prop, ``project`` a ``gcp`` one, ``account`` an
         ``azure`` one. ``secret``: ``anonymous``, the name of a secret mounted on
         the targets, or for ``aws`` ``profile:NAME`` (see docs/remote.md). The
-        backend must have the bucket.
+        backend must have the bucket. ``validate_cold_get``: check each fill's bytes
+        against the backend's MD5 before serving its last byte (docs/remote.md).
         """
         props = _props(endpoint, region, secret, validate_warm_get, validate_interval)
-        props.update(_props(project=project, account=account))
+        props.update(_props(project=project, account=account, validate_cold_get=validate_cold_get))
         body: dict[str, Any] = {"action": "create-bck", "props": props}
         self.client.request_json(
             "POST",
@@ -88,11 +90,12 @@ class RemoteBucket(Bucket):
         validate_interval: float | None = None,
         project: str | None = None,
         account: str | None = None,
+        validate_cold_get: bool | None = None,
     ) -> dict[str, Any]:
         """Change backend props (only those given)."""
         self._ensure()
         props = _props(endpoint, region, secret, validate_warm_get, validate_interval)
-        props.update(_props(project=project, account=account))
+        props.update(_props(project=project, account=account, validate_cold_get=validate_cold_get))
         data = self.client.request_json(
             "POST",
             self._path,
@@ -185,7 +188,7 @@ def _props(
     secret: str | None = None,
     validate_warm_get: bool | None = None,
     validate_interval: float | None = None,
-    **more: str | None,
+    **more: str | bool | None,
 ) -> dict[str, Any]:
     given = {
         "endpoint": endpoint,

@@ -66,6 +66,8 @@ async def get(
         fqn = record.spec.arg_type == "fqn"
     fill = cache.fill(bucket, name, props)
     await fill.ready.wait()
+    if fill.check:  # the first bytes first: an object of one chunk that fails its MD5 is a 502
+        await fill.wait_beyond(0)
     if fill.error is not None:
         raise fill.error
     # A chain, files in a shard (archpath), a wds answer that skips samples: the cached file.

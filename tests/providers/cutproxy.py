@@ -7,6 +7,10 @@ then the answer to the next ``GET`` of that path is cut after ``after`` bytes
 mid-stream (or a network that drops) does. With ``down`` (the default) every
 later ``GET`` of that path (a client's retry) is closed before its answer,
 as by a backend that stays dead; without, they pass: a transient cut.
+
+``flip`` names a path whose every ``GET`` answer has one byte inverted, at
+``flip_at`` from the answer's first byte (head included): what a bad disk
+under the backend, or a bad link without a checksum, hands a client.
 """
 
 from __future__ import annotations
@@ -27,6 +31,9 @@ class CutProxy:
         self.after = 0
         self.down = True
         self.cuts = 0  # answers cut so far
+        self.flip: str | None = None  # a path (/bucket/object): a byte of its GETs inverted
+        self.flip_at = 0
+        self.flips = 0  # answers with a byte inverted so far
         self._cuts_at_arm = 0
         self.requests: list[tuple[str, str]] = []  # (method, path) of every request seen
         self._server = socket.create_server(("127.0.0.1", 0))
@@ -60,6 +67,8 @@ class CutProxy:
             return
         # remaining[0]: bytes of the answer to a cut GET still let through (None: all)
         remaining: list[int | None] = [None]
+        # flip[0]: bytes of the answer to a flipped GET before the byte to invert (None: none)
+        flip: list[int | None] = [None]
 
         def close_both() -> None:
             for s in (client, upstream):
@@ -79,12 +88,22 @@ class CutProxy:
                                 first = self.cuts == self._cuts_at_arm
                             if first or self.down:
                                 remaining[0] = self.after if first else 0
+                        if m == "GET" and self.flip is not None and p.split("?")[0] == self.flip:
+                            flip[0] = self.flip_at
                     upstream.sendall(data)
             close_both()
 
         threading.Thread(target=requests, daemon=True).start()
         with contextlib.suppress(OSError):
             while data := upstream.recv(1 << 16):
+                at = flip[0]
+                if at is not None and len(data) > at:
+                    data = data[:at] + bytes([data[at] ^ 0xFF]) + data[at + 1 :]
+                    flip[0] = None
+                    with self._lock:
+                        self.flips += 1
+                elif at is not None:
+                    flip[0] = at - len(data)
                 left = remaining[0]
                 if left is not None and len(data) >= left:
                     client.sendall(data[:left])
