@@ -30,7 +30,11 @@ with ``--baseline DIR`` (a checkout of another commit, e.g. ``git worktree add
 /tmp/rbase HEAD~3``) a second cluster whose servers run that tree's code, its
 cold row beside this tree's in every round (alternating rows on the same
 backend): the rates, the servers' and the backend's CPU ms per object, the
-load generator's, and the load average.
+load generator's, and the load average. ``--backend-rtt-ms`` puts the backend
+that far away (``bench/netdelay.py``, a delaying proxy; ``--backend-mbps`` caps
+each connection) for the direct GETs and Sluice's targets alike, as a cloud
+bucket is: on loopback the backend answers in a millisecond or two, so the
+gateway's 307 and the target's own work weigh more than they do in use.
 
 ``gcp`` and ``azure`` (``--providers``) run against their emulators
 (fake-gcs-server, Azurite: ``tests/providers/emulators.py``) with a cluster of
@@ -41,7 +45,8 @@ cold GET through Sluice ÷ obstore's direct GET, warm GET ÷ native GET.
     .venv/bin/python bench/remote.py [--size-mb 64] [--objects 4] [--rounds 3] [--big-mb 200]
                                      [--providers aws,gcp,azure]
                                      [--small-kb 1024] [--small-objects 16]
-                                     [--cold-only [--baseline DIR]]
+                                     [--cold-only [--baseline DIR]
+                                      [--backend-rtt-ms MS [--backend-mbps N]]]
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ import asyncio
 import contextlib
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -124,7 +130,7 @@ class ServerCpu:
     and the targets' ``/metrics``) and the backend (MinIO or an emulator, by
     psutil) spend per phase."""
 
-    def __init__(self, endpoint: str, backend: Any) -> None:
+    def __init__(self, endpoint: str, backend: Any, also: tuple[int, ...] = ()) -> None:
         import psutil
 
         self.endpoint = endpoint
@@ -132,6 +138,7 @@ class ServerCpu:
         self.urls = [endpoint] + [t["url"] for t in cluster["targets"]]
         assert backend.process is not None
         self.minio = psutil.Process(backend.process.pid)
+        self.also = [psutil.Process(pid) for pid in also]  # the delay proxy: the backend's
         self.spent: dict[str, list[float]] = {}
 
     def _sluice(self) -> float:
@@ -145,7 +152,7 @@ class ServerCpu:
     def _minio(self) -> float:
         t = self.minio.cpu_times()
         total = t.user + t.system
-        for child in self.minio.children(recursive=True):  # Azurite runs under npx
+        for child in self.minio.children(recursive=True) + self.also:  # Azurite runs under npx
             with contextlib.suppress(Exception):
                 c = child.cpu_times()
                 total += c.user + c.system
@@ -221,6 +228,23 @@ def main() -> None:
     ap.add_argument("--small-objects", type=int, default=16)
     ap.add_argument("--cold-only", action="store_true", help="only the per-object cold rows")
     ap.add_argument("--baseline", type=Path, help="with --cold-only: a tree to compare with")
+    ap.add_argument(
+        "--backend-rtt-ms",
+        type=float,
+        default=0.0,
+        help="with --cold-only: the backend this far away (bench/netdelay.py), direct and cold",
+    )
+    ap.add_argument(
+        "--validate-cold-get",
+        action="store_true",
+        help="with --cold-only: the bucket checks each fill against the backend's MD5",
+    )
+    ap.add_argument(
+        "--backend-mbps",
+        type=float,
+        default=0.0,
+        help="with --backend-rtt-ms: a per-connection cap",
+    )
     args = ap.parse_args()
     providers = args.providers.split(",")
     if args.cold_only:
@@ -474,6 +498,7 @@ def cold_rows(provider: str, args: argparse.Namespace) -> None:
             for batch in names.values():
                 for name in batch:
                     put(name, body)
+            proxy = far_away(backend, args) if args.backend_rtt_ms else None
             env = backend.env() if provider != "aws" else {}
             with mock.patch.dict(os.environ, env):
                 if provider == "aws":
@@ -493,15 +518,16 @@ def cold_rows(provider: str, args: argparse.Namespace) -> None:
                             LocalCluster(Path(tmp) / label, targets=2, port=0)
                         )
                     ep = cluster.endpoint.rstrip("/")
+                    props = {"validate_cold_get": True} if args.validate_cold_get else {}
                     httpx.post(
                         f"{ep}/v1/buckets/bench-remote",
                         params={"provider": provider},
-                        json={"action": "create-bck"},
+                        json={"action": "create-bck", "props": props},
                     ).raise_for_status()
                     stores[label] = HTTPStore.from_url(
                         f"{ep}/v1/objects/bench-remote", client_options={"allow_http": True}
                     )
-                    cpu[label] = ServerCpu(ep, backend)
+                    cpu[label] = ServerCpu(ep, backend, (proxy.pid,) if proxy else ())
                 first = next(iter(cpu.values()))
                 samples: dict[str, list[tuple[float, float, int]]] = {k: [] for k in labels}
                 for r in range(args.rounds):
@@ -510,9 +536,15 @@ def cold_rows(provider: str, args: argparse.Namespace) -> None:
                         run = lambda s=stores[label], n=names[(label, r)]: obstore_get_all(s, n)  # noqa: E731
                         samples[label].append(meter.timed(label, run))
                 load = os.getloadavg()[0]
+                far = (
+                    f", backend {args.backend_rtt_ms:g} ms away"
+                    + (f" at {args.backend_mbps:g} Mbit/s" if args.backend_mbps else "")
+                    if proxy
+                    else ""
+                )
                 print(
                     f"{provider}: {args.small_kb} KiB objects, {args.small_objects} per row, "
-                    f"{args.rounds} rounds (median), load {load:.1f}"
+                    f"{args.rounds} rounds (median), load {load:.1f}{far}"
                 )
                 d_rate = rate(samples["direct"])[0]
                 for label in labels:
@@ -526,7 +558,25 @@ def cold_rows(provider: str, args: argparse.Namespace) -> None:
                         " CPU ms per object"
                     )
         finally:
+            if proxy is not None:
+                proxy.kill()
+                proxy.wait()
             backend.stop()
+
+
+def far_away(backend: Any, args: argparse.Namespace) -> subprocess.Popen[str]:
+    """``bench/netdelay.py`` in front of ``backend``, which is then reached through it
+    (its ``endpoint`` and so its ``env()``): a round trip of ``--backend-rtt-ms``."""
+    proxy = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "netdelay.py"), "--to", f"127.0.0.1:{backend.port}"]
+        + ["--rtt-ms", str(args.backend_rtt_ms), "--mbps", str(args.backend_mbps)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proxy.stdout is not None
+    port = int(proxy.stdout.readline())
+    backend.endpoint = backend.endpoint.replace(f":{backend.port}", f":{port}", 1)
+    return proxy
 
 
 if __name__ == "__main__":
