@@ -26,8 +26,9 @@ obstore's XML-API PUT): up to ``RESUMABLE_ABOVE`` one media upload
 (``/upload/storage/v1/b/B/o?uploadType=media``), a bigger body a resumable
 upload (``uploadType=resumable``: a session, then ``RESUMABLE_CHUNK`` bytes a
 request, each ``Content-Range: bytes A-B/SIZE``, from the offset the backend's
-``308`` says it kept), so no single request carries a whole big shard. GET,
-HEAD, LIST and DELETE are obstore's.
+``308`` says it kept), so no single request carries a whole big shard; an
+interrupted chunk resumes from the byte GCS says it lacks
+(``providers/gcp_upload.py``). GET, HEAD, LIST and DELETE are obstore's.
 """
 
 from __future__ import annotations
@@ -46,8 +47,14 @@ import httpx
 import obstore
 from obstore.store import GCSStore
 
-from etl_runtime.core.errors import BackendError, InvalidRequest, SluiceError
+from etl_runtime.core.errors import InvalidRequest, SluiceError
 from etl_runtime.providers.backend import RemoteMeta
+from etl_runtime.providers.gcp_upload import (  # noqa: F401  (RESUMABLE_*: also named here)
+    RESUMABLE_ABOVE,
+    RESUMABLE_CHUNK,
+    StatusError,
+    Upload,
+)
 from etl_runtime.providers.objstore import (
     CONNECT_TIMEOUT,
     RETRY_CONFIG,
@@ -63,9 +70,8 @@ METADATA = (
 SECRET_FILES = ("GOOGLE_SERVICE_ACCOUNT_KEY",)
 PROJECT = re.compile(r"^[a-z][a-z0-9-]{4,28}[a-z0-9]$")
 ANONYMOUS_TOKEN = "anonymous"  # sent where no credentials are: an emulator checks none
-RESUMABLE_ABOVE = 8 << 20  # a bigger write-through body goes up as a resumable upload
-RESUMABLE_CHUNK = 8 << 20  # bytes per request of it (GCS: a multiple of 256 KiB)
-STALLS = 3  # 308s in a row that keep no new byte before the upload is given up
+# A stalled backend fails a chunk after this long without a byte moving (then it resumes).
+UPLOAD_TIMEOUT = httpx.Timeout(60, connect=float(CONNECT_TIMEOUT.rstrip("s")))
 
 
 def check_props(bucket: str, props: Mapping[str, Any]) -> None:
@@ -262,99 +268,34 @@ class GcsBackend(ObstoreBackend):
 
     async def put_file(self, name: str, path: Path) -> RemoteMeta:
         """Write-through PUT: the JSON API's media upload (a big body: a resumable
-        upload), then the object's meta."""
+        upload that resumes an interrupted chunk; providers/gcp_upload.py), then the
+        object's meta."""
         if self._http is None:
-            self._http = httpx.AsyncClient(
-                timeout=httpx.Timeout(600, connect=float(CONNECT_TIMEOUT.rstrip("s")))
-            )
-        url = f"{self.settings.endpoint}/upload/storage/v1/b/{self.bucket}/o"
+            self._http = httpx.AsyncClient(timeout=UPLOAD_TIMEOUT)
         try:
             token, _ = await self.tokens.token()
             auth = {"Authorization": f"Bearer {token}"} if not self.settings.anonymous else {}
-            size = path.stat().st_size
-            if size > RESUMABLE_ABOVE:
-                r = await self._resumable(url, auth, name, path, size)
-            else:
-                r = await self._http.post(
-                    url,
-                    params={"uploadType": "media", "name": name},
-                    headers={**auth, "Content-Length": str(size)},
-                    content=_read(path, 0, size),
-                )
+            r = await Upload(
+                http=self._http,
+                url=f"{self.settings.endpoint}/upload/storage/v1/b/{self.bucket}/o",
+                auth=auth,
+                name=name,
+                path=path,
+                size=path.stat().st_size,
+                uri=self.uri(name),
+                where=self.where,
+                bucket=self.bucket,
+            ).run()
         except SluiceError:
             raise
         except Exception as e:
             raise self.error(e, name, "PUT") from None
         if r.status_code >= 300:
-            raise self.error(_StatusError(r), name, "PUT")
+            raise self.error(StatusError(r), name, "PUT")
         meta = await self.head(name)
         if meta is None:
             raise self.error(FileNotFoundError(f"{name} gone after its upload"), name, "PUT")
         return meta
-
-    async def _resumable(
-        self, url: str, auth: dict[str, str], name: str, path: Path, size: int
-    ) -> httpx.Response:
-        """A resumable upload of ``path``: its session, then its chunks; the last answer."""
-        assert self._http is not None
-        start = await self._http.post(
-            url,
-            params={"uploadType": "resumable", "name": name},
-            headers={**auth, "X-Upload-Content-Length": str(size), "Content-Length": "0"},
-        )
-        session = start.headers.get("location")
-        if start.status_code >= 300 or not session:
-            return start if start.status_code >= 300 else _no_session(start)
-        offset, stalls = 0, 0
-        while True:
-            n = min(RESUMABLE_CHUNK, size - offset)
-            r = await self._http.put(
-                session,
-                headers={
-                    **auth,
-                    "Content-Length": str(n),
-                    "Content-Range": f"bytes {offset}-{offset + n - 1}/{size}",
-                },
-                content=_read(path, offset, n),
-            )
-            if r.status_code != 308:  # done (200/201), or refused
-                return r
-            kept = r.headers.get("range", "")  # "bytes=0-N": what the backend has
-            got = int(kept.rsplit("-", 1)[1]) + 1 if "-" in kept else 0
-            stalls = stalls + 1 if got <= offset else 0
-            if stalls >= STALLS or got >= size:
-                raise BackendError(
-                    f"backend {self.where} kept {got} of {size} bytes of the resumable "
-                    f"upload of {self.uri(name)} and asks for more",
-                    bucket=self.bucket,
-                    object=name,
-                    backend=self.where,
-                )
-            offset = got
-
-
-def _no_session(r: httpx.Response) -> httpx.Response:
-    """A session start answered without its ``Location``: worded as a refusal."""
-    return httpx.Response(502, text=f"no Location in the answer ({r.status_code}) to the start")
-
-
-class _StatusError(Exception):
-    """A JSON API answer that was not a success, worded as obstore words them."""
-
-    def __init__(self, r: httpx.Response) -> None:
-        self.status = r.status_code
-        super().__init__(f"Server returned non-2xx status code: {r.status_code}: {r.text[:300]}")
-
-
-async def _read(path: Path, offset: int, n: int) -> Any:
-    """``n`` bytes of ``path`` from ``offset``, a MiB at a time."""
-    import anyio
-
-    async with await anyio.open_file(path, "rb") as f:
-        await f.seek(offset)
-        while n > 0 and (chunk := await f.read(min(n, 1 << 20))):
-            n -= len(chunk)
-            yield chunk
 
 
 BACKEND = GcsBackend  # what etl_runtime.providers.backend.backend_class('gcp') finds
