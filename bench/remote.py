@@ -126,27 +126,31 @@ def rate(samples: list[tuple[float, float, int]]) -> tuple[float, float]:
 
 
 class ServerCpu:
-    """CPU seconds the Sluice servers (``process_cpu_seconds_total`` of the gateway
-    and the targets' ``/metrics``) and the backend (MinIO or an emulator, by
-    psutil) spend per phase."""
+    """CPU seconds the Sluice servers (the gateway and the targets: the processes of
+    ``cluster``'s ``sluice up`` but its transformers and zygote, by psutil, so that
+    measuring costs them nothing) and the backend (MinIO or an emulator, and
+    ``also``: the delay proxy) spend per phase."""
 
-    def __init__(self, endpoint: str, backend: Any, also: tuple[int, ...] = ()) -> None:
+    def __init__(self, cluster: LocalCluster, backend: Any, also: tuple[int, ...] = ()) -> None:
         import psutil
 
-        self.endpoint = endpoint
-        cluster = httpx.get(f"{endpoint}/v1/cluster", timeout=10).json()
-        self.urls = [endpoint] + [t["url"] for t in cluster["targets"]]
+        up = psutil.Process(cluster.pid)
+        self.servers = [up] + [
+            p
+            for p in up.children(recursive=True)
+            if "etl_runtime.webserver" not in " ".join(p.cmdline())
+        ]
         assert backend.process is not None
         self.minio = psutil.Process(backend.process.pid)
-        self.also = [psutil.Process(pid) for pid in also]  # the delay proxy: the backend's
+        self.also = [psutil.Process(pid) for pid in also]
         self.spent: dict[str, list[float]] = {}
 
     def _sluice(self) -> float:
         total = 0.0
-        for url in self.urls:
-            for line in httpx.get(f"{url}/metrics", timeout=10).text.splitlines():
-                if line.startswith("process_cpu_seconds_total"):
-                    total += float(line.split()[-1])
+        for p in self.servers:
+            with contextlib.suppress(Exception):
+                t = p.cpu_times()
+                total += t.user + t.system
         return total
 
     def _minio(self) -> float:
@@ -328,7 +332,7 @@ def bench_aws(args: argparse.Namespace) -> None:
                     f"{ep}/v1/objects/{native}", client_options={"allow_http": True}
                 )
                 cold, dire, warm, nat = [], [], [], []
-                servers = ServerCpu(ep, minio)
+                servers = ServerCpu(cluster, minio)
                 for names in rounds:
                     dire.append(servers.timed("direct", lambda n=names: obstore_get_all(direct, n)))
                     cold.append(servers.timed("cold", lambda n=names: obstore_get_all(via, n)))
@@ -465,7 +469,7 @@ def bench_emulated(provider: str, args: argparse.Namespace) -> None:
                     f"   warm / native (ais): {w_rate:8.1f} / {n_rate:8.1f} "
                     f"MiB/s = {w_rate / n_rate:.2f} (goal >= 0.9)"
                 )
-                small_rows("s", ep, bucket, direct, ServerCpu(ep, emu), tiny_rounds, len(tiny))
+                small_rows("s", ep, bucket, direct, ServerCpu(cluster, emu), tiny_rounds, len(tiny))
         finally:
             emu.stop()
 
@@ -527,7 +531,7 @@ def cold_rows(provider: str, args: argparse.Namespace) -> None:
                     stores[label] = HTTPStore.from_url(
                         f"{ep}/v1/objects/bench-remote", client_options={"allow_http": True}
                     )
-                    cpu[label] = ServerCpu(ep, backend, (proxy.pid,) if proxy else ())
+                    cpu[label] = ServerCpu(cluster, backend, (proxy.pid,) if proxy else ())
                 first = next(iter(cpu.values()))
                 samples: dict[str, list[tuple[float, float, int]]] = {k: [] for k in labels}
                 for r in range(args.rounds):
