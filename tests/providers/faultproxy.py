@@ -9,8 +9,8 @@ own without passing the request on (``status``: a flaky front end's 503, or a
 403), or passes the request on with its path rewritten (``rewrite``: a
 ``upload_id`` the backend never issued, so its own 404 comes back). Each fault
 fires ``times`` times (``None``: for ever). Each request goes upstream on its
-own connection with ``Connection: close``, so one answer ends where the
-backend closes.
+own connection with ``Connection: close`` (and the answer tells the client
+so), so one answer ends where the backend closes.
 
 ``seen`` records each request: method, path, headers and the body bytes that
 went upstream, which is what says how much of a body was sent again.
@@ -179,6 +179,10 @@ class FaultProxy:
                 if first:
                     with contextlib.suppress(ValueError, IndexError):
                         seen.status = int(data.split(b" ", 2)[1])
+                    line, _, rest = data.partition(b"\r\n")
+                    if b"\r\nconnection:" not in data.split(b"\r\n\r\n")[0].lower():
+                        # tell the client too, or it reuses a connection that is closing
+                        data = line + b"\r\nConnection: close\r\n" + rest
                     first = False
                 client.sendall(data)
         finally:
