@@ -82,32 +82,38 @@ class Upload:
                 content=read(self.path, 0, self.size),
             )
         torn: list[int] = []  # generations of torn objects this upload made
+        answer: httpx.Response | None = None
         try:
-            for last in (False, True):
-                start = await self._retrying(
-                    lambda: self.http.post(
-                        self.url,
-                        params={"uploadType": "resumable", "name": self.name},
-                        headers={
-                            **self.auth,
-                            "X-Upload-Content-Length": str(self.size),
-                            "Content-Length": "0",
-                        },
-                    ),
-                    "the start of",
-                )
-                session = start.headers.get("location")
-                if start.status_code >= 300 or not session:
-                    return start if start.status_code >= 300 else _no_session(start)
-                try:
-                    return await self._chunks(session, torn)
-                except _SessionGone as gone:
-                    if last:
-                        raise self._refused(f"{gone} again, on a new session") from None
-            raise AssertionError("unreachable")
-        except BaseException:
-            await self._drop_torn(torn)
-            raise
+            answer = await self._sessions(torn)
+            return answer
+        finally:
+            if torn and (answer is None or answer.status_code >= 300):
+                await self._drop_torn(torn)
+
+    async def _sessions(self, torn: list[int]) -> httpx.Response:
+        """A session and its chunks; a second session if the first is gone."""
+        for last in (False, True):
+            start = await self._retrying(
+                lambda: self.http.post(
+                    self.url,
+                    params={"uploadType": "resumable", "name": self.name},
+                    headers={
+                        **self.auth,
+                        "X-Upload-Content-Length": str(self.size),
+                        "Content-Length": "0",
+                    },
+                ),
+                "the start of",
+            )
+            session = start.headers.get("location")
+            if start.status_code >= 300 or not session:
+                return start if start.status_code >= 300 else _no_session(start)
+            try:
+                return await self._chunks(session, torn)
+            except _SessionGone as gone:
+                if last:
+                    raise self._refused(f"{gone} again, on a new session") from None
+        raise AssertionError("unreachable: the second session returns or raises")
 
     async def _chunks(self, session: str, torn: list[int]) -> httpx.Response:
         offset, stalls, failures = 0, 0, 0

@@ -3,8 +3,9 @@
 Where ``cutproxy.CutProxy`` cuts answers to GETs at the TCP level, this one
 reads each request (head, then a ``Content-Length`` body) so it can break a
 request's *body*: a ``Fault`` matches a method and a path (and optionally a
-header) and either resets both connections after ``after`` bytes of the body
-went upstream (``reset``: a link that drops mid-chunk), answers a status of its
+header) and either resets both connections after ``reset`` bytes of the body
+went upstream (a link that drops mid-chunk; with ``stall``, one where nothing
+moves for that long first), answers a status of its
 own without passing the request on (``status``: a flaky front end's 503, or a
 403), or passes the request on with its path rewritten (``rewrite``: a
 ``upload_id`` the backend never issued, so its own 404 comes back). Each fault
@@ -23,6 +24,7 @@ import re
 import socket
 import struct
 import threading
+import time
 from dataclasses import dataclass, field
 
 
@@ -31,11 +33,13 @@ class Fault:
     method: str
     path: str  # a regular expression, searched in the request target
     reset: int | None = None  # reset after this many body bytes went upstream
+    stall: float = 0.0  # with reset: first hold the connection this long, sending nothing
     status: int | None = None  # answer this, pass nothing on
     rewrite: tuple[str, str] | None = None  # (pattern, replacement) on the target
     header: tuple[str, str] | None = None  # (name, regex) the request must also match
     times: int | None = 1  # None: every match
     fired: int = 0
+    stalled: int = 0  # stalls that ran their full length
 
     def matches(self, method: str, target: str, headers: dict[str, str]) -> bool:
         if self.times is not None and self.fired >= self.times:
@@ -164,6 +168,9 @@ class FaultProxy:
                     upstream.sendall(buf[:cut])
                 seen.sent = cut
                 seen.fault = f"reset after {cut} body bytes"
+                if fault is not None and fault.stall:
+                    time.sleep(fault.stall)  # a link where nothing moves: the client times out
+                    fault.stalled += 1
                 linger = struct.pack("ii", 1, 0)  # RST, not FIN: a link that dropped
                 for s in (upstream, client):
                     with contextlib.suppress(OSError):

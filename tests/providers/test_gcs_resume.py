@@ -187,3 +187,24 @@ def test_a_status_query_answered_without_range_resends_from_byte_0(
     assert gcs.objects["big.bin"] == data
     ranges = [s.headers["content-range"] for s in proxy.seen if s.method == "PUT"]
     assert ranges[1:3] == [f"bytes */{SIZE}", f"bytes 0-{RESUMABLE_CHUNK - 1}/{SIZE}"]
+
+
+def test_a_chunk_where_nothing_moves_times_out_and_resumes(
+    gcs: Sessions, proxy: FaultProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import httpx
+
+    from etl_runtime.providers import gcp
+
+    monkeypatch.setattr(gcp, "UPLOAD_TIMEOUT", httpx.Timeout(1.0, connect=3.0))
+    data = os.urandom(SIZE)
+    (tmp_path / "big.bin").write_bytes(data)
+    second = ("content-range", rf"^bytes {RESUMABLE_CHUNK}-")
+    stall = proxy.add(Fault("PUT", "upload_id=", reset=2 * UNIT, stall=20.0, header=second))
+    backend = GcsBackend.for_bucket("b", {"endpoint": proxy.endpoint}, env={})
+    asyncio.run(backend.put_file("big.bin", tmp_path / "big.bin"))
+    assert stall.fired == 1 and stall.stalled == 0  # done while that chunk still hung
+    assert gcs.objects["big.bin"] == data
+    ranges = [s.headers["content-range"] for s in proxy.seen if s.method == "PUT"]
+    assert ranges[2] == f"bytes */{SIZE}"  # the timed-out chunk's session was asked
+    assert len(gcs.sessions) == 1
