@@ -296,12 +296,19 @@ class Zygote:
         return child
 
     async def stop(self) -> None:
-        """Close the connection (the zygote exits) and wait for it."""
+        """Close the connection (the zygote exits) and wait for it.
+
+        One still importing (not ready: the full one's torch takes ten CPU seconds
+        and more) reads the connection only once it is done, so it is killed: it has
+        forked nothing yet, and waiting would hold up every stop of the gateway."""
         self._stopping = True
         if self._writer is not None:
             self._writer.close()
             self._writer = None
         proc, self._proc = self._proc, None
+        if proc is not None and proc.returncode is None and not self.ready:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
         if proc is not None and proc.returncode is None:
             try:
                 async with asyncio.timeout(5):
