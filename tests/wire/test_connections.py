@@ -10,8 +10,13 @@ limit; ``SLUICE_HEADER_TIMEOUT`` / ``SLUICE_MAX_CONNECTIONS`` are set low.
 from __future__ import annotations
 
 import contextlib
+import os
 import resource
+import signal
 import socket
+import ssl
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,6 +25,7 @@ import httpx
 import psutil
 import pytest
 
+from etl_runtime.local import certs
 from etl_runtime.wire.http.connections import (
     HEADER_TIMEOUT,
     Limits,
@@ -274,6 +280,52 @@ def test_transformer_raises_its_limit_and_times_heads(loop_name: str, servers: i
         finally:
             for sock in socks:
                 sock.close()
+
+
+def tls_connect(port: int, context: ssl.SSLContext, proc: subprocess.Popen) -> ssl.SSLSocket:
+    """A TLS connection to ``port`` once the server listens (or raise if it died)."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, f"the server exited with {proc.returncode}"
+        try:
+            return context.wrap_socket(connect(port), server_hostname="127.0.0.1")
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+
+
+def test_tls_server_stops_beside_an_idle_kept_alive_connection(
+    loop_name: str, tmp_path: Path
+) -> None:
+    """SIGTERM while a client's TLS connection sits idle in its pool (a request answered,
+    nothing read since): the server drops it and exits. A close waited for the client's
+    close_notify, which an idle pooled connection never sends, so each TLS server of
+    ``sluice up --tls`` (transformers behind the targets' pools) stayed until its grace
+    ran out and it was killed; asyncio's and uvloop's SSL shutdown wait is 30 s."""
+    ca = certs.make_ca(tmp_path / "tls")
+    leaf = certs.make_cert(tmp_path / "tls", "t0", ca, ["127.0.0.1"])
+    port = free_port()
+    env = {
+        **os.environ,
+        "SLUICE_HOST": "127.0.0.1",
+        "SLUICE_PORT": str(port),
+        "SLUICE_LOOP": loop_name,
+        "SLUICE_TLS_CERT": str(leaf.cert),
+        "SLUICE_TLS_KEY": str(leaf.key),
+    }
+    args = [sys.executable, "-m", "etl_runtime.storage_target", "--data-dir", str(tmp_path / "t")]
+    proc = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        context = ssl.create_default_context(cafile=str(ca.cert))
+        with tls_connect(port, context, proc) as sock:
+            assert b" 200 " in request(sock).split(b"\r\n", 1)[0]
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=20) == 0  # inside the 30 s SSL shutdown wait
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_limits_from_env() -> None:

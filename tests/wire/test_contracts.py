@@ -52,6 +52,21 @@ def _assigns(hook: str, user: str, code: Any, attrs: list[str]) -> None:
 PROTOCOL = httptools_impl.HttpToolsProtocol
 
 
+def test_protocol_shutdown() -> None:
+    """uvicorn's ``Server.shutdown`` calls each connection's ``shutdown()``; ours drops an
+    idle TLS one instead of closing it (wire/http/connections.py)."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    user = "wire/http/connections.py"
+    for cls in (PROTOCOL, H11Protocol):
+        hook = f"{cls.__module__}.{cls.__name__}.shutdown"
+        _params(hook, user, getattr(cls, "shutdown", None), ["self"])
+    source = inspect.getsource(uvicorn.Server.shutdown)
+    assert "connection.shutdown()" in source, _fail(
+        "uvicorn.Server.shutdown", user, "no longer calls connection.shutdown()"
+    )
+
+
 def test_httptools_protocol_start_asgi_task() -> None:
     hook = "uvicorn.protocols.http.httptools_impl.HttpToolsProtocol._start_asgi_task"
     user = "wire/http/zerocopy.py, wire/http/inprotocol.py"

@@ -367,6 +367,18 @@ class _Guard(asyncio.Protocol):
         self._disarm()
         self.tracker.closed(self)
 
+    def shutdown(self) -> None:
+        """uvicorn's, as the server stops: an idle connection is closed. Over TLS a
+        close sends close_notify and waits for the peer's (asyncio's and uvloop's SSL
+        transports, up to their 30 s ``ssl_shutdown_timeout``), which an idle pooled
+        client never sends, since nothing reads that connection: the server waited
+        until it was killed. Nothing is in flight on it, so it is dropped instead."""
+        if not self._busy() and self.transport.get_extra_info("sslcontext") is not None:
+            self._disarm()
+            self.transport.abort()
+            return
+        cast(Any, super()).shutdown()
+
     def handle_websocket_upgrade(self, *args: Any) -> None:
         self._disarm()  # the connection moves to a websocket protocol: not ours any more
         self.tracker.closed(self)
