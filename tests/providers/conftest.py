@@ -17,6 +17,7 @@ from unittest import mock
 import httpx
 import pytest
 
+from tests.providers.cutproxy import CutProxy
 from tests.providers.minio import MinioServer
 
 CACHE_BYTES = 8 << 20  # per target: small, so that eviction is tested for real
@@ -48,6 +49,19 @@ def secrets_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def cluster_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The data directory of ``endpoint``'s cluster (``targets/tI/buckets/...``)."""
     return tmp_path_factory.mktemp("cluster")
+
+
+def leftovers(cluster_dir: Path) -> list[Path]:
+    """Temp files of fills left on the targets' disks."""
+    return sorted(cluster_dir.glob("targets/*/.tmp/remote-*"))
+
+
+@pytest.fixture(scope="module")
+def proxy(minio: MinioServer) -> Iterator[CutProxy]:
+    """A proxy in front of MinIO that cuts answers or inverts a byte (``cutproxy``)."""
+    p = CutProxy(minio.endpoint)
+    yield p
+    p.close()
 
 
 def cached_files(cluster_dir: Path, bucket: str, name: str) -> list[Path]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -17,7 +16,7 @@ import pytest
 
 from etl_runtime import Client
 from etl_runtime.providers.cache import etag_md5
-from tests.providers.conftest import cached_files, metric
+from tests.providers.conftest import cached_files, leftovers, metric
 from tests.providers.cutproxy import CutProxy
 from tests.providers.minio import MinioServer
 from tests.providers.test_remote import FETCHES, eventually, get, new_bucket
@@ -25,13 +24,6 @@ from tests.providers.test_remote import FETCHES, eventually, get, new_bucket
 CHECKED = "sluice_remote_cold_checked_total"
 MISMATCHES = "sluice_remote_cold_mismatches_total"
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def proxy(minio: MinioServer) -> Iterator[CutProxy]:
-    p = CutProxy(minio.endpoint)
-    yield p
-    p.close()
 
 
 def checked_bucket(
@@ -49,10 +41,6 @@ def checked_bucket(
     )
     assert r.status_code == 200, r.text
     return bucket
-
-
-def leftovers(cluster_dir: Path) -> list[Path]:
-    return sorted(cluster_dir.glob("targets/*/.tmp/remote-*"))
 
 
 def test_an_etag_is_an_md5_only_where_it_is_one() -> None:

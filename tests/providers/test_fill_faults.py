@@ -7,13 +7,12 @@ it must break, and the package's real ``sluice up``.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.providers.conftest import cached_files, metric
+from tests.providers.conftest import cached_files, leftovers, metric
 from tests.providers.cutproxy import CutProxy
 from tests.providers.minio import MinioServer
 from tests.providers.test_remote import FETCHES, eventually, get, new_bucket
@@ -21,18 +20,6 @@ from tests.providers.test_remote import FETCHES, eventually, get, new_bucket
 ERRORS = "sluice_remote_backend_fetch_errors_total"
 CORRUPTED = "sluice_integrity_corrupted_reads_total"
 MiB = 1 << 20
-
-
-@pytest.fixture(scope="module")
-def proxy(minio: MinioServer) -> Iterator[CutProxy]:
-    p = CutProxy(minio.endpoint)
-    yield p
-    p.close()
-
-
-def leftovers(cluster_dir: Path) -> list[Path]:
-    """Temp files of fills left on the targets' disks."""
-    return sorted(cluster_dir.glob("targets/*/.tmp/remote-*"))
 
 
 def remote_via(endpoint: str, minio: MinioServer, proxy: CutProxy, data: bytes) -> str:
