@@ -35,6 +35,13 @@ def _shared_ssl_context(verify: Any = True, cert: Any = None, trust_env: bool = 
 
 _httpx_transports.create_ssl_context = _shared_ssl_context  # the name httpx's transports call
 
+# Every gateway the suite starts (sluice up, tests/servers.py) would warm the
+# transformer runtime at once (SLUICE_ZYGOTE=eager, the default): the full zygote
+# imports torch and torchvision, about 18 CPU-s per cluster on the 2-core machine,
+# in the many clusters that never run an ETL. Lazy warms it on the first
+# transformer; tests/local/test_zygote*.py unset it to test the default.
+os.environ.setdefault("SLUICE_ZYGOTE", "lazy")
+
 
 @pytest.fixture(scope="module", params=EVENT_LOOPS)
 def loop_name(request: pytest.FixtureRequest) -> str:
