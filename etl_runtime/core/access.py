@@ -7,6 +7,8 @@ Credentials, in ``Authorization: Bearer ...``:
 * the read token (``SLUICE_READ_TOKEN``): every read;
 * a signed token (``core/tokens.py``, ``sluice token create``): reads, or
   reads and writes, of the buckets it names, until it expires or is revoked;
+* a JWT from the configured OIDC issuer (``core/oidc.py``): the buckets its
+  claim grants (``bucket:B:read|write``), or everything for the admin value;
 * for object calls redirected by the gateway, the ``sluice_exp``/``sluice_sig``
   query parameters it signed with the cluster key after its own check (HTTP
   clients drop ``Authorization`` when a redirect changes the port).
@@ -27,15 +29,17 @@ a valid token whose scope does not cover the call, naming the bucket.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 from urllib.parse import quote
 
 from fastapi import Request
 
-from etl_runtime.core import auth, jsonbody, tokens
+from etl_runtime.core import auth, jsonbody, oidc, tokens
 from etl_runtime.core.errors import Forbidden, Unauthorized
 
 # The gateway's redirect signature; ``sluice_tid``: the access token it was checked for.
@@ -110,28 +114,54 @@ def _signed(holder: Holder, request: Request, signed_path: str | None) -> bool:
     return True
 
 
+def is_access_token(held: str) -> bool:
+    """A signed token's or, with an OIDC issuer configured, a JWT's shape (not verified)."""
+    return tokens.looks_like_token(held) or (
+        oidc.looks_like_jwt(held) and oidc.issuer() is not None
+    )
+
+
+def _verify(holder: Holder, held: str) -> tokens.Claims | None:
+    """The claims of access token ``held`` (None: none this server can check); a
+    ``tokens.TokenError`` for one that does not verify. A JWT is checked against the
+    issuer's cached keys: ``CredentialGate`` loaded them, where a kid was new."""
+    if tokens.looks_like_token(held):
+        if not holder.cluster_key:
+            return None
+        return tokens.verify(holder.cluster_key, held, holder.token_records())
+    issuer = oidc.issuer() if oidc.looks_like_jwt(held) else None
+    return issuer.verify(held) if issuer is not None else None
+
+
+def _refused(e: tokens.TokenError, held: str) -> Unauthorized:
+    ask = "`sluice token create`" if tokens.looks_like_token(held) else "your identity provider"
+    return Unauthorized(f"{e}: ask for a new one ({ask})")
+
+
 def token_id(request: Request) -> str | None:
     """The id the call's access token claims (``check`` verified it, where it ran), or
     the one its signed redirect carries: what a redirect signed for it names."""
     held = bearer(request)
     if held and tokens.looks_like_token(held):
         return tokens.claimed_id(held)
+    if held and is_access_token(held):
+        return None  # a JWT: no record to revoke (it lives until its exp)
     return request.query_params.get("sluice_tid")
 
 
 def scoped_claims(holder: Holder, request: Request) -> tokens.Claims | None:
-    """The claims of the signed token the call carries (None: it carries none);
+    """The claims of the access token the call carries (None: it carries none);
     ``Unauthorized`` for one that does not verify, has expired or was revoked."""
     held = bearer(request)
-    if not held or not tokens.looks_like_token(held) or not holder.cluster_key:
+    if not held or not is_access_token(held):
         return None
     verified = request.scope.get(_VERIFIED)  # by CredentialGate, for this very call
     if verified is not None and verified[0] == held:
         return verified[1]  # type: ignore[no-any-return]
     try:
-        return tokens.verify(holder.cluster_key, held, holder.token_records())
+        return _verify(holder, held)
     except tokens.TokenError as e:
-        raise Unauthorized(f"{e}: ask for a new one (`sluice token create`)") from None
+        raise _refused(e, held) from None
 
 
 def check(
@@ -159,6 +189,8 @@ def check(
         if need == "read":
             raise Unauthorized(f"this call reads data: {READ_HINT}")
         raise Unauthorized()
+    if isinstance(claims, oidc.OidcClaims) and claims.admin:
+        return  # the configured admin value: the user token's rights
     given = list(buckets or ())
     named = tuple(b for b in given if isinstance(b, str))
     views = getattr(holder, "view_sources", None)  # reading a view reads its source too
@@ -232,7 +264,7 @@ def batch_buckets(request: Request, body: bytes, default: str | None) -> list[st
     a call with a signed token; ``[IN_BODY]`` for any other (no need to parse it here).
     A body that names none is cluster-wide to ``check``: a signed token is refused."""
     held = bearer(request)
-    if not held or not tokens.looks_like_token(held):
+    if not held or not is_access_token(held):
         return [IN_BODY]
     if jsonbody.nesting_depth(body) > jsonbody.MAX_DEPTH:
         return []  # json.loads would raise RecursionError (a 500): refused, unread
@@ -248,9 +280,9 @@ def batch_buckets(request: Request, body: bytes, default: str | None) -> list[st
 
 
 def carries_token(request: Request) -> bool:
-    """The call's bearer is a signed token (which ``check`` verified, where it ran)."""
+    """The call's bearer is an access token (which ``check`` verified, where it ran)."""
     held = bearer(request)
-    return bool(held) and tokens.looks_like_token(held or "")
+    return bool(held) and is_access_token(held or "")
 
 
 # -- the credentials before anything else --------------------------------------------
@@ -295,6 +327,7 @@ class CredentialGate:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http" and (self.holder.token or self.holder.read_token):
+            await self.load_keys(scope)
             refused = self.refusal(scope)
             if refused is not None:
                 head = scope["method"] == "HEAD"
@@ -302,6 +335,19 @@ class CredentialGate:
                     await send(message)
                 return
         await self.app(scope, receive, send)
+
+    async def load_keys(self, scope: Any) -> None:
+        """A JWT whose key is new (or the keys old): the issuer's keys, fetched in a thread
+        (at most once per interval, ``core/oidc.py``), before ``refusal`` checks it."""
+        issuer = oidc.issuer()
+        if issuer is None:
+            return
+        for name, value in scope["headers"]:
+            if name == b"authorization" and value.startswith(b"Bearer eyJ"):
+                held = value[len(b"Bearer ") :].strip().decode("latin-1")
+                missing, kid = issuer.missing_key(held)
+                if missing:
+                    await asyncio.to_thread(issuer.refresh, kid, time.monotonic())
 
     def refusal(self, scope: Any) -> Unauthorized | None:
         h = self.holder
@@ -322,10 +368,11 @@ class CredentialGate:
             for known in (h.token, h.read_token):
                 if known and hmac.compare_digest(held.encode(), known.encode()):
                     return None
-            if tokens.looks_like_token(held) and h.cluster_key:
-                try:
-                    scope[_VERIFIED] = (held, tokens.verify(h.cluster_key, held, h.token_records()))
-                    return None
-                except tokens.TokenError as e:
-                    return Unauthorized(f"{e}: ask for a new one (`sluice token create`)")
+            try:
+                claims = _verify(h, held)
+            except tokens.TokenError as e:
+                return _refused(e, held)
+            if claims is not None:
+                scope[_VERIFIED] = (held, claims)
+                return None
         return Unauthorized() if write else Unauthorized(f"this call reads data: {READ_HINT}")

@@ -46,7 +46,7 @@ from types import FrameType
 
 import httpx
 
-from etl_runtime.core import auth, procs, tls
+from etl_runtime.core import auth, oidc, procs, tls
 from etl_runtime.local import runas, sandbox, supervisor
 from etl_runtime.local.api import LocalCluster
 from etl_runtime.local.pidfiles import pid_dir, read_pid_files
@@ -71,6 +71,7 @@ PASSED_ENV = (
     "SLUICE_LOOP",
     "SLUICE_PODMAN",
     "SLUICE_BATCH_ASSEMBLY",
+    "SLUICE_OIDC_",  # JWTs of an OIDC issuer (core/oidc.py): claim, admin value, CA, refresh
     "SLUICE_S3_",  # the S3 API: SLUICE_S3_UPLOAD_TTL (targets), SLUICE_S3_DOMAIN (gateway)
     "SLUICE_VERIFY_READS",  # storage/integrity.py: reads' checksum checks (on unless 0)
     "SLUICE_SCRUB_MBPS",  # jobs/scrub.py: the scrub's read rate per target
@@ -122,6 +123,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=os.environ.get("SLUICE_READ_TOKEN"),
         help="if set, reads (GET, HEAD, listings, ETL details) need it or --token",
     )
+    oidc.add_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address the servers bind to")
     p.add_argument(
         "--restart-reset",
@@ -163,6 +165,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     if args.ca and not args.cert:
         p.error("--ca is the CA of --cert: give --cert and --key too")
     args.tls = args.tls or bool(args.cert)
+    problem = oidc.flags_problem(args)
+    if problem:
+        p.error(problem)
     if args.down_retry <= 0:
         p.error("--down-retry must be positive")
     if args.targets < 1:
@@ -218,6 +223,7 @@ class Supervisor:
             env["SLUICE_TOKEN"] = self.args.token
         if self.args.read_token:
             env["SLUICE_READ_TOKEN"] = self.args.read_token
+        oidc.put_env(env, self.args)  # SLUICE_OIDC_* from the flags
         return env
 
     @property
