@@ -284,3 +284,30 @@ def test_the_claim_maps_to_buckets_and_admin_by_its_configured_name() -> None:
     scope = oidc.Issuer("https://idp", "aud")  # the default: the space-separated 'scope'
     got = scope.grants({"exp": 1, "scope": "openid bucket:x:y:read bucket:z:admin ops"})
     assert got.buckets == ("x:y",) and got.writable == () and not got.admin
+
+
+def test_the_chart_hands_the_issuer_to_gateway_and_targets() -> None:
+    from tests.helm.chart import CHART, container, env_of, helm, render, set_args
+
+    values = {
+        "auth.token": "t",
+        "auth.oidc.issuer": "https://idp.example",
+        "auth.oidc.audience": "a",
+    }
+    m = render({**values, "auth.oidc.admin": "ops"})
+    for kind, comp in (("StatefulSet", "target"), ("Deployment", "gateway")):
+        env = env_of(container(m.component(kind, comp)))
+        got = {k: env[k]["value"] for k in env if k.startswith("SLUICE_OIDC_")}
+        assert got == {
+            "SLUICE_OIDC_ISSUER": "https://idp.example",
+            "SLUICE_OIDC_AUDIENCE": "a",
+            "SLUICE_OIDC_CLAIM": "scope",
+            "SLUICE_OIDC_ADMIN": "ops",
+        }
+    assert not any(
+        k.startswith("SLUICE_OIDC_")
+        for k in env_of(container(m.component("Deployment", "operator")))
+    )
+    del values["auth.oidc.audience"]
+    proc = helm("template", "x", str(CHART), *set_args(values), check=False)
+    assert proc.returncode != 0 and "auth.oidc.audience is required" in proc.stderr

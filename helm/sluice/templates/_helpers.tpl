@@ -144,6 +144,18 @@ imagePullSecrets:
       name: {{ include "sluice.readTokenSecretName" . }}
       key: {{ .Values.auth.readTokenExistingSecretKey | default "read-token" }}
 {{- end }}
+{{- with .Values.auth.oidc }}{{ if .issuer }}
+- name: SLUICE_OIDC_ISSUER
+  value: {{ .issuer | quote }}
+- name: SLUICE_OIDC_AUDIENCE
+  value: {{ required "auth.oidc.audience is required with auth.oidc.issuer" .audience | quote }}
+- name: SLUICE_OIDC_CLAIM
+  value: {{ .claim | default "scope" | quote }}
+{{- if .admin }}
+- name: SLUICE_OIDC_ADMIN
+  value: {{ .admin | quote }}
+{{- end }}
+{{- end }}{{ end }}
 - name: PYTHONUNBUFFERED
   value: "1"
 {{- end -}}
