@@ -53,7 +53,10 @@ class Issuer:
                     self.send_error(503)
                     return
                 if self.path == "/.well-known/openid-configuration":
-                    body = {"issuer": issuer.url, "jwks_uri": f"{issuer.url}/jwks.json"}
+                    body: dict[str, Any] = {
+                        "issuer": issuer.url,
+                        "jwks_uri": f"{issuer.url}/jwks.json",
+                    }
                 elif self.path == "/jwks.json":
                     issuer.fetches += 1
                     body = {"keys": [issuer.jwk(kid) for kid in issuer.keys]}
@@ -311,3 +314,28 @@ def test_the_chart_hands_the_issuer_to_gateway_and_targets() -> None:
     del values["auth.oidc.audience"]
     proc = helm("template", "x", str(CHART), *set_args(values), check=False)
     assert proc.returncode != 0 and "auth.oidc.audience is required" in proc.stderr
+
+
+def test_a_jwks_file_is_read_again_for_a_new_kid_and_a_broken_one_keeps_the_keys(
+    tmp_path: Any,
+) -> None:
+    made = Issuer()  # only its keys and tokens: the file stands in for the issuer
+    made.server.shutdown()
+    made.add("r1")
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps({"keys": [made.jwk("r1")]}))
+    checker = oidc.Issuer(made.url, AUDIENCE, jwks_file=str(jwks), refresh=0)
+    first = made.token("bucket:mine:write")
+    assert checker.missing_key(first) == (True, "r1")
+    checker.refresh("r1")
+    assert checker.verify(first).may("write", "mine")
+    made.add("r2")
+    jwks.write_text("{not json")  # a broken file: the last good keys stay
+    second = made.token("bucket:mine:read", kid="r2")
+    checker.refresh("r2")
+    assert checker.verify(first).buckets == ("mine",)
+    with pytest.raises(oidc.TokenError, match="'r2' is not among"):
+        checker.verify(second)
+    jwks.write_text(json.dumps({"keys": [made.jwk("r1"), made.jwk("r2")]}))
+    checker.refresh("r2")
+    assert not checker.verify(second).may("write", "mine")
