@@ -144,8 +144,8 @@ class Issuer:
                         continue  # never a symmetric ("oct") key: a JWKS is public
                     try:
                         jwt.PyJWK(entry)
-                    except jwt.PyJWKError:
-                        continue  # a key type or curve we do not take
+                    except (jwt.PyJWKError, jwt.InvalidKeyError, ValueError, TypeError, KeyError):
+                        continue  # a key type or curve we do not take, or a broken one
                     found[entry.get("kid")] = entry
             except (OSError, ValueError, KeyError, TypeError, AttributeError, httpx.HTTPError) as e:
                 log.warning(
@@ -163,6 +163,8 @@ class Issuer:
             kid = jwt.get_unverified_header(token).get("kid")
         except jwt.PyJWTError:
             return False, None
+        if kid is not None and not isinstance(kid, str):
+            return False, None  # refused by ``verify``
         unknown = kid not in self.keys and not (kid is None and len(self.keys) == 1)
         return unknown or self.stale(), kid
 
@@ -177,6 +179,8 @@ class Issuer:
         except jwt.PyJWTError:
             raise TokenError("the bearer token is not a well-formed JWT") from None
         alg, kid = header.get("alg"), header.get("kid")
+        if kid is not None and not isinstance(kid, str):
+            raise TokenError("the JWT's kid is not a string")
         if alg not in ALGORITHMS:
             raise TokenError(
                 f"the JWT's algorithm {alg!r} is not accepted (only {', '.join(ALGORITHMS)})"

@@ -339,3 +339,30 @@ def test_a_jwks_file_is_read_again_for_a_new_kid_and_a_broken_one_keeps_the_keys
     jwks.write_text(json.dumps({"keys": [made.jwk("r1"), made.jwk("r2")]}))
     checker.refresh("r2")
     assert not checker.verify(second).may("write", "mine")
+
+
+def test_hostile_jwts_are_token_errors_never_a_crash(tmp_path: Any) -> None:
+    made = Issuer()
+    made.server.shutdown()
+    made.add("r1")
+    jwks = tmp_path / "jwks.json"
+    broken = {"kty": "RSA", "kid": "bad", "n": "!!", "e": "AQAB"}
+    jwks.write_text(json.dumps({"keys": [made.jwk("r1"), broken, {"kty": "oct", "k": "c2VjcmV0"}]}))
+    checker = oidc.Issuer(made.url, AUDIENCE, jwks_file=str(jwks), refresh=0)
+    checker.refresh()
+    assert list(checker.keys) == ["r1"]  # the broken key and the symmetric one are not loaded
+    body = {"iss": made.url, "aud": AUDIENCE, "exp": int(time.time()) + 60}
+    for header in (
+        {"alg": "RS256", "kid": {"a": 1}},
+        {"alg": ["RS256"], "kid": "r1"},
+        {"alg": "RS256", "kid": ["r1"]},
+        {"alg": "HS512", "kid": "bad"},
+    ):
+        token = compact(header, body, b"sig")
+        checker.missing_key(token)
+        with pytest.raises(oidc.TokenError):
+            checker.verify(token)
+    for garbage in ("eyJ.e.e", "eyJhbGciOiJSUzI1NiJ9.!!.x", "eyJ9" + "." * 2):
+        assert checker.missing_key(garbage)[0] is False
+        with pytest.raises(oidc.TokenError):
+            checker.verify(garbage)
