@@ -317,7 +317,8 @@ class CredentialGate:
     could tell which routes and parameters exist from their 400s. Here, ahead of
     routing: a call is let through when it could be allowed at all (an open read or
     write, the user or read token, a signed token that verifies and is not revoked, a
-    redirect's signature, the targets' internal header); the route then makes the full
+    JWT of the OIDC issuer that verifies, a redirect's signature, the targets' internal
+    header); the route then makes the full
     check, with the call's buckets (a 403 naming the bucket), before anything else.
     ``passes``: calls another check answers (the S3 API's signatures).
     """
