@@ -110,11 +110,10 @@ images:  # localhost/sluice/{server,runtime,operator}:dev, no registry (docs/dep
 # keep both cores busy (tests sharing a cluster stay on one worker: tests/conftest.py).
 TEST_WORKERS ?= 2
 
-# install (uv's downloads: the network) beside tools (the Go builds: the CPUs), lint as
-# soon as install is done: on a cold machine both hide under the Go lane.
+# tools (the Go builds: the CPUs) beside everything else: install (uv's downloads),
+# lint, then pytest, whose tests that need a tool wait for the lane (scripts/test.sh).
 test:
-	$(MAKE) --no-print-directory -j2 tools lint
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=40  # the slowest, to keep the suite in budget
+	TEST_WORKERS=$(TEST_WORKERS) MAKE="$(MAKE)" bash scripts/test.sh
 
 k8s-up: install k8s-tools
 	$(BIN)/python -m tests.k8s.cluster up

@@ -61,6 +61,7 @@ def session_servers() -> Iterator[SessionServers]:
 # (tests/schedule.py).
 _recorder = schedule.Recorder()
 _WEIGHTS = pytest.StashKey[dict[str, float]]()
+_TOOLS_LAST = pytest.StashKey[bool]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -70,11 +71,19 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.loadscopereorder = False
     if not hasattr(config, "workerinput"):
         config.stash[_WEIGHTS] = schedule.weights()
+        config.stash[_TOOLS_LAST] = schedule.tools_pending()
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_configure_node(node: Any) -> None:  # xdist, on the controller: one order for all
     node.workerinput["sluice_group_weights"] = node.config.stash[_WEIGHTS]
+    node.workerinput["sluice_tools_last"] = node.config.stash[_TOOLS_LAST]
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Under ``make test`` a test that needs the tools waits for their lane (tests/schedule.py)."""
+    if os.environ.get(schedule.TOOLS_STATUS_ENV) and schedule.needs_tools(item):
+        schedule.wait_for_tools()
 
 
 def pytest_itemcollected(item: pytest.Item) -> None:
@@ -105,7 +114,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if len(groups) == len(items):
         workerinput = getattr(config, "workerinput", {})
         weights = workerinput.get("sluice_group_weights") or schedule.weights()
-        schedule.heaviest_first(items, groups, weights)
+        tools_last = workerinput.get("sluice_tools_last", schedule.tools_pending())
+        schedule.heaviest_first(items, groups, weights, tools_last)
 
 
 # A skip hides a test as well as a failure does: under CI (``CI=true``) a run fails on

@@ -16,13 +16,20 @@ Two rules, applied by ``tests/conftest.py``:
   of each run), else the seed below (a cold machine's first run), else one
   second per test; the groups are collected heaviest first, the tests inside a
   group in their own order.
+* **Tools last while they build.** ``make test`` runs pytest beside the tools lane
+  (``scripts/test.sh``): while it has not finished, the groups with a test that
+  needs a tool (``needs_tools``) come after all the others, and such a test waits
+  for the lane's exit code (``wait_for_tools``) and fails if the lane failed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
+import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +65,78 @@ SEED = {
 }
 
 
+# What `make tools` (scripts/tools.sh) puts in place, as test code names it: its cache,
+# the Go builds (Kubernetes, etcd, helm, CoreDNS, MinIO, fake-gcs-server), the
+# images (podman, buildah...), the browser, Azurite. A module needs the tools when
+# it, a conftest.py above it or a tests.* module they import names one: one named
+# needlessly only waits, one missed would fail on a cold machine.
+TOOL_WORDS = re.compile(
+    r"cache/sluice|SLUICE_CACHE|podman|buildah|skopeo|mmdebstrap|chromium|playwright|minio"
+    r"|fake.gcs|azurite|kube-apiserver|kubelet|etcd|helm|coredns|k8s-tools|scripts/tools",
+    re.IGNORECASE,
+)
+_IMPORT = re.compile(r"^\s*(?:from|import)\s+(tests(?:\.\w+)+)", re.MULTILINE)
+TESTS = Path(__file__).resolve().parent
+TOOLS_STATUS_ENV = "SLUICE_TOOLS_STATUS"  # the tools lane's exit code, once it is done
+TOOLS_LOG_ENV = "SLUICE_TOOLS_LOG"
+
+
+@functools.cache
+def _names_a_tool(path: Path) -> bool:
+    """``path`` or a ``tests.*`` module it imports, at any depth, names a tool."""
+    seen, todo = {path}, [path]
+    while todo:
+        with contextlib.suppress(OSError):
+            text = todo.pop().read_text()
+            if TOOL_WORDS.search(text):
+                return True
+            for found in filter(None, map(_module_file, _IMPORT.findall(text))):
+                if found not in seen:
+                    seen.add(found)
+                    todo.append(found)
+    return False
+
+
+def _module_file(name: str) -> Path | None:
+    """The file of ``tests.a.b`` (or of ``tests.a`` when ``b`` is a name in it)."""
+    parts = name.split(".")
+    for n in range(len(parts), 1, -1):
+        base = TESTS.parent.joinpath(*parts[:n])
+        for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+            if candidate.is_file():
+                return candidate
+    return None
+
+
+def needs_tools(item: pytest.Item) -> bool:
+    names = set(getattr(item, "fixturenames", ()))
+    if any(fixture in names for fixture, _ in SESSION_GROUPS):
+        return True
+    path = Path(str(item.path)).resolve()
+    chain = [path, *(d / "conftest.py" for d in path.parents if d.is_relative_to(TESTS))]
+    return any(_names_a_tool(p) for p in chain)
+
+
+def tools_pending() -> bool:
+    """True while ``make test``'s tools lane is still running (no exit code yet)."""
+    status = os.environ.get(TOOLS_STATUS_ENV, "")
+    return bool(status) and not Path(status).exists()
+
+
+def wait_for_tools() -> None:
+    """Block until the tools lane is done; fail the test if it failed."""
+    status = os.environ.get(TOOLS_STATUS_ENV)
+    if not status:
+        return
+    path = Path(status)
+    while not path.exists():  # written once, atomically, by scripts/test.sh
+        time.sleep(1.0)
+    code = path.read_text().strip()
+    if code != "0":
+        log = os.environ.get(TOOLS_LOG_ENV, "its log")
+        pytest.fail(f"make tools failed (exit {code}): see {log}", pytrace=False)
+
+
 def group_of(item: pytest.Item) -> str:
     names = set(getattr(item, "fixturenames", ()))
     group = next((g for fixture, g in SESSION_GROUPS if fixture in names), None)
@@ -86,18 +165,25 @@ def weights(path: Path = DURATIONS) -> dict[str, float]:
 
 
 def heaviest_first(
-    items: list[pytest.Item], groups: dict[str, str], weights: dict[str, float]
+    items: list[pytest.Item],
+    groups: dict[str, str],
+    weights: dict[str, float],
+    tools_last: bool = False,
 ) -> None:
-    """Reorder ``items`` in place: whole groups, heaviest first (stable inside a group)."""
+    """Reorder ``items`` in place: whole groups, heaviest first (stable inside a group);
+    with ``tools_last``, the groups that need the tools after all the others."""
     count: dict[str, int] = {}
     first: dict[str, int] = {}
+    tools: set[str] = set()
     for i, item in enumerate(items):
         group = groups[item.nodeid]
         count[group] = count.get(group, 0) + 1
         first.setdefault(group, i)
+        if tools_last and group not in tools and needs_tools(item):
+            tools.add(group)
 
-    def key(group: str) -> tuple[float, int]:
-        return (-weights.get(group, float(count[group])), first[group])
+    def key(group: str) -> tuple[bool, float, int]:
+        return (group in tools, -weights.get(group, float(count[group])), first[group])
 
     rank = {group: n for n, group in enumerate(sorted(count, key=key))}
     items.sort(key=lambda item: rank[groups[item.nodeid]])

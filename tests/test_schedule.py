@@ -49,3 +49,34 @@ def test_a_whole_suite_runs_seconds_order_the_next_run(tmp_path: Path) -> None:
 
 def test_this_module_is_its_own_group(request: pytest.FixtureRequest) -> None:
     assert schedule.group_of(request.node) == "tests/test_schedule.py"
+
+
+def test_while_the_tools_build_the_groups_that_need_them_come_last() -> None:
+    tools_test = SimpleNamespace(nodeid="tests/helm/test_chart.py::t@realnode")
+    tools_test.fixturenames = ["real_cluster"]  # the cluster of make tools' Go binaries
+    tools_test.path = schedule.TESTS / "helm" / "test_chart.py"
+    plain = SimpleNamespace(nodeid="tests/core/test_heap.py::t@light", fixturenames=[])
+    plain.path = schedule.TESTS / "core" / "test_heap.py"
+    items: list[Any] = [tools_test, plain]
+    groups = {tools_test.nodeid: "realnode", plain.nodeid: "light"}
+    assert schedule.needs_tools(tools_test) and not schedule.needs_tools(plain)
+    weights = {"realnode": 400.0, "light": 1.0}
+    schedule.heaviest_first(items, groups, weights, tools_last=True)
+    assert items == [plain, tools_test]
+    schedule.heaviest_first(items, groups, weights)  # the tools are there: heaviest first
+    assert items == [tools_test, plain]
+
+
+def test_a_test_that_needs_the_tools_fails_when_their_build_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    status = tmp_path / "tools.status"
+    monkeypatch.setenv(schedule.TOOLS_STATUS_ENV, str(status))
+    monkeypatch.setenv(schedule.TOOLS_LOG_ENV, "/cache/tools.log")
+    assert schedule.tools_pending()
+    status.write_text("2\n")
+    assert not schedule.tools_pending()
+    with pytest.raises(pytest.fail.Exception, match=r"exit 2\): see /cache/tools.log"):
+        schedule.wait_for_tools()
+    status.write_text("0\n")
+    schedule.wait_for_tools()
