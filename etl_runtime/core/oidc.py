@@ -37,13 +37,15 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import httpx
-import jwt
 
 from etl_runtime.core.tokens import Claims, TokenError
+
+if TYPE_CHECKING:  # PyJWT (and cryptography under it) only where an issuer is configured
+    import jwt
 
 log = logging.getLogger("sluice.oidc")
 
@@ -128,6 +130,8 @@ class Issuer:
     def refresh(self, kid: str | None = None, asked: float | None = None) -> None:
         """Load the keys again unless they hold ``kid`` already, were loaded since
         ``asked`` or were tried within ``REFRESH_SECONDS``; a failure keeps the old ones."""
+        import jwt
+
         asked = asked if asked is not None else time.monotonic()
         if self.problem:
             return
@@ -159,6 +163,8 @@ class Issuer:
 
     def missing_key(self, token: str) -> tuple[bool, str | None]:
         """Whether the keys should be loaded before ``token`` is checked, and its ``kid``."""
+        import jwt
+
         try:
             kid = jwt.get_unverified_header(token).get("kid")
         except jwt.PyJWTError:
@@ -172,6 +178,8 @@ class Issuer:
 
     def verify(self, token: str) -> OidcClaims:
         """The grants of a JWT that verifies; ``TokenError`` (a 401) otherwise."""
+        import jwt
+
         if self.problem:
             raise TokenError(f"this server's OIDC setting is wrong: {self.problem}")
         try:
@@ -211,6 +219,8 @@ class Issuer:
     def _key(self, kid: str | None, alg: str) -> jwt.PyJWK:
         """The key ``kid`` as one of ``alg``, which must be its family's (and its ``alg``
         where the JWK names one): an RSA key never checks an ES256 or HS256 token."""
+        import jwt
+
         if kid is None and len(self.keys) == 1:
             kid = next(iter(self.keys))
         entry = self.keys.get(kid)

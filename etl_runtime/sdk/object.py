@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 import httpx
-from tqdm import tqdm
 
 from etl_runtime.core.spec import SKIPPED_HEADER, SKIPPED_KEY_HEADER
 from etl_runtime.sdk import errors
@@ -25,6 +24,8 @@ from etl_runtime.sdk.progress import byte_bar
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
+
+    from tqdm import tqdm
 
     from etl_runtime.sdk.bucket import Bucket
 

@@ -8,8 +8,10 @@ given. The bar goes to stderr, so a download written to stdout stays clean.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
-from tqdm import tqdm
+if TYPE_CHECKING:  # imported when a bar is asked for: not by every process that reads
+    from tqdm import tqdm
 
 
 def byte_bar(progress: bool, total: int | None, desc: str) -> tqdm | None:
@@ -20,6 +22,8 @@ def byte_bar(progress: bool, total: int | None, desc: str) -> tqdm | None:
     """
     if not progress:
         return None
+    from tqdm import tqdm
+
     return tqdm(
         total=total,
         desc=desc,
