@@ -47,6 +47,12 @@ fresh data dir (a subprocess): the time until it prints ``Sluice is up``, then
 of ``--next`` more one after another; medians over ``--rounds`` (3) rounds:
 
     .venv/bin/python bench/etl_start.py --cold [--rounds 3] [--next 2] [--targets 3]
+
+``--arms bytecode`` compares, the same way, the venv's ``.pyc`` files used and
+ignored (``PYTHONPYCACHEPREFIX`` at an empty directory, nothing written): a venv
+installed without bytecode where ``PYTHONDONTWRITEBYTECODE`` is set. The CPU
+seconds every server process (``sluice up`` and what it started) had spent when
+the cluster was ready are printed beside the times.
 """
 
 from __future__ import annotations
@@ -289,34 +295,67 @@ def machine() -> str:
     return f"{os.cpu_count()} cores, load average {load}; Python {platform.python_version()}"
 
 
-def cold_round(targets: int, zygote: str, etls: int) -> list[float]:
-    """``[ready, first ETL Running, next ...]`` in seconds, from a fresh data dir."""
-    os.environ["SLUICE_ZYGOTE"] = zygote
-    with tempfile.TemporaryDirectory(prefix="sluice-etl-cold-") as tmp:
-        t0 = time.perf_counter()
-        with LocalCluster(Path(tmp) / "data", targets=targets) as cluster:
-            out = [time.perf_counter() - t0]
-            client = Client(cluster.endpoint)
-            for i in range(etls):
-                t = time.perf_counter()
-                client.etl(f"cold-{i}").init_code(transform=identity)
-                out.append(time.perf_counter() - t)
-        return out
+# --cold's two arms: the zygote on and off, or (--arms bytecode) the venv's .pyc
+# files used and ignored (PYTHONPYCACHEPREFIX at an empty directory, nothing
+# written: what a venv installed without them gives where PYTHONDONTWRITEBYTECODE
+# is set, as on CI machines).
+def arms(kind: str, scratch: Path) -> dict[str, dict[str, str]]:
+    if kind == "bytecode":
+        ignored = {"PYTHONPYCACHEPREFIX": str(scratch), "PYTHONDONTWRITEBYTECODE": "1"}
+        return {".pyc used": {}, ".pyc ignored": ignored}
+    return {f"SLUICE_ZYGOTE={m}": {"SLUICE_ZYGOTE": m} for m in ("eager", "off")}
+
+
+def tree_cpu(pid: int) -> float:
+    """CPU seconds of ``pid`` and every process under it, now."""
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = p.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+def cold_round(targets: int, env: dict[str, str], etls: int) -> list[float]:
+    """``[ready, servers' CPU at ready, first ETL Running, next ...]`` in seconds,
+    from a fresh data dir, with ``env`` set for ``sluice up`` and what it starts."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        with tempfile.TemporaryDirectory(prefix="sluice-etl-cold-") as tmp:
+            t0 = time.perf_counter()
+            with LocalCluster(Path(tmp) / "data", targets=targets) as cluster:
+                out = [time.perf_counter() - t0, tree_cpu(cluster.pid)]
+                client = Client(cluster.endpoint)
+                for i in range(etls):
+                    t = time.perf_counter()
+                    client.etl(f"cold-{i}").init_code(transform=identity)
+                    out.append(time.perf_counter() - t)
+            return out
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def cold_main(args: argparse.Namespace) -> None:
     print(f"etl_start --cold: {args.targets} targets, {args.rounds} rounds; {machine()}")
-    modes = ("eager", "off")
-    rows: dict[str, list[list[float]]] = {m: [] for m in modes}
-    for r in range(args.rounds):
-        for mode in modes:  # side by side: the same load for both
-            got = cold_round(args.targets, mode, 1 + args.next)
-            rows[mode].append(got)
-            print(f"  round {r} SLUICE_ZYGOTE={mode}: " + " ".join(f"{x:.2f}" for x in got))
-    heads = ["sluice up ready", "first ETL Running"] + [
+    with tempfile.TemporaryDirectory(prefix="sluice-no-pyc-") as scratch:
+        modes = arms(args.arms, Path(scratch))
+        rows: dict[str, list[list[float]]] = {m: [] for m in modes}
+        for r in range(args.rounds):
+            for mode, env in modes.items():  # side by side: the same load for both
+                got = cold_round(args.targets, env, 1 + args.next)
+                rows[mode].append(got)
+                print(f"  round {r} {mode}: " + " ".join(f"{x:.2f}" for x in got), flush=True)
+    heads = ["sluice up ready", "servers' CPU at ready", "first ETL Running"] + [
         f"ETL {i + 2} Running" for i in range(args.next)
     ]
-    print(f"\n{'median (max), s':22s}" + "".join(f"{'SLUICE_ZYGOTE=' + m:>24s}" for m in modes))
+    print(f"\n{'median (max), s':22s}" + "".join(f"{m:>24s}" for m in modes))
     for i, head in enumerate(heads):
         cells = []
         for m in modes:
@@ -331,6 +370,9 @@ def main() -> None:
     parser.add_argument("--cold", action="store_true", help="a cold sluice up, then ETLs")
     parser.add_argument("--rounds", type=int, default=3, help="--cold: rounds")
     parser.add_argument("--next", type=int, default=2, help="--cold: ETLs after the first")
+    parser.add_argument(
+        "--arms", choices=("zygote", "bytecode"), default="zygote", help="--cold: what differs"
+    )
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--targets", type=int, default=3)
     parser.add_argument("--cases", default="object,wds")
