@@ -13,6 +13,8 @@ own public exceptions, mapped from the wire shape in ``etl_runtime.sdk.errors``:
     │                               EtlInitFailed (AIStore's synchronous init)
     ├── Unauthorized (401)          missing or wrong bearer token
     ├── Forbidden (403)             a token whose bucket scope does not cover the call
+    ├── FileRefused (403)           a target's file broker refused a transformer an
+    │                               object's file (``etl/grants.py``): names the object
     ├── BackendUnauthorized (401)   remote bucket: no credentials, or rejected
     ├── BackendForbidden (403)      remote bucket: the credentials may not do this
     ├── NotFound (404)              BucketNotFound, ObjectNotFound, EtlNotFound, JobNotFound
@@ -205,6 +207,13 @@ class Unauthorized(SluiceError):
 
 class Forbidden(SluiceError):
     """A valid access token (``core/tokens.py``) whose scope does not cover the call."""
+
+    status = 403
+
+
+class FileRefused(SluiceError):
+    """A target's file broker refused its transformer an object's file (``etl_fqn``):
+    no grant, a grant not the target's or expired, or one for another ETL's uid."""
 
     status = 403
 

@@ -48,6 +48,7 @@ OBJECT_PARAMS: dict[str, frozenset[str]] = {
 MULTI_VALUED: frozenset[str] = frozenset()  # read with getlist(); none yet
 _HINTS = {
     "etl_fqn": "etl_fqn is chosen by the target for ETLs with argType 'fqn', not by a caller",
+    "etl_grant": "etl_grant is signed by the target beside etl_fqn, not sent by a caller",
 }
 
 

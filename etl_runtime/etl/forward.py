@@ -56,7 +56,7 @@ from etl_runtime.core.errors import (
 )
 from etl_runtime.core.params import ETL_SKIP
 from etl_runtime.core.spec import SKIPPED_HEADERS, SPEC_HASH_HEADER
-from etl_runtime.etl import aisimage
+from etl_runtime.etl import aisimage, grants
 from etl_runtime.etl.outcache import OutputCache, file_chunks
 from etl_runtime.etl.streambreak import TransformerStreamBroken, upstream_error
 from etl_runtime.storage.store import ObjectStore
@@ -115,6 +115,9 @@ class EtlForwarder:
         self._failures: dict[str, int] = collections.Counter()
         self._last_errors: dict[str, collections.deque[dict[str, Any]]] = {}
         self.cache: OutputCache | None = None  # set by the app when it has a budget
+        # set while this target's file broker runs (storage_target/fdbroker.py): every
+        # etl_fqn then goes with a grant of its file to the ETL (etl/grants.py)
+        self.grant_key: str | None = None
 
     async def start(self) -> None:
         self._http = httpx.AsyncClient(
@@ -310,7 +313,7 @@ class EtlForwarder:
                 assert source is not None
                 content = source
             elif fqn:
-                params["etl_fqn"] = str(Path(f.name).resolve())
+                params.update(self.fqn_params(record.name, str(Path(f.name).resolve())))
                 content = b""
                 f.close()
             elif inline is not None:
@@ -368,7 +371,7 @@ class EtlForwarder:
         (``etl_skip`` beside the signature: it can only make the answer shorter)."""
         assert tf.endpoint is not None
         token = auth.transformer_token(self.cluster_key, record.name, record.uid)
-        query = {"etl_fqn": fqn}
+        query = self.fqn_params(record.name, fqn)
         if etl_args is not None:
             query["etl_args"] = etl_args
         if skip:
@@ -379,6 +382,12 @@ class EtlForwarder:
             status_code=307,
             headers={"Location": f"{url}?{urlencode(query)}", "X-Sluice-Etl": record.name},
         )
+
+    def fqn_params(self, etl: str, path: str) -> dict[str, str]:
+        """``etl_fqn`` for ETL ``etl``'s transformer, with its grant while the broker runs."""
+        if self.grant_key is None:
+            return {"etl_fqn": path}
+        return {"etl_fqn": path, grants.PARAM: grants.sign(self.grant_key, etl, path)}
 
     async def _transformer_error(
         self, response: DuplexResponse, etl: str, bucket: str, name: str

@@ -51,7 +51,8 @@ from etl_runtime.cluster.records import EtlRecord, TargetDiscovery, TargetInfo, 
 from etl_runtime.core import auth, tls
 from etl_runtime.core.eventloop import cancel_and_wait
 from etl_runtime.core.spec import EtlSpec, validate_name
-from etl_runtime.local import containers, pidfiles, processes, runas, zygote
+from etl_runtime.etl import grants
+from etl_runtime.local import containers, pidfiles, processes, runas, sandbox, zygote
 from etl_runtime.local.processes import TransformerProcess, restart_backoff
 from etl_runtime.local.zygote import Zygotes
 
@@ -408,6 +409,9 @@ class LocalEtlBackend:
             await asyncio.to_thread(user.own, deps)
         if isinstance(self.run_as, runas.Isolation):  # a home of its own, not root's
             ours = {**self.run_as.env, "HOME": str(deps), "USER": user.name if user else ""}
+            # its uid cannot open objects by path: its target hands it their files
+            if sock := sandbox.broker_socket(self.state_dir.parent, target.id):
+                ours[grants.ENV] = sock
         env = processes.transformer_env(
             dict(os.environ),
             rec.spec.env,

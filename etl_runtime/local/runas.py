@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from etl_runtime.etl import grants
 from etl_runtime.local import sandbox
 
 USER_ENV = "SLUICE_TRANSFORMER_USER"
@@ -151,6 +152,21 @@ def gateway_env(choice: Choice) -> dict[str, str]:
     if isinstance(choice, TransformerUser):
         return {UID_ENV: choice.encode()}
     return {}
+
+
+def target_env(requested: str | None, data_dir: Path, target_id: str) -> dict[str, str]:
+    """What target ``target_id`` needs to hand per-ETL uids the objects' files (its file
+    broker, ``storage_target/fdbroker.py``): set where ``choose`` tries those uids."""
+    if os.geteuid() != 0 or requested is not None:
+        return {}
+    try:
+        base = base_from_env()
+    except ValueError:
+        return {}
+    sock = sandbox.broker_socket(data_dir, target_id)
+    if sock is None:
+        return {}
+    return {grants.ENV: sock, grants.UIDS_ENV: f"{base}:{data_dir / 'etl' / UIDS_FILE}"}
 
 
 def from_env(environ: dict[str, str] | None = None) -> Choice:

@@ -21,11 +21,18 @@ Two jobs, both for ``local/runas.py``'s per-ETL uids:
     DIR/etl/{logs,run}  0700                    every transformer's log, pids
     DIR/etl/deps        0711; deps/<etl> 0700, that ETL's uid
     DIR/targets         0711
-    DIR/targets/<t>     0710 root:group         objects: group may traverse
-    DIR/targets/<t>/*   0700 but ``buckets``    ETL output cache, temp files, jobs
+    DIR/targets/<t>     0710 root:group         group may traverse to the socket
+    DIR/targets/<t>/fd.sock  0666               the target's file broker
+    DIR/targets/<t>/buckets  0700               objects: no ETL uid opens one by path
+    DIR/targets/<t>/*   0700                    ETL output cache, temp files, jobs
 
-  Objects stay readable by every ETL uid (transformers read them by path,
-  ``etl_fqn``); nothing else of the servers' is.
+  A transformer gets the objects it is sent as open descriptors from its
+  target's file broker (``storage_target/fdbroker.py``), each for a grant the
+  target signed for that ETL (``etl/grants.py``); the object files themselves
+  keep their modes (0644), so ``/proc/<pid>/fd/N`` reopens a handed one.
+  Nothing else of the servers' is in reach. (Where the socket's path would be
+  too long for ``sun_path``, no broker runs and ``buckets`` stays open to the
+  group, as objects are then read by path.)
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ from pathlib import Path
 
 RUNTIME_DIR = "runtime"
 PRIVATE = ("logs", "run")  # under DIR, and under DIR/etl
-OBJECTS = "buckets"  # the one entry of a target's data dir ETL code may read
+OBJECTS = "buckets"  # a target's objects: reached through its broker's socket
+BROKER_SOCKET = "fd.sock"  # in a target's data dir (storage_target/fdbroker.py)
+SUN_PATH_MAX = 100  # sun_path holds 108 bytes
 # flock()ed by the servers: the cluster map's writers, the running sluice up
 LOCKS = ("cluster.json.lock", ".sluice-up.lock")
 
@@ -128,6 +137,12 @@ def closed_ancestor(path: Path) -> Path | None:
     return None
 
 
+def broker_socket(data_dir: Path, target_id: str) -> str | None:
+    """Where target ``target_id``'s file broker listens; None if the path is too long."""
+    path = str(data_dir.resolve() / "targets" / target_id / BROKER_SOCKET)
+    return path if len(path.encode()) <= SUN_PATH_MAX else None
+
+
 def lock_down(data_dir: Path, group: int) -> None:
     """Set the modes the module docstring lists (idempotent; cheap enough for every second)."""
     _mode(data_dir, 0o711)
@@ -147,8 +162,11 @@ def lock_down(data_dir: Path, group: int) -> None:
             if not t.is_dir() or t.is_symlink():
                 continue
             _mode(t, 0o710, group)
+            brokered = broker_socket(data_dir, t.name) is not None
             for entry in t.iterdir():
-                if entry.name != OBJECTS and not entry.is_symlink():
+                if entry.name == BROKER_SOCKET or entry.is_symlink():
+                    continue  # the broker sets its own mode
+                if entry.name != OBJECTS or brokered:
                     _mode(entry, 0o700)
 
 

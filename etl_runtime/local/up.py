@@ -301,7 +301,10 @@ class Supervisor:
                 )
             )
         for child in self.targets:
-            child.start({**env, **self.tls_env(child.name.removeprefix("target "))})
+            tid = child.name.removeprefix("target ")
+            # its file broker, for per-ETL uids if they are chosen (local/runas.py)
+            broker = runas.target_env(user, self.data, tid)
+            child.start({**env, **self.tls_env(tid), **broker})
         self.record_children()
         if not fresh:
             self.wait_healthy(self.targets)

@@ -33,6 +33,7 @@ from etl_runtime.storage.peers import Peers
 from etl_runtime.storage.rebalance import Rebalancer
 from etl_runtime.storage.store import ObjectStore
 from etl_runtime.storage_target.context import Target
+from etl_runtime.storage_target.fdbroker import FdBroker
 from etl_runtime.storage_target.getbatch_routes import moss_router
 from etl_runtime.storage_target.getbatch_share import batch_router
 from etl_runtime.storage_target.handoff import FileHandoff, HandoffCollector
@@ -98,6 +99,7 @@ def create_target_app(
     moss_http = DuplexClient()  # a designated target's GETs of items outside shares
     sweep = MultipartSweep(store)  # abandoned S3 uploads: SLUICE_S3_UPLOAD_TTL (24 h)
     handoff = FileHandoff(target)  # S3 GETs' files to a gateway on this host (handoff.py)
+    broker = FdBroker(target, cluster_key)  # objects' files to its transformers (fdbroker.py)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -109,9 +111,11 @@ def create_target_app(
         await jobs.manager.start()
         await sweep.start()
         await handoff.start()
+        await broker.start()
         try:
             yield
         finally:
+            await broker.stop()
             await handoff.stop()
             await sweep.stop()
             await jobs.manager.stop()

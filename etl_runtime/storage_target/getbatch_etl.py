@@ -61,6 +61,7 @@ from etl_runtime.core.errors import (
     SluiceError,
     TransformerFailed,
 )
+from etl_runtime.etl.forward import EtlForwarder
 from etl_runtime.etl.pipeline import transform_chain
 from etl_runtime.storage import integrity
 from etl_runtime.storage_target.context import Target
@@ -302,7 +303,7 @@ class EtlShare:
         body = json.dumps(
             {
                 "etl_args": self._args,
-                "items": [[f"{b}/{n}", self._ready[(b, n)]] for _, b, n in rows],
+                "items": [_item(fwd, etl, b, n, self._ready[(b, n)]) for _, b, n in rows],
             }
         ).encode()
         token = _token(fwd.cluster_key, etl, record.uid)
@@ -387,7 +388,7 @@ class EtlShare:
         params = {} if self._args is None else {"etl_args": self._args}
         body = b""
         if isinstance(ready, str):  # by path
-            params["etl_fqn"] = ready
+            params.update(fwd.fqn_params(record.name, ready))
         else:
             body = ready
         response = await fwd.send(record, tf, bucket, name, params, body)
@@ -463,3 +464,8 @@ class EtlShare:
                     in_shard=True,
                 )
                 self.outcomes[i] = err
+
+
+def _item(fwd: EtlForwarder, etl: str, bucket: str, name: str, path: object) -> list[str]:
+    """A batch item: ``[object, etl_fqn]``, and its grant while the broker runs."""
+    return [f"{bucket}/{name}", *fwd.fqn_params(etl, str(path)).values()]

@@ -23,9 +23,10 @@ from etl_runtime.core.errors import InvalidRequest, NotReady, SluiceError, Unaut
 from etl_runtime.core.metrics import EtlStatsCollector, install_metrics
 from etl_runtime.core.params import ETL_SKIP, refuse_repeated
 from etl_runtime.core.spec import SPEC_HASH_HEADER, EtlSpec
+from etl_runtime.etl import grants
 from etl_runtime.webserver.bulk import batch_answer
 from etl_runtime.webserver.direct import direct_answer
-from etl_runtime.webserver.fqn import confine, data_roots
+from etl_runtime.webserver.fqn import FqnAccess, released
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import skip_of, transform_shard
 from etl_runtime.webserver.stats import Board, Stats
@@ -35,7 +36,7 @@ from etl_runtime.wire.http import names
 from etl_runtime.wire.http.fastpath import FastPathApp
 
 LOGGERS = ("sluice", names.ERROR_LOGGER)
-HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn", ETL_SKIP})
+HPUSH_PARAMS = frozenset({"etl_args", "etl_fqn", grants.PARAM, ETL_SKIP})
 
 
 class _Totals:
@@ -62,13 +63,14 @@ def create_app(
 ) -> FastAPI:
     """The transformer app; ``app.state.transformer`` is its ``Transformer``.
 
-    ``roots``: where ``etl_fqn`` files may lie (default ``$SLUICE_DATA_ROOTS``, see fqn).
+    ``roots``: where ``etl_fqn`` files may lie (default ``$SLUICE_DATA_ROOTS``, see fqn);
+    under ``$SLUICE_FD_BROKER`` the target hands them instead (``fqn.FqnAccess``).
     ``board``/``slot``: this app is server ``slot`` of several (see ``servers``).
     ``inline``: object-mode code runs in this process's threads (see ``inprocess``).
     ``ready_before_serving``: start up before taking connections (a server that
     replaces another: the others answer ``/health`` meanwhile).
     """
-    roots = data_roots() if roots is None else roots
+    access = FqnAccess.from_env(roots)
     transformer = Transformer(
         name,
         spec,
@@ -148,31 +150,36 @@ def create_app(
             raise NotReady(transformer.fatal or f"ETL {name!r} is still starting; retry shortly")
         obj = f"{bucket}/{object}"
         q = request.query_params
-        if len(q) > 3 or not HPUSH_PARAMS.issuperset(q) or len(q.multi_items()) > len(q):
+        if len(q) > 4 or not HPUSH_PARAMS.issuperset(q) or len(q.multi_items()) > len(q):
             refuse_hpush_params(request, obj)
         args = q.get("etl_args")
         skip = skip_of(transformer, q.get(ETL_SKIP), obj)
         fqn = q.get("etl_fqn") or None
-        if fqn is not None:
-            fqn = confine(fqn, roots)  # under the target's data dir, or 400 unopened
-        stats = transformer.stats
-        if transformer.inline is not None:
-            response = await transformer.inline.transform(stats, request, obj, args, fqn)
-        elif spec.mode == "wds":
-            response = await transform_shard(transformer, request, obj, args, fqn, skip)
-        else:
-            response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
+        held: list[int] = []  # the handed file's descriptor, closed once answered
+        try:
+            if fqn is not None:
+                fqn = await access.one(obj, fqn, q.get(grants.PARAM), held)
+            stats = transformer.stats
+            if transformer.inline is not None:
+                response = await transformer.inline.transform(stats, request, obj, args, fqn)
+            elif spec.mode == "wds":
+                response = await transform_shard(transformer, request, obj, args, fqn, skip)
+            else:
+                response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
+        except BaseException:
+            grants.close_all(held)
+            raise
         response.headers[SPEC_HASH_HEADER] = generation
-        return response
+        return released(response, held)
 
     async def direct(request: Request, bucket: str, object: str) -> Response:
         """A client sent here by its target's 307 (see ``direct``); signed, not bearer."""
-        return await direct_answer(transformer, request, bucket, object, roots)
+        return await direct_answer(transformer, request, bucket, object, access)
 
     async def batch(request: Request) -> Response:
         """Many objects by path, their outputs framed in one answer (see ``bulk``)."""
         await authorized(request)
-        return await batch_answer(transformer, request, roots)
+        return await batch_answer(transformer, request, access)
 
     app.add_fast_route("PUT", hpush)
     app.add_fast_route("GET", direct)

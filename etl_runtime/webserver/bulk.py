@@ -45,7 +45,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from etl_runtime.core.errors import InvalidRequest, NotReady, SluiceError
-from etl_runtime.webserver.fqn import confine
+from etl_runtime.etl import grants
+from etl_runtime.webserver.fqn import FqnAccess, released
 from etl_runtime.webserver.objects import object_outcome
 from etl_runtime.webserver.responses import TransformedStream
 from etl_runtime.wire.formats import bulk
@@ -68,9 +69,7 @@ Output = bytes | memoryview | AsyncIterator[bytes]
 Start = Callable[[int, int], list["asyncio.Future[Output]"]]  # (first, count) -> futures
 
 
-async def batch_answer(
-    transformer: Transformer, request: Request, roots: tuple[str, ...]
-) -> Response:
+async def batch_answer(transformer: Transformer, request: Request, access: FqnAccess) -> Response:
     """Check the request; the answer streams the items' frames (see the module docstring)."""
     name = transformer.name
     if transformer.spec.mode != "object":
@@ -79,25 +78,31 @@ async def batch_answer(
         return JSONResponse(body, status_code=404)
     if not transformer.ready:
         raise NotReady(transformer.fatal or f"ETL {name!r} is still starting; retry shortly")
-    args, items = _parse(await request.body())
+    args, asked = _parse(await request.body())
+    items = [(obj, fqn) for obj, fqn, _ in asked]
     stats = transformer.stats
     inline = transformer.inline
     window = WINDOW_PER_THREAD * (inline.threads if inline is not None else transformer.workers)
+    held: list[int] = []  # handed files (fqn.FqnAccess), closed once the answer is done
+    try:
+        paths = await access.many(asked, held)
+    except BaseException:
+        grants.close_all(held)
+        raise
 
-    dirs: dict[str, str] = {}
-
-    async def one(obj: str, fqn: str) -> Output:
-        real = confine(fqn, roots, dirs)
-        return await object_outcome(transformer.pool, stats, obj, args, real)
+    async def one(obj: str, path: str | SluiceError) -> Output:
+        if isinstance(path, SluiceError):
+            raise path
+        return await object_outcome(transformer.pool, stats, obj, args, path)
 
     if inline is None:  # worker processes: one object per hand-off
         plan = [1] * len(items)
 
         def start(first: int, count: int) -> list[asyncio.Future[Output]]:
-            return [asyncio.ensure_future(one(*items[first]))]
+            return [asyncio.ensure_future(one(items[first][0], paths[first]))]
 
     else:  # an inline thread takes a run of objects at once
-        paths, plan = _runs(items, roots, dirs, inline.threads)
+        plan = _runs(paths, inline.threads)
 
         def start(first: int, count: int) -> list[asyncio.Future[Output]]:
             futures: list[asyncio.Future[Output] | None] = []
@@ -112,29 +117,22 @@ async def batch_answer(
             return [f if f is not None else next(ran) for f in futures]
 
     frames: Any = _frames(items, start, plan, max(window, 2), name)  # bytes and memoryviews
-    return TransformedStream(frames, bulk.MEDIA_TYPE)
+    return released(TransformedStream(frames, bulk.MEDIA_TYPE), held)
 
 
-def _runs(
-    items: list[tuple[str, str]], roots: tuple[str, ...], dirs: dict[str, str], threads: int
-) -> tuple[list[str | SluiceError], list[int]]:
-    """Each object's checked path (or why it is refused), and the lengths of the runs
-    they go to the threads in: consecutive objects, the batch spread over the
+def _runs(paths: list[str | SluiceError], threads: int) -> list[int]:
+    """The lengths of the runs the objects (their checked paths, or why each is refused)
+    go to the threads in: consecutive objects, the batch spread over the
     threads, at most ``RUN_MAX`` objects and ``RUN_BYTES`` of files (a bigger
     file is a run of its own), so what is in work stays as bounded as before."""
-    most = max(1, min(RUN_MAX, -(-len(items) // max(threads, 1))))
-    paths: list[str | SluiceError] = []
+    most = max(1, min(RUN_MAX, -(-len(paths) // max(threads, 1))))
     plan: list[int] = []
     count = nbytes = 0
-    for _, fqn in items:
+    for path in paths:
         size = 0
-        try:
-            path = confine(fqn, roots, dirs)
+        if not isinstance(path, SluiceError):
             with contextlib.suppress(OSError):  # the thread's read says why
                 size = os.stat(path).st_size
-            paths.append(path)
-        except SluiceError as e:
-            paths.append(e)
         if count and (count == most or nbytes + size > RUN_BYTES):
             plan.append(count)
             count = nbytes = 0
@@ -142,7 +140,7 @@ def _runs(
         nbytes += size
     if count:
         plan.append(count)
-    return paths, plan
+    return plan
 
 
 def _failed(e: Exception) -> asyncio.Future[Output]:
@@ -151,19 +149,23 @@ def _failed(e: Exception) -> asyncio.Future[Output]:
     return future
 
 
-def _parse(raw: bytes) -> tuple[str | None, list[tuple[str, str]]]:
+def _parse(raw: bytes) -> tuple[str | None, list[tuple[str, str, str | None]]]:
     try:
         body = json.loads(raw)
         args, items = body.get("etl_args"), body["items"]
         if args is not None and not isinstance(args, str):
             raise TypeError("etl_args")
-        pairs = [(str(obj), str(fqn)) for obj, fqn in items]
+        asked = [_item(*item) for item in items]
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise InvalidRequest(
             f"a batch transform request is JSON {{'etl_args': str | null, 'items': "
-            f"[[object, etl_fqn], ...]}} ({type(e).__name__}: {e})"
+            f"[[object, etl_fqn(, etl_grant)], ...]}} ({type(e).__name__}: {e})"
         ) from None
-    return args, pairs
+    return args, asked
+
+
+def _item(obj: object, fqn: object, grant: object = None) -> tuple[str, str, str | None]:
+    return str(obj), str(fqn), None if grant is None else str(grant)
 
 
 def _error(e: Exception, etl: str, obj: str) -> list[bytes]:

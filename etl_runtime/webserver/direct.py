@@ -31,14 +31,15 @@ from starlette.responses import JSONResponse, Response
 from etl_runtime.core import auth
 from etl_runtime.core.errors import BadRequest, NotReady, SluiceError, Unauthorized
 from etl_runtime.core.params import ETL_SKIP, refuse_repeated
-from etl_runtime.webserver.fqn import confine
+from etl_runtime.etl import grants
+from etl_runtime.webserver.fqn import FqnAccess, released
 from etl_runtime.webserver.objects import transform_object
 from etl_runtime.webserver.shards import skip_of, transform_shard
 
 if TYPE_CHECKING:
     from etl_runtime.webserver.transformer import Transformer
 
-PARAMS = frozenset({"etl_fqn", "etl_args", "sluice_exp", "sluice_sig", ETL_SKIP})
+PARAMS = frozenset({"etl_fqn", "etl_args", "sluice_exp", "sluice_sig", grants.PARAM, ETL_SKIP})
 
 
 def check_signature(transformer: Transformer, obj: str, request: Request) -> tuple[str, str | None]:
@@ -71,12 +72,12 @@ def check_signature(transformer: Transformer, obj: str, request: Request) -> tup
 
 
 async def direct_answer(
-    transformer: Transformer, request: Request, bucket: str, object: str, roots: tuple[str, ...]
+    transformer: Transformer, request: Request, bucket: str, object: str, access: FqnAccess
 ) -> Response:
     """Transform the file a target pointed us at and answer the client."""
     obj = f"{bucket}/{object}"
     try:
-        return await _answer(transformer, request, obj, roots)
+        return await _answer(transformer, request, obj, access)
     except SluiceError as e:
         body = e.hpush_body(transformer.name, obj)
         body.update(bucket=bucket, object=object)  # as the target would have answered it
@@ -84,20 +85,27 @@ async def direct_answer(
 
 
 async def _answer(
-    transformer: Transformer, request: Request, obj: str, roots: tuple[str, ...]
+    transformer: Transformer, request: Request, obj: str, access: FqnAccess
 ) -> Response:
     fqn, args = check_signature(transformer, obj, request)
     if not transformer.ready:
         name = transformer.name
         raise NotReady(transformer.fatal or f"ETL {name!r} is still starting; retry shortly")
     skip = skip_of(transformer, request.query_params.get(ETL_SKIP), obj)  # unsigned: it
-    fqn = confine(fqn, roots)  # only leaves samples out of what the signature allows
-    stats = transformer.stats
-    if transformer.inline is not None:
-        response = await transformer.inline.transform(stats, request, obj, args, fqn)
-    elif transformer.spec.mode == "wds":
-        response = await transform_shard(transformer, request, obj, args, fqn, skip)
-    else:
-        response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
+    # (the skip only leaves samples out of what the signature allows; the grant, beside
+    # it, is the broker's to check: etl/grants.py)
+    held: list[int] = []
+    try:
+        fqn = await access.one(obj, fqn, request.query_params.get(grants.PARAM), held)
+        stats = transformer.stats
+        if transformer.inline is not None:
+            response = await transformer.inline.transform(stats, request, obj, args, fqn)
+        elif transformer.spec.mode == "wds":
+            response = await transform_shard(transformer, request, obj, args, fqn, skip)
+        else:
+            response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
+    except BaseException:
+        grants.close_all(held)
+        raise
     response.headers["X-Sluice-Etl"] = transformer.name
-    return response
+    return released(response, held)

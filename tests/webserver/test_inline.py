@@ -5,6 +5,7 @@ bearer token) and that ``/stats`` and ``/metrics`` count every request."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ import pytest
 
 from etl_runtime.core.errors import BadRequest
 from etl_runtime.webserver import bulk as bulk_route
+from etl_runtime.webserver.fqn import FqnAccess
 from etl_runtime.wire.formats import bulk
 from tests.prom import scrape
 from tests.webserver.conftest import AUTH, TOKEN, source_code, transformer
@@ -184,9 +186,11 @@ def test_runs_are_bounded_by_count_and_bytes(tmp_path: Path) -> None:
         (tmp_path / f"f{i}").write_bytes(b"x" * size)
         items.append((f"b/f{i}", str(tmp_path / f"f{i}")))
     items[3] = ("b/rel", "relative/path")
-    paths, plan = bulk_route._runs(items, (str(tmp_path),), {}, threads=2)
+    access = FqnAccess((str(tmp_path),), None)  # by path, confined to the root
+    paths = asyncio.run(access.many([(obj, fqn, None) for obj, fqn in items], []))
+    plan = bulk_route._runs(paths, threads=2)
     assert plan == [13, 7, 1, 1, 1, 2]  # 25 objects over 2 threads: at most 13 a run
     assert sum(plan) == len(items) == len(paths)
     assert isinstance(paths[3], BadRequest) and paths[0] == str(tmp_path / "f0")
-    _, many = bulk_route._runs(items[:2] * 40, (str(tmp_path),), {}, threads=1)
+    many = bulk_route._runs(paths[:2] * 40, threads=1)
     assert many == [bulk_route.RUN_MAX] * 5

@@ -10,7 +10,8 @@ answers). Both sides take the framing from here.
 Request: ``POST {transformer}/_sluice/batch`` with the ETL's bearer token and
 a JSON body ``{"etl_args": str | null, "items": [[object, etl_fqn], ...]}``
 (``object`` is ``bucket/name``; ``etl_fqn`` the file's path, checked as for
-an hpush ``PUT``). Only by path: an object the transformer cannot read takes
+an hpush ``PUT``; a third element, ``etl_grant``, where the target hands its
+files: ``etl/grants.py``). Only by path: an object the transformer cannot read takes
 the per-object path.
 
 Answer: 200, ``application/x-sluice-batch``, chunked. For each item, in
