@@ -177,7 +177,7 @@ class FdBroker:
             return None, why
         # The grant says the target named this path; under buckets (no ".."), only root
         # makes entries, so the last component is the one a symlink could be.
-        if os.path.normpath(path) != path or not path.startswith(self._buckets):
+        if "\x00" in path or os.path.normpath(path) != path or not path.startswith(self._buckets):
             return None, "not an object of this target"
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)

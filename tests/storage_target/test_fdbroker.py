@@ -83,6 +83,7 @@ def test_a_grant_of_the_target_hands_the_file_and_nothing_else_does(
         (str(outside), grants.sign(key, "mine", str(outside))),  # signed, yet not an object
         (ln, grants.sign(key, "mine", ln)),
         (str(tmp_path / "buckets" / "b" / "gone"), grants.sign(key, "mine", "x")),
+        (o + "\x00", grants.sign(key, "mine", o + "\x00")),  # no open() of it, no crash
     ]
     got, broker = asyncio.run(ask(tmp_path, monkeypatch, asks))
     assert isinstance(got[0], int) and read_and_close(got[0]) == b"the object"
@@ -90,10 +91,10 @@ def test_a_grant_of_the_target_hands_the_file_and_nothing_else_does(
     for why in got[2:5] + [got[6], got[9]]:
         assert why == "the grant is not the target's for this object and ETL 'mine'", got
     assert got[5] == "the grant expired; ask the gateway again"
-    assert got[7] == "not an object of this target"
+    assert got[7] == got[10] == "not an object of this target"
     assert isinstance(got[8], str) and got[8].startswith("cannot open the object's file"), got
     assert not any(str(tmp_path) in str(g) for g in got)  # the answers name no path
-    assert (broker.handed, broker.refused) == (1, 9)
+    assert (broker.handed, broker.refused) == (1, 10)
     assert broker.target.forwarder.grant_key == key  # the target signs its etl_fqn now
 
 
