@@ -11,7 +11,10 @@ primary group the same number, plus the data group ``BASE``; ``BASE`` is
 ``/etc/passwd`` entries are made). A uid of its own cannot read another's
 ``/proc/<pid>/environ``, signal it or trace it, nor read the key or the
 servers' environment (root's, mode 0400). ``local/sandbox.py`` sets the data
-dir's modes so that the data group reaches the objects and nothing else, and
+dir's modes so that the data group reaches each target's file broker and
+nothing else (a transformer gets the objects it is sent from it, as open
+files, for grants the target signs: ``target_env`` tells each target where
+to listen and which uid runs which ETL; ``etl/grants.py``), and
 gives those uids an interpreter they can run when the venv's is out of their
 reach (a link into ``/root``): ``DIR/runtime``. ``choose`` tries it for real,
 as the data group's uid, once at start; if that fails, transformers run as

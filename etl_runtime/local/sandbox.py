@@ -31,8 +31,8 @@ Two jobs, both for ``local/runas.py``'s per-ETL uids:
   target signed for that ETL (``etl/grants.py``); the object files themselves
   keep their modes (0644), so ``/proc/<pid>/fd/N`` reopens a handed one.
   Nothing else of the servers' is in reach. (Where the socket's path would be
-  too long for ``sun_path``, no broker runs and ``buckets`` stays open to the
-  group, as objects are then read by path.)
+  too long for ``sun_path``, no broker runs and ``buckets`` keeps the mode it
+  was made with, 0755: objects are then read by path.)
 """
 
 from __future__ import annotations
