@@ -19,16 +19,18 @@ sign (``etl/grants.py``). The hostile ETL tries the path, the directory, and
 the broker with a forged grant, one signed with its own token, the victim's,
 one for another object, an expired one and another target's; the victims (a
 function in threads, one in worker processes, an AIStore class that takes
-the file's path) still transform by object GET (the signed 307 to the
+the file's path, a WebDataset one) still transform by object GET (the signed 307 to the
 transformer), GetBatch and the target's hpush ``PUT``.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import shutil
 import sys
+import tarfile
 import tempfile
 import time
 from collections.abc import Iterator
@@ -55,6 +57,12 @@ pytestmark = [
 VICTIM = """
 def transform(data):
     return data.upper()
+"""
+
+VICTIM_WDS = """
+def transform(sample):
+    sample["txt"] = sample["txt"].upper()
+    return sample
 """
 
 # Runs inside the hostile ETL's transformer: every way in it can think of.
@@ -175,6 +183,7 @@ def up() -> Iterator[LocalCluster]:
             sluice.etl("victim").init_spec(source=VICTIM, timeout=120, env={"OMP_NUM_THREADS": "1"})
             sluice.etl("hostile").init_spec(source=HOSTILE, timeout=120)
             sluice.etl("victim-w").init_spec(source=VICTIM, timeout=120, env=WORKERS)
+            sluice.etl("victim-wds").init_spec(source=VICTIM_WDS, mode="wds", timeout=120)
             ais = Client(c.endpoint)
             ais.etl("victim-fqn").init_class(direct_file_access=True)(FqnUpper)
             for bucket in ("private", "plans"):
@@ -381,3 +390,23 @@ def test_a_grant_travels_with_etl_fqn_and_nothing_opens_without_one(up: LocalClu
                 assert put.content == secret(0).upper()
             else:
                 assert put.json()["kind"] == "FileRefused" and fqn not in put.text
+
+
+def tar_of(members: dict[str, bytes]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return out.getvalue()
+
+
+def test_a_wds_victim_transforms_the_shard_its_target_hands_it(up: LocalCluster) -> None:
+    ais = Client(up.endpoint)
+    shard = tar_of({f"k{i}.txt": secret(i) for i in range(3)})
+    ais.bucket("private").object("shard.tar").get_writer().put_content(shard)
+    got = ais.bucket("private").object("shard.tar").get_reader(etl=ETLConfig("victim-wds"))
+    with tarfile.open(fileobj=io.BytesIO(got.read_all())) as tar:
+        out = {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+    assert out == {f"k{i}.txt": secret(i).upper() for i in range(3)}
