@@ -3,8 +3,9 @@
 Where ``cutproxy.CutProxy`` cuts answers to GETs at the TCP level, this one
 reads each request (head, then a ``Content-Length`` body) so it can break a
 request's *body*: a ``Fault`` matches a method and a path (and optionally a
-header) and either resets both connections after ``reset`` bytes of the body
-went upstream (a link that drops mid-chunk; with ``stall``, one where nothing
+header) and either cuts the request after ``reset`` bytes of the body went
+upstream (a link that drops mid-chunk: the backend gets those bytes and an end,
+the client a reset; with ``stall``, one where nothing
 moves for that long first), answers a status of its
 own without passing the request on (``status``: a flaky front end's 503, or a
 403), or passes the request on with its path rewritten (``rewrite``: a
@@ -171,10 +172,18 @@ class FaultProxy:
                 if fault is not None and fault.stall:
                     time.sleep(fault.stall)  # a link where nothing moves: the client times out
                     fault.stalled += 1
-                linger = struct.pack("ii", 1, 0)  # RST, not FIN: a link that dropped
-                for s in (upstream, client):
-                    with contextlib.suppress(OSError):
-                        s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
+                # The backend keeps what reached it: a FIN upstream (an RST would drop
+                # what its socket holds unread, as much as the backend's scheduling
+                # allows), and the proxy waits for it to be read; the client gets the RST
+                # of a link that dropped.
+                with contextlib.suppress(OSError):
+                    upstream.shutdown(socket.SHUT_WR)
+                    upstream.settimeout(10)
+                    while upstream.recv(1 << 16):
+                        pass
+                linger = struct.pack("ii", 1, 0)
+                with contextlib.suppress(OSError):
+                    client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger)
                 return
             try:
                 upstream.sendall(buf[:length])
