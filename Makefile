@@ -21,13 +21,14 @@ $(UV):
 # Exactly what uv.lock says (--frozen: the lock as committed, never re-resolved;
 # `make lock` after editing pyproject.toml's dependencies), the checkout editable.
 # --inexact leaves what else is in .venv (pip, a test's extra installs) alone.
-# --compile-bytecode, as pip does and the images have: where PYTHONDONTWRITEBYTECODE
-# is set (CI machines), a venv without .pyc files compiles every module it imports,
-# in every process: a target's start took 4.5 CPU-s instead of 2.
 EXTRAS := --extra server --extra dev --extra torch
-SYNC := $(UV) sync -q --frozen --inexact --compile-bytecode
-# the checkout's own modules (editable: uv does not compile them); only changed files
-COMPILE = $(BIN)/python -m compileall -q -j 0 etl_runtime operator examples >/dev/null
+SYNC := $(UV) sync -q --frozen --inexact
+# make test and make demo let Python write its .pyc files (under .venv and the
+# checkout's __pycache__, both ignored by git) where PYTHONDONTWRITEBYTECODE is set
+# (as on CI machines): else every process compiles each module it imports: a
+# target's start took 4.5 CPU-s instead of 2. Only what is imported is compiled,
+# once (compiling all of .venv at install took 100 CPU-s).
+WRITE_PYC := env -u PYTHONDONTWRITEBYTECODE
 
 $(STAMP): pyproject.toml uv.lock | $(UV)
 	test -x $(BIN)/python || $(UV) venv -q --seed --python $(PY) $(VENV)
@@ -76,8 +77,7 @@ $(DEMO_STAMP): pyproject.toml uv.lock | $(UV)
 	touch $(DEMO_STAMP)
 
 demo: $(DEMO_STAMP)
-	$(COMPILE)
-	$(BIN)/python examples/demo.py
+	$(WRITE_PYC) $(BIN)/python examples/demo.py
 
 lint: install
 	$(UV) lock --check  # uv.lock is pyproject.toml's resolution (else: make lock)
