@@ -36,6 +36,7 @@ import time
 from collections.abc import Sequence
 
 from etl_runtime.core.auth import REDIRECT_TTL_SECONDS
+from etl_runtime.wire.unixsock import readable
 
 ENV = "SLUICE_FD_BROKER"  # the broker's socket: the target's, and its transformers'
 UIDS_ENV = "SLUICE_ETL_UIDS"  # the target's: BASE:PATH of local/runas.py's uid table
@@ -86,21 +87,6 @@ def close_all(fds: Sequence[int]) -> None:
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
-
-
-async def _readable(sock: socket.socket) -> None:
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(sock.fileno(), wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(sock.fileno())
 
 
 class BrokerClient:
@@ -164,7 +150,7 @@ class BrokerClient:
             sock.send(json.dumps({"files": [[p, g] for p, g in files]}).encode())
             async with asyncio.timeout(ASK_TIMEOUT):
                 while True:
-                    await _readable(sock)
+                    await readable(sock)
                     try:
                         message, fds, _flags, _addr = socket.recv_fds(sock, MESSAGE_MAX, FDS_MAX)
                         break

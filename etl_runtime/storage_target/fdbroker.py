@@ -33,7 +33,8 @@ from typing import Any
 
 from etl_runtime.etl import grants
 from etl_runtime.storage_target.context import Target
-from etl_runtime.storage_target.handoff import PATH_MAX, readable
+from etl_runtime.storage_target.handoff import PATH_MAX
+from etl_runtime.wire.unixsock import readable
 
 log = logging.getLogger(__name__)
 

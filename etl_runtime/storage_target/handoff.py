@@ -52,6 +52,7 @@ from etl_runtime.storage import integrity
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.objects import object_headers
 from etl_runtime.storage_target.reads import _matches
+from etl_runtime.wire.unixsock import readable
 
 log = logging.getLogger(__name__)
 
@@ -66,22 +67,6 @@ def socket_path(directory: str, target_id: str) -> str:
 
 def available() -> bool:
     return hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX")
-
-
-async def readable(sock: socket.socket) -> None:
-    """Until ``sock`` has something to read (asyncio and uvloop alike)."""
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(sock.fileno(), wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(sock.fileno())
 
 
 class FileHandoff:

@@ -29,6 +29,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from etl_runtime.wire.unixsock import readable
+
 ENV = "SLUICE_LOCAL_FILES"  # storage_target/handoff.py's
 MESSAGE_MAX = 64 << 10
 IDLE_MAX = 16  # idle connections kept per owner
@@ -39,21 +41,6 @@ Key = tuple[str, str, str, float]  # owner, bucket, key, the bucket's creation t
 
 def _path(directory: str, target_id: str) -> str:
     return os.path.join(directory, f"{target_id}.sock")
-
-
-async def _readable(sock: socket.socket) -> None:
-    loop = asyncio.get_running_loop()
-    ready: asyncio.Future[None] = loop.create_future()
-
-    def wake() -> None:
-        if not ready.done():
-            ready.set_result(None)
-
-    loop.add_reader(sock.fileno(), wake)
-    try:
-        await ready
-    finally:
-        loop.remove_reader(sock.fileno())
 
 
 @dataclass
@@ -154,7 +141,7 @@ class LocalFiles:
             sock.send(json.dumps({"bucket": bucket, "key": key}).encode())
             async with asyncio.timeout(ASK_TIMEOUT):
                 while True:
-                    await _readable(sock)
+                    await readable(sock)
                     try:
                         message, fds, _flags, _addr = socket.recv_fds(sock, MESSAGE_MAX, 1)
                         break
