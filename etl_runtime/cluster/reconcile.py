@@ -26,6 +26,11 @@ MAX_RESTARTS = 5
 # budget, as a kubelet's back-off resets: six kills 40 s apart are six
 # unrelated incidents, not a crash loop.
 HEALTHY_SECONDS = 30.0
+# How long an old-spec transformer keeps serving after its replacement was
+# ready and published: the targets' view of the ETL (a watch of the CR, a
+# file) catches up before the old one stops taking connections, so no request
+# in flight to the old endpoint meets a closed port during a rollout.
+SWITCH_SECONDS = 2.0
 
 
 def transformer_name(etl: str, target: str) -> str:
@@ -52,6 +57,8 @@ class ObservedTransformer:
     restarts: int = 0
     message: str | None = None
     healthy_for: float | None = None  # seconds it served (was ready) before it terminated
+    # Seconds since the actuator first saw it ready (and so published its endpoint).
+    ready_for: float | None = None
 
 
 def ran_healthy(t: ObservedTransformer) -> bool:
@@ -68,6 +75,9 @@ def next_restarts(t: ObservedTransformer) -> int:
 class Plan:
     create: list[TargetInfo] = field(default_factory=list)
     delete: list[ObservedTransformer] = field(default_factory=list)
+    # Seconds until a transformer held only for the switch-over may go: the
+    # actuator looks again then (no event will come to say so).
+    recheck: float | None = None
 
     @property
     def empty(self) -> bool:
@@ -136,9 +146,14 @@ def plan(
 def hold_for_rollout(
     p: Plan, existing: list[ObservedTransformer], targets: list[TargetInfo], want_hash: str
 ) -> Plan:
-    """Keep old-spec transformers that still serve until their replacement is ready:
-    the rollout policy of both actuators (the operator's pods, ``sluice up``'s
-    processes).
+    """Keep old-spec transformers that still serve until their replacement is ready,
+    and for ``SWITCH_SECONDS`` after that: the rollout policy of both actuators (the
+    operator's pods, ``sluice up``'s processes).
+
+    The replacement's endpoint is published in the pass that first sees it ready;
+    a target learns it a moment later, and until then sends to the old one. So the
+    old one goes once the new one has been ready ``SWITCH_SECONDS`` (``ready_for``;
+    unknown counts as just now), and ``recheck`` says when that is.
 
     Only a transformer that is stale *just* because of its spec hash is held:
     one whose target left or moved goes at once, and so does one whose
@@ -147,18 +162,23 @@ def hold_for_rollout(
     nodes = {t.id: t.node for t in targets}
     current = {t.target: t for t in existing if t.spec_hash == want_hash}
     held: list[ObservedTransformer] = []
+    recheck: float | None = None
     for t in p.delete:
         new = current.get(t.target)
-        if (
+        if not (
             t.ready
             and t.spec_hash != want_hash
             and t.target in nodes
             and (t.node is None or nodes[t.target] in (None, t.node))
-            and (new is None or (not new.ready and not new.terminated))
             and not any(h.target == t.target for h in held)
         ):
-            held.append(t)
-    return Plan(create=p.create, delete=[t for t in p.delete if t not in held])
+            continue
+        if new is None or (not new.ready and not new.terminated):
+            held.append(t)  # the new one is not serving yet
+        elif new.ready and (left := SWITCH_SECONDS - (new.ready_for or 0.0)) > 0:
+            held.append(t)  # the targets may not have switched yet
+            recheck = left if recheck is None else min(recheck, left)
+    return Plan(create=p.create, delete=[t for t in p.delete if t not in held], recheck=recheck)
 
 
 def replaced(

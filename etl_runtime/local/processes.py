@@ -185,6 +185,11 @@ class TransformerProcess:
                 if self.exited_at is not None and self.ready_at is not None
                 else None
             ),
+            ready_for=(
+                time.monotonic() - self.ready_at
+                if self.ready and self.ready_at is not None
+                else None
+            ),
         )
 
     def _why_not_ready(self) -> str | None:

@@ -7,8 +7,10 @@ handlers only decide *which* ETL to reconcile (see ``handlers.py``).
 
 Rollout: a spec change gets new pod names (the spec hash is part of them),
 so the new transformer starts while the old one keeps serving; the old one
-is deleted once its replacement is ready, or once the replacement failed for
-good (the ETL then reports Error rather than quietly serving old code).
+is deleted once its replacement has been ready and published for
+``SWITCH_SECONDS`` (the targets' watches catch up first), or once the
+replacement failed for good (the ETL then reports Error rather than quietly
+serving old code).
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ import json
 import logging
 import os
 import socket
+import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from etl_operator import events
@@ -131,12 +135,16 @@ def parse_names(text: str) -> tuple[str, ...]:
 
 @dataclass(frozen=True)
 class Outcome:
-    """What a reconcile did; ``settled`` means nothing is left to wait for."""
+    """What a reconcile did; ``settled`` means nothing is left to wait for.
+
+    ``recheck``: look again in this many seconds, as nothing will send an event
+    then (an old transformer held for the switch-over, ``hold_for_rollout``)."""
 
     phase: str | None
     created: int = 0
     deleted: int = 0
     settled: bool = True
+    recheck: float | None = None
 
 
 def live_targets(target_pods: list[dict[str, Any]]) -> list[TargetInfo]:
@@ -157,9 +165,19 @@ def live_targets(target_pods: list[dict[str, Any]]) -> list[TargetInfo]:
 class Controller:
     """Converges ETLs; one instance per operator process (holds the actuator and config)."""
 
-    def __init__(self, kube: KubeActuator, config: OperatorConfig, parallel: int = 8) -> None:
+    def __init__(
+        self,
+        kube: KubeActuator,
+        config: OperatorConfig,
+        parallel: int = 8,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.kube = kube
         self.config = config
+        self._clock = clock
+        # When this operator first saw each transformer pod ready, so first
+        # published its endpoint (a rollout's switch-over counts from then).
+        self._ready_seen: dict[tuple[str, str], dict[str, float]] = {}  # ETL -> pod -> time
         # Pod creates/deletes of one reconcile go out concurrently: with 50
         # targets, one-at-a-time calls dominate the time to Running.
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="etl-actuate")
@@ -190,6 +208,7 @@ class Controller:
         etl = self.kube.get_etl(namespace, name)
         if etl is None:
             # Gone (e.g. deleted while we were down): collect anything left behind.
+            self._ready_seen.pop((namespace, name), None)
             self.cleanup(namespace, name)
             return Outcome(phase=None)
         meta = etl["metadata"]
@@ -241,6 +260,7 @@ class Controller:
         want_hash = manifests.pod_hash(spec, share)
         previous = etl.get("status") or {}
         key = (namespace, name)
+        observed = self._ready_for(key, observed)
         changed = previous.get("specHash") not in (None, "", want_hash)
         if changed or any(t.spec_hash != want_hash for t in observed):
             self._rollouts[key] = want_hash  # a spec change is rolling out
@@ -342,7 +362,24 @@ class Controller:
             + events.phase_change(previous, status, rolled_out),
         )
         settled = summary.phase in ("Running", "Stopped", "Error") and not rolling_out
-        return Outcome(summary.phase, created, len(todo.delete), settled and not todo.create)
+        return Outcome(
+            summary.phase,
+            created,
+            len(todo.delete),
+            settled and not todo.create,
+            recheck=todo.recheck,
+        )
+
+    def _ready_for(
+        self, key: tuple[str, str], observed: list[ObservedTransformer]
+    ) -> list[ObservedTransformer]:
+        """``observed`` with ``ready_for``: seconds since this operator first saw each
+        ready (so published it); what it remembers is only the pods it sees now."""
+        now = self._clock()
+        before = self._ready_seen.get(key, {})
+        seen = {t.name: before.get(t.name, now) for t in observed if t.ready}
+        self._ready_seen[key] = seen
+        return [replace(t, ready_for=now - seen[t.name]) if t.ready else t for t in observed]
 
     def ensure_token(self, ref: manifests.EtlRef) -> bool:
         """Keep the ETL's token Secret current; False when no cluster key is configured."""
@@ -379,5 +416,6 @@ class Controller:
             return Outcome(phase=None, deleted=left, settled=False)
         self.kube.set_finalizer(etl, present=False)
         self._rollouts.pop((meta["namespace"], meta["name"]), None)
+        self._ready_seen.pop((meta["namespace"], meta["name"]), None)
         self.record(etl, [events.deleted()])
         return Outcome(phase=None)

@@ -46,19 +46,20 @@ class ReconcileQueue:
         try:
             while True:
                 self._dirty.discard(key)
-                retry = await self._run_once(key)
+                pause = await self._run_once(key)
                 if key in self._dirty:
                     continue
-                if not retry:
+                if pause is None:
                     return
                 # Waiting on something that may send no event (a failed call,
-                # pods still being deleted for a finalizer): look again soon.
-                await asyncio.sleep(self._retry)
+                # pods still being deleted for a finalizer, a rollout's
+                # switch-over): look again then.
+                await asyncio.sleep(pause)
         finally:
             self._running.pop(key, None)
 
-    async def _run_once(self, key: Key) -> bool:
-        """One reconcile; True if it should be retried after a pause."""
+    async def _run_once(self, key: Key) -> float | None:
+        """One reconcile; the pause after which to run it again, if it should be."""
         async with self._slots:
             self.runs += 1
             metrics.RECONCILES.inc()
@@ -68,10 +69,13 @@ class ReconcileQueue:
             except Exception:
                 metrics.RECONCILE_ERRORS.inc()
                 log.exception("reconcile of ETL %s/%s failed; retrying", *key)
-                return True
+                return self._retry
             finally:
                 metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
-        return bool(getattr(outcome, "deleted", 0)) and not getattr(outcome, "settled", True)
+        pauses = [getattr(outcome, "recheck", None)]
+        if getattr(outcome, "deleted", 0) and not getattr(outcome, "settled", True):
+            pauses.append(self._retry)
+        return min((p for p in pauses if p is not None), default=None)
 
     async def drain(self) -> None:
         """Wait until nothing is running (tests, shutdown)."""

@@ -12,6 +12,7 @@ from etl_operator.queue import ReconcileQueue
 from etl_runtime.cluster.reconcile import (
     HEALTHY_SECONDS,
     MAX_RESTARTS,
+    SWITCH_SECONDS,
     ObservedTransformer,
     Plan,
     hold_for_rollout,
@@ -38,9 +39,24 @@ def kube() -> FakeKube:
     return k
 
 
+class Clock:
+    """The controller's clock, moved by hand."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
 @pytest.fixture
-def ctl(kube: FakeKube) -> Controller:
-    return Controller(kube, OperatorConfig(image="img", cluster_key="k"))  # type: ignore[arg-type]
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def ctl(kube: FakeKube, clock: Clock) -> Controller:
+    return Controller(kube, OperatorConfig(image="img", cluster_key="k"), clock=clock)  # type: ignore[arg-type]
 
 
 def status(kube: FakeKube) -> dict:
@@ -88,7 +104,7 @@ def test_target_added_removed_and_moved(kube, ctl):
     assert status(kube)["total"] == 3
 
 
-def test_spec_change_starts_new_pods_before_deleting_ready_old_ones(kube, ctl):
+def test_spec_change_starts_new_pods_before_deleting_ready_old_ones(kube, ctl, clock):
     ctl.reconcile("ns", "reverse")
     old = {i: kube.transformer(f"target-{i}")["metadata"]["name"] for i in range(3)}
     for i in range(3):
@@ -107,8 +123,16 @@ def test_spec_change_starts_new_pods_before_deleting_ready_old_ones(kube, ctl):
     ]
     for p in new:
         kube.set_ready(p)
-    ctl.reconcile("ns", "reverse")
-    assert sorted(kube.deleted) == sorted(old.values())
+    # The pass that sees the new ones ready publishes them; the old ones keep
+    # serving until the targets' watches have had SWITCH_SECONDS to catch up.
+    outcome = ctl.reconcile("ns", "reverse")
+    assert not kube.deleted and outcome.recheck == SWITCH_SECONDS
+    assert {t["pod"] for t in status(kube)["transformers"]} == {p["metadata"]["name"] for p in new}
+    clock.now += SWITCH_SECONDS / 2
+    assert not kube.deleted and ctl.reconcile("ns", "reverse").recheck == SWITCH_SECONDS / 2
+    clock.now += SWITCH_SECONDS / 2
+    outcome = ctl.reconcile("ns", "reverse")
+    assert sorted(kube.deleted) == sorted(old.values()) and outcome.recheck is None
     assert status(kube)["phase"] == "Running" and status(kube)["ready"] == "3/3"
 
 
@@ -209,6 +233,50 @@ def test_hold_for_rollout_releases_old_when_new_failed():
     assert hold_for_rollout(p, [old, starting], targets, h) == Plan(create=[], delete=[])
 
 
+def test_hold_for_rollout_keeps_old_through_the_switch_over():
+    """A replacement just ready is published now; its target switches a moment later."""
+    spec = EtlSpec.from_dict(SOURCE)
+    h = spec.content_hash()
+    targets = [TargetInfo("t0", "", "n0"), TargetInfo("t1", "", "n1")]
+    old = [ObservedTransformer(f"old{i}", f"t{i}", "h0", node=f"n{i}", ready=True) for i in (0, 1)]
+    for ready_for, recheck, gone in (
+        ((None, None), SWITCH_SECONDS, []),  # unknown: just now
+        ((0.5, 1.0), SWITCH_SECONDS - 1.0, []),  # the sooner of the two
+        ((0.5, SWITCH_SECONDS), SWITCH_SECONDS - 0.5, old[1:]),
+        ((SWITCH_SECONDS, SWITCH_SECONDS + 5), None, old),
+    ):
+        new = [
+            ObservedTransformer(f"new{i}", f"t{i}", h, node=f"n{i}", ready=True, ready_for=r)
+            for i, r in enumerate(ready_for)
+        ]
+        held = hold_for_rollout(plan(spec, targets, old + new), old + new, targets, h)
+        assert held == Plan(create=[], delete=gone, recheck=recheck), ready_for
+    # A target that left takes its old transformer with it at once.
+    new = ObservedTransformer("new0", "t0", h, node="n0", ready=True, ready_for=0.0)
+    p = plan(spec, targets[1:], [old[0], new])
+    gone = hold_for_rollout(p, [old[0], new], targets[1:], h).delete
+    assert {t.name for t in gone} == {"old0", "new0"}
+
+
+def test_queue_looks_again_when_a_reconcile_asks_for_it():
+    """A switch-over ends with no event: the reconcile's ``recheck`` brings the next run."""
+    from etl_operator.controller import Outcome
+
+    calls: list[str] = []
+
+    def work(ns: str, name: str) -> Outcome:
+        calls.append(name)
+        return Outcome("Running", recheck=0.01 if len(calls) < 3 else None)
+
+    async def scenario() -> None:
+        q = ReconcileQueue(work)
+        q.request("ns", "a")
+        await q.drain()
+
+    asyncio.run(scenario())
+    assert calls == ["a"] * 3
+
+
 def test_queue_coalesces_bursts_and_never_overlaps():
     calls: list[str] = []
     running = set()
@@ -282,7 +350,7 @@ def _ago(seconds: float) -> str:
     return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def test_events_tell_the_story_once(kube, ctl):
+def test_events_tell_the_story_once(kube, ctl, clock):
     def new_events() -> list[tuple[str, str]]:
         out = [(e["type"], e["reason"]) for e in kube.events]
         kube.events.clear()
@@ -305,7 +373,10 @@ def test_events_tell_the_story_once(kube, ctl):
     for p in kube.transformer_pods("ns", "reverse"):
         kube.set_ready(kube.pods[("ns", p["metadata"]["name"])])
     ctl.reconcile("ns", "reverse")
-    assert new_events() == [("Normal", "TransformerReady")] * 3 + [("Normal", "RolledOut")]
+    assert new_events() == [("Normal", "TransformerReady")] * 3
+    clock.now += SWITCH_SECONDS  # the old ones go after the switch-over
+    ctl.reconcile("ns", "reverse")
+    assert new_events() == [("Normal", "RolledOut")]
     ctl.reconcile("ns", "reverse")
     assert new_events() == []
 
