@@ -16,6 +16,7 @@ import pytest
 from etl_operator import pods
 from etl_operator.controller import Controller, OperatorConfig
 from etl_operator.status import observe
+from etl_runtime.cluster.reconcile import SWITCH_SECONDS
 from etl_runtime.cluster.records import TargetInfo
 from etl_runtime.core.spec import EtlSpec
 
@@ -158,7 +159,8 @@ def test_switching_sharing_off_rolls_transformers_and_keeps_the_old_until_ready(
     on.reconcile("ns", "resize")
     assert kube.etls[("ns", "resize")]["status"]["phase"] == "Running"
 
-    off = Controller(kube, OperatorConfig(share_target_data=False))  # type: ignore[arg-type]
+    clock = [0.0]
+    off = Controller(kube, OperatorConfig(share_target_data=False), clock=lambda: clock[0])  # type: ignore[arg-type]
     off.reconcile("ns", "resize")
     # A replacement without the mount starts; the old one serves until it is ready.
     names = {p["metadata"]["name"] for p in kube.transformer_pods("ns", "resize")}
@@ -167,6 +169,9 @@ def test_switching_sharing_off_rolls_transformers_and_keeps_the_old_until_ready(
     (new,) = [p for p in others if p["metadata"]["name"] != old["metadata"]["name"]]
     assert target_mounts(new) == [] and "SLUICE_DATA_ROOTS" not in env(new)
     kube.set_ready(kube.pods[("ns", new["metadata"]["name"])])
+    off.reconcile("ns", "resize")  # publishes the new one; the old one serves the switch-over
+    assert len(kube.transformer_pods("ns", "resize")) == 2
+    clock[0] += SWITCH_SECONDS
     off.reconcile("ns", "resize")
     assert kube.transformer(TARGET.id)["metadata"]["name"] == new["metadata"]["name"]
     assert kube.etls[("ns", "resize")]["status"]["phase"] == "Running"
