@@ -21,8 +21,6 @@ Unset, nothing listens and the target signs no grants (Kubernetes, a
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import os
@@ -34,7 +32,7 @@ from typing import Any
 from etl_runtime.etl import grants
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.handoff import PATH_MAX
-from etl_runtime.wire.unixsock import readable
+from etl_runtime.wire.unixsock import SeqpacketServer, readable
 
 log = logging.getLogger(__name__)
 
@@ -66,16 +64,14 @@ class EtlUids:
         return self._names.get(uid) if self.base >= 0 else None
 
 
-class FdBroker:
+class FdBroker(SeqpacketServer):
     """Listens on ``$SLUICE_FD_BROKER`` while the target runs (module docstring)."""
 
     def __init__(self, target: Target, cluster_key: str | None) -> None:
+        super().__init__()
         self.target = target
         self.cluster_key = cluster_key or ""
         self.key: str | None = None
-        self.path: str | None = None
-        self._listener: socket.socket | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._uids = EtlUids(os.environ.get(grants.UIDS_ENV, ""))
         self._buckets: tuple[str, ...] = ()  # as real and as given: paths start so
         self.handed = self.refused = 0
@@ -89,44 +85,11 @@ class FdBroker:
             return
         buckets = self.target.store.buckets_dir
         self._buckets = (os.path.realpath(buckets) + os.sep, os.path.abspath(buckets) + os.sep)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a stale one from a killed target
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.bind(path)
+        self.key = grants.grant_key(self.cluster_key, self.target.id)
         # Any uid that reaches it may connect (the directory above decides who does);
         # the broker itself checks who asks.
-        os.chmod(path, 0o666)
-        sock.listen(128)
-        sock.setblocking(False)
-        self._listener, self.path = sock, path
-        self.key = grants.grant_key(self.cluster_key, self.target.id)
+        self.listen(path, 0o666, 128)
         self.target.forwarder.grant_key = self.key  # its etl_fqn now come with grants
-        self._spawn(self._accept(sock))
-
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-        if self.path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn, _ = await loop.sock_accept(listener)
-            conn.setblocking(False)
-            self._spawn(self._serve(conn))
 
     async def _serve(self, conn: socket.socket) -> None:
         with conn:

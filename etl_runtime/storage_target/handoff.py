@@ -35,14 +35,11 @@ request to it, so its ``sluice_http_*`` figures do not show it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 import os
 import socket
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
@@ -52,7 +49,7 @@ from etl_runtime.storage import integrity
 from etl_runtime.storage_target.context import Target
 from etl_runtime.storage_target.objects import object_headers
 from etl_runtime.storage_target.reads import _matches
-from etl_runtime.wire.unixsock import readable
+from etl_runtime.wire.unixsock import SeqpacketServer, readable
 
 log = logging.getLogger(__name__)
 
@@ -69,14 +66,12 @@ def available() -> bool:
     return hasattr(socket, "send_fds") and hasattr(socket, "AF_UNIX")
 
 
-class FileHandoff:
+class FileHandoff(SeqpacketServer):
     """The target's side: listens on its socket while the target runs."""
 
     def __init__(self, target: Target) -> None:
+        super().__init__()
         self.target = target
-        self._listener: socket.socket | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-        self.path: str | None = None
         self.handed = self.refused = 0
 
     async def start(self) -> None:
@@ -88,41 +83,8 @@ class FileHandoff:
             log.warning("%s: socket path too long (%d bytes); files not handed", ENV, len(path))
             return
         os.makedirs(directory, mode=0o700, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)  # a stale one from a killed target
         os.chmod(directory, 0o700)  # only the servers' user reaches the socket
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        sock.bind(path)  # no umask change: it is the process's, threads make files too
-        os.chmod(path, 0o600)
-        sock.listen(64)
-        sock.setblocking(False)
-        self._listener, self.path = sock, path
-        self._spawn(self._accept(sock))
-
-    async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
-        if self.path is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(self.path)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.ensure_future(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-
-    async def _accept(self, listener: socket.socket) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            conn, _ = await loop.sock_accept(listener)
-            conn.setblocking(False)
-            self._spawn(self._serve(conn))
+        self.listen(path, 0o600, 64)
 
     async def _serve(self, conn: socket.socket) -> None:
         with conn:
