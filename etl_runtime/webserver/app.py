@@ -25,10 +25,9 @@ from etl_runtime.core.params import ETL_SKIP, refuse_repeated
 from etl_runtime.core.spec import SPEC_HASH_HEADER, EtlSpec
 from etl_runtime.etl import grants
 from etl_runtime.webserver.bulk import batch_answer
-from etl_runtime.webserver.direct import direct_answer
-from etl_runtime.webserver.fqn import FqnAccess, released
-from etl_runtime.webserver.objects import transform_object
-from etl_runtime.webserver.shards import skip_of, transform_shard
+from etl_runtime.webserver.direct import direct_answer, transform_one
+from etl_runtime.webserver.fqn import FqnAccess
+from etl_runtime.webserver.shards import skip_of
 from etl_runtime.webserver.stats import Board, Stats
 from etl_runtime.webserver.transformer import Transformer
 from etl_runtime.wire.formats import bulk
@@ -82,6 +81,7 @@ def create_app(
         inline=inline,
     )
     generation = spec.content_hash()  # on every answer: what a target's cache keys on
+    spec_hash = (SPEC_HASH_HEADER, generation)
     # The pid of the process that was started: the supervisor's with several servers.
     main_pid = os.getpid() if board is None else os.getppid()
 
@@ -155,22 +155,10 @@ def create_app(
         args = q.get("etl_args")
         skip = skip_of(transformer, q.get(ETL_SKIP), obj)
         fqn = q.get("etl_fqn") or None
-        held: list[int] = []  # the handed file's descriptor, closed once answered
-        try:
-            if fqn is not None:
-                fqn = await access.one(obj, fqn, q.get(grants.PARAM), held)
-            stats = transformer.stats
-            if transformer.inline is not None:
-                response = await transformer.inline.transform(stats, request, obj, args, fqn)
-            elif spec.mode == "wds":
-                response = await transform_shard(transformer, request, obj, args, fqn, skip)
-            else:
-                response = await transform_object(transformer.pool, stats, request, obj, args, fqn)
-        except BaseException:
-            grants.close_all(held)
-            raise
-        response.headers[SPEC_HASH_HEADER] = generation
-        return released(response, held)
+        grant = q.get(grants.PARAM)
+        return await transform_one(
+            transformer, request, obj, args, fqn, grant, skip, access, spec_hash
+        )
 
     async def direct(request: Request, bucket: str, object: str) -> Response:
         """A client sent here by its target's 307 (see ``direct``); signed, not bearer."""

@@ -94,9 +94,28 @@ async def _answer(
     skip = skip_of(transformer, request.query_params.get(ETL_SKIP), obj)  # unsigned: it
     # (the skip only leaves samples out of what the signature allows; the grant, beside
     # it, is the broker's to check: etl/grants.py)
-    held: list[int] = []
+    grant = request.query_params.get(grants.PARAM)
+    header = ("X-Sluice-Etl", transformer.name)
+    return await transform_one(transformer, request, obj, args, fqn, grant, skip, access, header)
+
+
+async def transform_one(
+    transformer: Transformer,
+    request: Request,
+    obj: str,
+    args: str | None,
+    fqn: str | None,
+    grant: str | None,
+    skip: int,
+    access: FqnAccess,
+    header: tuple[str, str],
+) -> Response:
+    """One object's answer, from its file (``fqn``, opened as ``access`` allows) or the
+    request's body, with ``header`` set: what an hpush PUT and a direct GET answer."""
+    held: list[int] = []  # the handed file's descriptor, closed once answered
     try:
-        fqn = await access.one(obj, fqn, request.query_params.get(grants.PARAM), held)
+        if fqn is not None:
+            fqn = await access.one(obj, fqn, grant, held)
         stats = transformer.stats
         if transformer.inline is not None:
             response = await transformer.inline.transform(stats, request, obj, args, fqn)
@@ -107,5 +126,5 @@ async def _answer(
     except BaseException:
         grants.close_all(held)
         raise
-    response.headers["X-Sluice-Etl"] = transformer.name
+    response.headers[header[0]] = header[1]
     return released(response, held)
